@@ -1,0 +1,34 @@
+"""`python -m launcher <command>`: the root only registers the command modules."""
+
+import argparse
+import sys
+
+from launcher import __version__
+from launcher.errors import LauncherError
+from launcher.commands import patches, run, setup, verify
+
+COMMANDS = (setup, verify, patches, run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m launcher",
+        description="QLoRA-train FLUX.2 [dev] on one 24 GB card with a patched ai-toolkit.",
+    )
+    parser.add_argument("--version", action="version", version=f"launcher {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in COMMANDS:
+        command.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except LauncherError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr, flush=True)
+        return 130

@@ -1,0 +1,1 @@
+"""One module per command: each exports register(subparsers), which sets `handler`."""

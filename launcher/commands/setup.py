@@ -1,0 +1,63 @@
+"""`setup`: clone the pinned trainer, apply the series, build its Python environment."""
+
+from pathlib import Path
+
+from launcher import checkout, gitops, series
+from launcher.errors import LauncherError
+from launcher.install import install
+from launcher.lock import find_target
+from launcher.progress import say
+from launcher.torchenv import CHANNEL_CHOICES, default_python, resolve_channel
+from launcher.workdir import DEFAULT_WORKDIR, Workdir
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "setup",
+        help="clone the pinned trainer, apply the patch series, install its environment",
+        description="Idempotent: an up-to-date workdir is left alone; a drifted one is refused.",
+    )
+    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="default: .aitk")
+    parser.add_argument("--target", help="a target name from upstream.lock (default: the first)")
+    parser.add_argument("--torch-channel", default="auto", choices=CHANNEL_CHOICES)
+    parser.add_argument("--python", type=Path, default=None,
+                        help="interpreter the venv is made from (default: this one)")
+    parser.add_argument("--no-install", action="store_true", help="only the checkout, no venv")
+    parser.set_defaults(handler=run_setup)
+
+
+def run_setup(args) -> int:
+    gitops.require_git()
+    workdir = Workdir(args.workdir.resolve())
+    target = find_target(args.target)
+    patches = series.load_checked(target.series)
+    state = checkout.read_state(workdir.state_file)
+    if state and state.get("target") != target.name:
+        raise LauncherError(
+            f"{workdir.root} was set up for target {state.get('target')!r}, not {target.name!r}. "
+            "Use another --workdir for this target."
+        )
+    channel = None if args.no_install else resolve_channel(args.torch_channel)
+    if _has_checkout(workdir):
+        drift = checkout.problems(workdir.trainer, target, patches)
+        if drift:
+            raise LauncherError(
+                f"{workdir.trainer} differs from upstream.lock + {target.series.name}:\n  - "
+                + "\n  - ".join(drift)
+                + "\nNothing was changed. Keep any edits you want (git -C "
+                f"{workdir.trainer} diff > my.patch), then move the folder aside or remove it "
+                "and run setup again, or choose another --workdir."
+            )
+        say(f"{workdir.trainer} is up to date: {target.commit[:12]} + {len(patches)} patches; nothing to do")
+    else:
+        workdir.root.mkdir(parents=True, exist_ok=True)
+        repo = checkout.build(target, patches, workdir.trainer)
+        checkout.write_state(workdir.state_file, target, patches, repo.head.commit.hexsha)
+        say(f"checkout ready: {workdir.trainer} (branch {checkout.BRANCH})")
+    if channel is not None:
+        install(workdir, channel, args.python or default_python(), target.requirements)
+    return 0
+
+
+def _has_checkout(workdir: Workdir) -> bool:
+    return workdir.trainer.exists() and any(workdir.trainer.iterdir())

@@ -1,0 +1,22 @@
+"""Progress lines for long work, flushed at once so a redirected log keeps them."""
+
+import sys
+import time
+from contextlib import contextmanager
+
+
+def say(message: str) -> None:
+    print(message, flush=True)
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def step(label: str):
+    """Print `label ...` before the work and the elapsed seconds after it."""
+    say(f"{label} ...")
+    started = time.monotonic()
+    yield
+    say(f"{label}: done in {time.monotonic() - started:.1f} s")
