@@ -2,9 +2,11 @@
 
 import argparse
 import sys
+from pathlib import Path
 
 from launcher import __version__
 from launcher.errors import LauncherError
+from launcher.lock import DEFAULT_LOCK
 from launcher.commands import patches, run, setup, verify
 
 COMMANDS = (setup, verify, patches, run)
@@ -16,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="QLoRA-train FLUX.2 [dev] on one 24 GB card with a patched ai-toolkit.",
     )
     parser.add_argument("--version", action="version", version=f"launcher {__version__}")
+    parser.add_argument("--lock", type=Path, default=DEFAULT_LOCK, help=argparse.SUPPRESS)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
         command.register(subparsers)

@@ -32,7 +32,7 @@ def register(subparsers) -> None:
 
 def run_check(args) -> int:
     gitops.require_git()
-    target = find_target(args.target)
+    target = find_target(args.target, args.lock)
     patches = series.read_series(target.series)
     url = args.url or target.url
     with tempfile.TemporaryDirectory(prefix="launcher-check-") as scratch:
@@ -73,7 +73,7 @@ def _print_table(rows: list[tuple[str, str, str]]) -> None:
 
 def run_export(args) -> int:
     gitops.require_git()
-    target = find_target(args.target)
+    target = find_target(args.target, args.lock)
     try:
         repo = git.Repo(args.repo)
     except (git.InvalidGitRepositoryError, git.NoSuchPathError):

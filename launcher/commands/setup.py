@@ -29,7 +29,7 @@ def register(subparsers) -> None:
 def run_setup(args) -> int:
     gitops.require_git()
     workdir = Workdir(args.workdir.resolve())
-    target = find_target(args.target)
+    target = find_target(args.target, args.lock)
     patches = series.load_checked(target.series)
     state = checkout.read_state(workdir.state_file)
     if state and state.get("target") != target.name:

@@ -19,7 +19,7 @@ def register(subparsers) -> None:
 def run_verify(args) -> int:
     gitops.require_git()
     workdir = Workdir(args.workdir.resolve())
-    target = find_target(checkout.read_state(workdir.state_file).get("target"))
+    target = find_target(checkout.read_state(workdir.state_file).get("target"), args.lock)
     patches = series.load_checked(target.series)
     drift = checkout.problems(workdir.trainer, target, patches)
     if drift:

@@ -1,0 +1,145 @@
+"""Shared fixtures: fixture upstream repositories, and one real trainer workdir per run."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import git
+import pytest
+import yaml
+
+from launcher import gitops
+from launcher.cli import main
+from launcher.lock import DEFAULT_LOCK, load_targets
+from launcher.series import export_series
+from launcher.workdir import Workdir
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+FORK = load_targets(DEFAULT_LOCK)[0]
+
+IDENTITY = {
+    "GIT_AUTHOR_NAME": "Fixture Author",
+    "GIT_AUTHOR_EMAIL": "author@example.invalid",
+    "GIT_COMMITTER_NAME": "Fixture Author",
+    "GIT_COMMITTER_EMAIL": "author@example.invalid",
+    "GIT_AUTHOR_DATE": "2025-01-02T03:04:05+00:00",
+    "GIT_COMMITTER_DATE": "2025-01-02T03:04:05+00:00",
+}
+
+
+def git_run(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True,
+        env={**os.environ, **IDENTITY},
+    ).stdout.strip()
+
+
+def write_files(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+class Upstream:
+    """A fixture upstream: a git repo the tests commit to, and a lock + series pointing at it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.repo_dir = root / "upstream"
+        self.repo_dir.mkdir()
+        git_run(self.repo_dir, "init", "-q", "-b", "main")
+        write_files(self.repo_dir, {
+            "run.py": "print('trainer')\n",
+            "requirements.txt": "pyyaml\n",
+            "toolkit/__init__.py": "",
+            "toolkit/model.py": "".join(f"line {i}\n" for i in range(1, 31)),
+            "toolkit/keymaps/big.bin": "pretend this is 4 MiB\n",
+            "toolkit/keymaps/nested/more.bin": "x\n",
+            "toolkit/util/quantize.py": "def quantize():\n    return 1\n",
+            "docs/readme.md": "docs\n",
+        })
+        self.base = self.commit("upstream base")
+        self.lock = root / "upstream.lock"
+        self.series = root / "patches" / "fixture" / "series"
+        self.series.parent.mkdir(parents=True)
+        self.series.write_text("", encoding="utf-8")
+        (self.series.parent / "series.sha256").write_text("", encoding="utf-8")
+        self.write_lock(self.base)
+
+    @property
+    def url(self) -> str:
+        return self.repo_dir.as_uri()
+
+    def commit(self, message: str) -> str:
+        git_run(self.repo_dir, "add", "-A")
+        git_run(self.repo_dir, "commit", "-q", "-m", message)
+        return git_run(self.repo_dir, "rev-parse", "HEAD")
+
+    def write_lock(self, commit: str, **extra) -> None:
+        target = {
+            "name": "fixture", "url": self.url, "commit": commit,
+            "series": "patches/fixture/series", "exclude": ["toolkit/keymaps/"], **extra,
+        }
+        self.lock.write_text(yaml.safe_dump({"targets": [target]}), encoding="utf-8")
+
+    def make_series(self, changes: list[tuple[str, dict[str, str]]], on: str | None = None) -> list[str]:
+        """Commit each (subject, files) on a scratch clone of `on` and export them as the series."""
+        work = self.root / f"series-work-{len(list(self.root.glob('series-work-*')))}"
+        git_run(self.root, "clone", "-q", str(self.repo_dir), str(work))
+        git_run(work, "checkout", "-q", on or self.base)
+        for subject, files in changes:
+            write_files(work, files)
+            git_run(work, "add", "-A")
+            git_run(work, "commit", "-q", "-m", subject + "\n\nDescription: fixture patch\nWall: none\n")
+        patches = export_series(git.Repo(work), on or self.base, "HEAD", self.series)
+        return [p.name for p in patches]
+
+    def launcher(self, *args: str) -> int:
+        return main(["--lock", str(self.lock), *args])
+
+
+@pytest.fixture
+def upstream(tmp_path) -> Upstream:
+    return Upstream(tmp_path)
+
+
+def fork_unreachable_reason() -> str | None:
+    """Why the real fork cannot be used here, or None when it can."""
+    try:
+        gitops.check_reachable(FORK.url)
+    except Exception as error:  # LauncherError, or git missing
+        return f"the fork {FORK.url} cannot be cloned here ({error}); point git at a mirror to run this test"
+    return None
+
+
+@pytest.fixture(scope="session")
+def fork_reachable() -> None:
+    reason = fork_unreachable_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def trainer_workdir(tmp_path_factory, fork_reachable) -> Workdir:
+    """One real, patched and installed trainer workdir shared by every test of the run.
+
+    LAUNCHER_TEST_WORKDIR names an existing workdir to use as it is (for development);
+    otherwise `setup --torch-channel cuda` builds one: that is the install test.
+    """
+    given = os.environ.get("LAUNCHER_TEST_WORKDIR")
+    if given:
+        return Workdir(Path(given))
+    root = tmp_path_factory.mktemp("aitk")
+    result = subprocess.run(
+        [sys.executable, "-m", "launcher", "setup", "--workdir", str(root), "--torch-channel", "cuda"],
+        cwd=REPO_ROOT,
+    )
+    assert result.returncode == 0, "launcher setup --torch-channel cuda failed; its output is above"
+    return Workdir(root)
+
+
+@pytest.fixture(scope="session")
+def trainer_checkout(trainer_workdir) -> Path:
+    return trainer_workdir.trainer
