@@ -6,7 +6,6 @@ history reads as the series and is the same on every machine.
 """
 
 import json
-import shutil
 from pathlib import Path
 
 import git
@@ -53,7 +52,7 @@ def build(target: Target, patches: list[Patch], dest: Path) -> git.Repo:
     partial = dest.with_name(dest.name + ".partial")
     if partial.exists():
         say(f"removing the incomplete checkout left by an earlier attempt: {partial}")
-        shutil.rmtree(partial, onerror=_make_writable_and_retry)
+        gitops.remove_tree(partial)
     with step(f"cloning {target.url}"):
         repo = gitops.clone(target.url, partial, progress=CloneProgress())
     if not gitops.has_commit(repo, target.commit):
@@ -139,9 +138,3 @@ def read_state(state_file: Path) -> dict:
         return json.loads(state_file.read_text(encoding="utf-8"))
     except (FileNotFoundError, json.JSONDecodeError):
         return {}
-
-
-def _make_writable_and_retry(function, path, _excinfo):
-    """Windows marks git object files read-only; rmtree needs them writable."""
-    Path(path).chmod(0o700)
-    function(path)

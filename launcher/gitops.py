@@ -207,6 +207,16 @@ def worktree_changes(repo: git.Repo) -> list[str]:
     return [line for line in _cmd(repo).status("--porcelain").splitlines() if line.strip()]
 
 
+def remove_tree(path: Path) -> None:
+    """rmtree that also removes git's read-only object files on Windows."""
+
+    def make_writable_and_retry(function, failed, _excinfo):
+        Path(failed).chmod(0o700)
+        function(failed)
+
+    shutil.rmtree(path, onerror=make_writable_and_retry)
+
+
 def _stderr(error: git.GitCommandError) -> str:
     return (error.stderr or "").strip().removeprefix("stderr:").strip(" '\n")
 

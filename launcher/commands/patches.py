@@ -7,7 +7,7 @@ import git
 
 from launcher import gitops, series
 from launcher.errors import LauncherError
-from launcher.lock import find_target
+from launcher.lock import Target, find_target
 from launcher.progress import say, step
 
 
@@ -33,12 +33,15 @@ def register(subparsers) -> None:
 def run_check(args) -> int:
     gitops.require_git()
     target = find_target(args.target, args.lock)
-    patches = series.read_series(target.series)
-    url = args.url or target.url
+    return check(target, series.read_series(target.series), args.ref or target.commit, args.url or target.url)
+
+
+def check(target: Target, patches: list[series.Patch], ref: str, url: str) -> int:
+    """Apply `patches` onto `ref` of `url` in a scratch clone, print the table, 1 on any conflict."""
     with tempfile.TemporaryDirectory(prefix="launcher-check-") as scratch:
         with step(f"cloning {url} into a scratch folder"):
             repo = gitops.clone(url, Path(scratch) / "trainer")
-        base = gitops.fetch_commit(repo, args.ref or target.commit)
+        base = gitops.fetch_commit(repo, ref)
         gitops.checkout_sparse(repo, base, "check", target.exclude)
         say(f"applying {len(patches)} patches of {target.name} onto {base[:12]}")
         rows = [_check_one(repo, patch) for patch in patches]

@@ -1,0 +1,72 @@
+"""`rebase`: move a target's series onto a new upstream commit or tag."""
+
+import dataclasses
+from pathlib import Path
+
+from launcher import gitops, series
+from launcher.commands.patches import check
+from launcher.errors import LauncherError
+from launcher.lock import find_target
+from launcher.progress import say
+from launcher.rebase import Rebase, write_lock_commit
+from launcher.workdir import DEFAULT_WORKDIR
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "rebase",
+        help="carry the patch series onto a new upstream commit, 3-way merging; stops on conflicts",
+    )
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--onto", metavar="REF", help="commit, tag or branch of the upstream to rebase onto")
+    action.add_argument("--continue", dest="resume", action="store_true", help="commit your resolution, go on")
+    action.add_argument("--skip", action="store_true", help="drop the stopped patch (absorbed upstream)")
+    action.add_argument("--abort", action="store_true", help="drop the rebase; nothing in the repo changes")
+    parser.add_argument("--reason", default="absorbed upstream", help="why a --skip drops the patch")
+    parser.add_argument("--target", help="a target name from upstream.lock (default: the first)")
+    parser.add_argument("--url", help="repository to fetch REF from (default: the target's url)")
+    parser.add_argument("--write", action="store_true",
+                        help="on success, replace the target's series and its commit in upstream.lock")
+    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="default: .aitk")
+    parser.set_defaults(handler=run_rebase)
+
+
+def run_rebase(args) -> int:
+    gitops.require_git()
+    target = find_target(args.target, args.lock)
+    rebase = Rebase(args.workdir.resolve() / "rebase" / target.name)
+    if args.abort:
+        rebase.abort()
+        return 0
+    if args.onto:
+        state = rebase.start(target, args.onto, args.url)
+    else:
+        state = rebase.state()
+        if args.resume:
+            rebase.resume(state)
+        elif args.skip:
+            rebase.skip(state, args.reason)
+    if not rebase.advance(state):
+        return 1
+    return finish(args, rebase, state, target)
+
+
+def finish(args, rebase: Rebase, state, target) -> int:
+    """Export the rebased series, optionally write it and the lock, and check the result."""
+    series_file = target.series if args.write else rebase.root / "series" / "series"
+    patches = rebase.export(state, series_file)
+    say("summary:")
+    for name in state.series:
+        say(f"  {name}: {state.results.get(name, '?')}")
+    if args.write:
+        write_lock_commit(args.lock, target.name, state.onto)
+        say(f"wrote {len(patches)} patches to {series_file.parent} and commit {state.onto[:12]} to {args.lock}")
+    else:
+        say(f"rebased series in {series_file.parent}; run again with --write to adopt it")
+    rebased = dataclasses.replace(target, commit=state.onto, series=series_file)
+    status = check(rebased, series.load_checked(series_file), state.onto, args.url or target.url)
+    if status != 0:
+        raise LauncherError("the rebased series does not apply cleanly; this is a launcher bug, please report it")
+    gitops.remove_tree(rebase.checkout)
+    rebase.state_file.unlink()
+    return 0
