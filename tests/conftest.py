@@ -16,6 +16,8 @@ from launcher.series import export_series
 from launcher.workdir import Workdir
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# The in-trainer suite needs torch: tests/test_trainer_patches.py runs it in the trainer venv.
+collect_ignore = ["trainer_patches"]
 FORK = load_targets(DEFAULT_LOCK)[0]
 
 IDENTITY = {

@@ -1,0 +1,123 @@
+"""`doctor`: what a bug report needs, and the settings known to break this platform."""
+
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+from launcher import __version__
+from launcher.hostinfo import free_disk_gib, memory_gib
+from launcher.torchenv import clean_env
+from launcher.workdir import DEFAULT_WORKDIR, Workdir, venv_python
+
+ALLOCATOR_VARIABLES = ("PYTORCH_HIP_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+# HIP runtimes on which Tensor.to() hangs in hsaKmtMemoryVaMap with expandable segments
+# (pytorch/pytorch#192259: seen with 7.14, not with 7.2).
+EXPANDABLE_SEGMENTS_HANG_HIP = ("7.14",)
+MIN_FREE_DISK_GIB = 40  # quantized cache (~18 GB) + latent/text-embedding caches + checkpoints
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("doctor", help="report platform, torch, GPU, memory, disk, known-bad settings")
+    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="default: .aitk")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(handler=run_doctor)
+
+
+def run_doctor(args) -> int:
+    report = collect(Workdir(args.workdir.resolve()))
+    if args.json:
+        print(json.dumps(report, indent=2), flush=True)
+    else:
+        print_report(report)
+    return 0
+
+
+def collect(workdir: Workdir) -> dict:
+    torch_info = probe_torch(workdir)
+    report = {
+        "launcher": __version__,
+        "platform": {"system": platform.system(), "release": platform.release(), "machine": platform.machine(),
+                     "python": platform.python_version()},
+        "workdir": str(workdir.root),
+        "torch": torch_info,
+        "allocator": {name: os.environ.get(name) for name in ALLOCATOR_VARIABLES},
+        "memory_gib": memory_gib(),
+        "free_disk_gib": free_disk_gib(workdir.root),
+    }
+    report["warnings"] = known_problems(report)
+    return report
+
+
+def probe_torch(workdir: Workdir) -> dict:
+    """Ask the trainer venv's torch, in-process, what it sees (wall 10)."""
+    python = venv_python(workdir.venv)
+    if not python.is_file():
+        return {"error": f"no trainer venv at {workdir.venv}; run `python -m launcher setup`"}
+    result = subprocess.run(
+        [str(python), "-m", "launcher.probe"], cwd=Path(__file__).resolve().parents[2],
+        capture_output=True, text=True, env=clean_env(), timeout=300,
+    )
+    if result.returncode != 0:
+        return {"error": f"the probe failed: {result.stderr.strip()[-500:]}"}
+    return json.loads(result.stdout)
+
+
+def known_problems(report: dict) -> list[str]:
+    """Settings known to break training on this platform, each with what to do instead."""
+    problems = []
+    hip = report["torch"].get("hip")
+    windows = report["platform"]["system"] == "Windows"
+    if hip and windows:
+        problems.append(
+            "ROCm on Windows: keep `layer_offloading: false` (block swap deadlocks the HIP driver, wall 5) "
+            "and `disable_sampling: true` (wall 6); the shipped 7900 XTX presets do"
+        )
+    allocator = " ".join(value or "" for value in report["allocator"].values())
+    if hip and any(str(hip).startswith(bad) for bad in EXPANDABLE_SEGMENTS_HANG_HIP):
+        problems.append(
+            f"HIP {hip}: Tensor.to() can hang with expandable_segments (pytorch/pytorch#192259); "
+            "`run` sets it for wall 7, so set `launcher: {allocator: default}` in the preset or use another ROCm release"
+            + (" (it is set in this shell now)" if "expandable_segments:True" in allocator else "")
+        )
+    if report["torch"].get("torch") and not report["torch"].get("gpu_available"):
+        problems.append("torch sees no GPU: training will run on the CPU (only the tiny preset is meant for that)")
+    if report["free_disk_gib"] < MIN_FREE_DISK_GIB:
+        problems.append(
+            f"only {report['free_disk_gib']} GiB free at {report['workdir']}; a full FLUX.2 run needs about "
+            f"{MIN_FREE_DISK_GIB} GiB for the quantized cache, the latent cache and checkpoints"
+        )
+    memory = report["memory_gib"]
+    if memory.get("ram_total") and memory["ram_total"] + (memory.get("swap_total") or 0) < 48:
+        problems.append(
+            "RAM + swap/pagefile is under 48 GiB: loading the 24B text encoder may run out of host memory; "
+            "grow the pagefile/swap"
+        )
+    return problems
+
+
+def print_report(report: dict) -> None:
+    torch_info = report["torch"]
+    lines = [
+        f"launcher        {report['launcher']}",
+        f"platform        {report['platform']['system']} {report['platform']['release']} "
+        f"{report['platform']['machine']}, Python {report['platform']['python']}",
+        f"workdir         {report['workdir']}",
+    ]
+    if "error" in torch_info:
+        lines.append(f"torch           {torch_info['error']}")
+    else:
+        backend = f"HIP {torch_info['hip']}" if torch_info.get("hip") else f"CUDA {torch_info.get('cuda')}"
+        lines.append(f"torch           {torch_info['torch']} ({backend})")
+        for gpu in torch_info["gpus"] or [{"name": "none visible"}]:
+            vram = f", {gpu['vram_total_gib']} GiB ({gpu['vram_free_gib']} free, read in-process)" if "vram_total_gib" in gpu else ""
+            lines.append(f"gpu             {gpu['name']}{vram}")
+    for name, value in report["allocator"].items():
+        lines.append(f"{name:<15} {value if value is not None else '(unset; `run` sets expandable_segments:True)'}")
+    memory = report["memory_gib"]
+    lines.append(f"host memory     {memory['ram_total']} GiB RAM ({memory['ram_available']} available), "
+                 f"{memory['swap_total']} GiB swap/pagefile")
+    lines.append(f"free disk       {report['free_disk_gib']} GiB")
+    lines += [f"warning         {problem}" for problem in report["warnings"]] or ["warnings        none"]
+    print("\n".join(lines), flush=True)

@@ -1,0 +1,202 @@
+"""`python -m launcher run PRESET`: validate, render a preset into a run folder, train in the foreground.
+
+The trainer is started directly (`<venv python> -u run.py <config>`, no shell, no detaching) and
+its output is copied line by line to the console and to the run's train.log: a detached launch
+with redirected output loses the early lines when the child dies, which are the ones that say why.
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from launcher import __version__, tiny
+from launcher.checkout import read_state
+from launcher.errors import LauncherError
+from launcher.presets import Preset, load_preset, render, write_config
+from launcher.progress import say, step
+from launcher.runs import RunFolder
+from launcher.telemetry import TelemetryRecorder
+from launcher.torchenv import clean_env
+from launcher import validate
+from launcher.workdir import DEFAULT_WORKDIR, Workdir, venv_python
+
+TINY_SEED = 0
+EXPANDABLE = "expandable_segments:True"
+LOCATIONS = {
+    # flag -> (environment variable, what it is)
+    "model_dir": ("FLUX2_MODEL_DIR", "the folder holding flux2-dev.safetensors and ae.safetensors"),
+    "text_encoder": ("FLUX2_TEXT_ENCODER", "the Mistral-Small-3.1-24B folder (model + processor)"),
+    "dataset": ("FLUX2_DATASET", "the folder of images with caption files"),
+    "output": ("FLUX2_OUTPUT", "where run folders go (default: <workdir>/runs)"),
+}
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("run", help="train with a preset", description=__doc__.splitlines()[0])
+    parser.add_argument("preset", help="a preset YAML file, or the name of a shipped preset (e.g. tiny)")
+    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="default: %(default)s")
+    for flag, (variable, meaning) in LOCATIONS.items():
+        parser.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=Path, help=f"{meaning}; or ${variable}")
+    parser.add_argument("--dry-run", action="store_true", help="print the rendered config and environment, exit")
+    parser.add_argument("--resume", action="store_true", help="continue the run already in the output folder")
+    parser.set_defaults(handler=handle)
+
+
+def handle(args) -> int:
+    workdir = Workdir(args.workdir.resolve())
+    preset = load_preset(args.preset)
+    places = locations(args)
+    run = RunFolder((places.get("output") or workdir.runs) / preset.name, preset.name)
+    if preset.tiny:
+        manifest = ensure_tiny_assets(workdir, checked_python(workdir))
+        config = render(preset, run.root, tiny_manifest=manifest)
+    else:
+        config = render(preset, run.root, places=places)
+    check(preset, config, workdir, run, full_size=not preset.tiny)
+    env = trainer_env(preset, run)
+    if args.dry_run:
+        print(yaml.safe_dump(config, sort_keys=False), end="", flush=True)
+        for name in sorted(env_changes(preset, run)):
+            print(f"{name}={env[name]}", flush=True)
+        return 0
+    check_resume(run, args.resume)
+    python = checked_python(workdir)
+    write_config(config, run.config)
+    write_metadata(run, preset, workdir, python)
+    say(f"run folder: {run.root}")
+    with TelemetryRecorder(run, preset.telemetry):
+        return train(python, workdir.trainer, run, env)
+
+
+def locations(args) -> dict[str, Path]:
+    """Model, text encoder, dataset and output folders from flags, else environment variables."""
+    found = {}
+    for flag, (variable, _) in LOCATIONS.items():
+        value = getattr(args, flag) or os.environ.get(variable)
+        if value:
+            found[flag] = Path(value).expanduser().resolve()
+    return found
+
+
+def check(preset: Preset, config: dict, workdir: Workdir, run: RunFolder, full_size: bool) -> None:
+    """Every check that can fail before the trainer starts, so no long work is lost to a typo."""
+    problems = []
+    if (workdir.trainer / "toolkit" / "config_modules.py").is_file():
+        problems += validate.unknown_keys(config, validate.known_keys(workdir.trainer))
+    else:
+        say(f"note: no trainer checkout in {workdir.root}; config keys not checked (run setup)")
+    if problems:
+        raise LauncherError(f"{preset.path}:\n  " + "\n  ".join(problems))
+    validate.check_resolutions(config)
+    for process in config["config"]["process"]:
+        model = process["model"]
+        if full_size:
+            validate.check_model_dir(Path(model["name_or_path"]), full_size=True)
+            validate.check_text_encoder(model.get("model_kwargs", {}).get("text_encoder_path", ""))
+        for dataset in process.get("datasets", []):
+            validate.check_dataset(Path(dataset["folder_path"]), dataset.get("caption_ext", "txt"))
+    if full_size:
+        validate.check_free_disk(run.root)
+
+
+def check_resume(run: RunFolder, resume: bool) -> None:
+    """A run folder with checkpoints is continued only on request; a new run never overwrites it."""
+    saved = run.checkpoints()
+    if saved and not resume:
+        raise LauncherError(
+            f"{run.root} already holds a run (latest checkpoint {saved[-1].name}). Continue it with "
+            "--resume, or start a new one with another --output"
+        )
+    if resume and not saved:
+        raise LauncherError(f"nothing to resume in {run.root}: no checkpoint there yet")
+    if resume:
+        say(f"resuming from {saved[-1].name}")
+
+
+def checked_python(workdir: Workdir) -> Path:
+    """The venv interpreter, after checking that setup has produced a trainer and a venv."""
+    python = venv_python(workdir.venv)
+    if not (workdir.trainer / "run.py").is_file() or not python.is_file():
+        raise LauncherError(
+            f"{workdir.root} has no trainer checkout or venv: run `python -m launcher setup` first"
+        )
+    return python
+
+
+def env_changes(preset: Preset, run: RunFolder) -> dict[str, str]:
+    """What `run` adds to the trainer's environment: allocator (wall 7), telemetry, the preset's env."""
+    changes = {"AITK_TELEMETRY": str(run.trainer_telemetry), "AITK_TELEMETRY_INTERVAL": str(preset.telemetry["interval_s"])}
+    if preset.allocator == "expandable_segments":
+        changes.update(PYTORCH_HIP_ALLOC_CONF=EXPANDABLE, PYTORCH_CUDA_ALLOC_CONF=EXPANDABLE)
+    return {**changes, **preset.env}
+
+
+def trainer_env(preset: Preset, run: RunFolder) -> dict[str, str]:
+    return {**clean_env(), **env_changes(preset, run), "PYTHONUNBUFFERED": "1"}
+
+
+def ensure_tiny_assets(workdir: Workdir, python: Path) -> dict:
+    """Build the tiny FLUX.2 once per workdir and seed, with the trainer's interpreter.
+
+    It runs as `-m launcher.tiny` from the folder above the launcher package, so the venv
+    imports this launcher without installing it.
+    """
+    out = workdir.assets / "tiny"
+    manifest = tiny.read_manifest(out, TINY_SEED)
+    if manifest is not None:
+        return manifest
+    command = [
+        str(python), "-m", "launcher.tiny",
+        "--trainer", str(workdir.trainer.resolve()), "--out", str(out.resolve()), "--seed", str(TINY_SEED),
+    ]
+    with step("building the tiny FLUX.2"):
+        result = subprocess.run(command, cwd=Path(tiny.__file__).resolve().parent.parent, env=clean_env())
+    manifest = tiny.read_manifest(out, TINY_SEED)
+    if result.returncode != 0 or manifest is None:
+        raise LauncherError(f"building the tiny FLUX.2 in {out} failed (exit {result.returncode}); see above")
+    return manifest
+
+
+def write_metadata(run: RunFolder, preset: Preset, workdir: Workdir, python: Path) -> None:
+    """run.json beside the LoRA: enough to reproduce the run and to file a bug report."""
+    probe = subprocess.run(
+        [str(python), "-m", "launcher.probe"], cwd=Path(__file__).resolve().parents[2],
+        capture_output=True, text=True, env=clean_env(),
+    )
+    state = read_state(workdir.state_file)
+    metadata = {
+        "launcher": __version__,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "target": state.get("target"),
+        "commit": state.get("commit"),
+        "patches": state.get("patches"),
+        "preset": str(preset.path),
+        "preset_sha256": hashlib.sha256(preset.path.read_bytes()).hexdigest(),
+        "torch": json.loads(probe.stdout) if probe.returncode == 0 else {"error": probe.stderr[-500:]},
+    }
+    run.job_dir.mkdir(parents=True, exist_ok=True)
+    run.metadata.write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
+
+
+def train(python: Path, trainer: Path, run: RunFolder, env: dict[str, str]) -> int:
+    """Run the trainer in the foreground, teeing its output to the log; return its exit code."""
+    command = [str(python), "-u", "run.py", str(run.config.resolve())]
+    say(f"training: {' '.join(command)}")
+    with run.log.open("ab") as log_file:
+        child = subprocess.Popen(command, cwd=trainer, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            for line in iter(child.stdout.readline, b""):
+                sys.stdout.buffer.write(line)
+                sys.stdout.buffer.flush()
+                log_file.write(line)
+                log_file.flush()
+        finally:
+            code = child.wait()
+    say(f"trainer exited with code {code}; log: {run.log}")
+    return code

@@ -1,0 +1,149 @@
+"""Presets: the trainer's own config file plus a top-level `launcher:` block.
+
+A preset stays a config the trainer could read itself (minus the `launcher:` block), so users
+can copy the trainer's documentation into it. The launcher only fills in what depends on the
+machine: where the run writes, and for `launcher: {tiny: true}` the paths and shapes of the
+embedded tiny FLUX.2.
+
+    launcher:
+      tiny: true               # build and use the embedded tiny FLUX.2 (tests, CI)
+      env: {NAME: value}       # extra environment for the trainer process
+      platform: rocm | cuda | cpu          # what the preset was tuned for (doctor, docs)
+      allocator: expandable_segments | default   # wall 7; `default` leaves PyTorch's allocator alone
+      telemetry: {interval_s: 10}
+      watchdog: {enabled: false, ...}      # the stall watchdog, see launcher/watchdog.py
+"""
+
+import copy
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from launcher.errors import LauncherError
+
+PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
+LAUNCHER_KEY = "launcher"
+LAUNCHER_DEFAULTS = {
+    "tiny": False,
+    "env": {},
+    "platform": "cuda",
+    "allocator": "expandable_segments",
+    "telemetry": {"interval_s": 10},
+    "watchdog": {"enabled": False},
+}
+ALLOCATORS = ("expandable_segments", "default")
+PLACEHOLDER = "filled-in-by-the-launcher"
+REQUIRED_PLACES = {
+    "model_dir": "--model-dir (or $FLUX2_MODEL_DIR): the folder holding flux2-dev.safetensors and ae.safetensors",
+    "dataset": "--dataset (or $FLUX2_DATASET): the folder of captioned images",
+}
+DEFAULT_TEXT_ENCODER = "mistralai/Mistral-Small-3.1-24B-Instruct-2503"  # the fork's hub id
+
+
+@dataclass(frozen=True)
+class Preset:
+    path: Path
+    settings: dict
+    """The `launcher:` block."""
+    config: dict
+    """The trainer config, without the `launcher:` block."""
+
+    @property
+    def name(self) -> str:
+        """The trainer's job name; also the run folder's name."""
+        return self.config["config"]["name"]
+
+    @property
+    def tiny(self) -> bool:
+        return bool(self.settings["tiny"])
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {str(key): str(value) for key, value in self.settings["env"].items()}
+
+    @property
+    def allocator(self) -> str:
+        return self.settings["allocator"]
+
+    @property
+    def telemetry(self) -> dict:
+        return {**LAUNCHER_DEFAULTS["telemetry"], **self.settings["telemetry"]}
+
+    @property
+    def watchdog(self) -> dict:
+        return self.settings["watchdog"]
+
+
+def find_preset(spec: str) -> Path:
+    """A preset file from a path, or from a bare name in the shipped presets folder."""
+    candidates = [Path(spec), PRESETS_DIR / spec, PRESETS_DIR / f"{spec}.yaml"]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    shipped = ", ".join(sorted(path.stem for path in PRESETS_DIR.glob("*.yaml"))) or "none"
+    raise LauncherError(f"no preset {spec!r}: give a YAML file or one of the shipped presets ({shipped})")
+
+
+def load_preset(spec: str) -> Preset:
+    path = find_preset(spec)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        raise LauncherError(f"{path} is not valid YAML: {error}") from None
+    if not isinstance(data, dict) or "config" not in data or "name" not in data.get("config", {}):
+        raise LauncherError(f"{path} is not a trainer config: it needs config.name and config.process")
+    settings = data.pop(LAUNCHER_KEY, None) or {}
+    unknown = [key for key in settings if key not in LAUNCHER_DEFAULTS]
+    for key in unknown:
+        close = difflib.get_close_matches(key, list(LAUNCHER_DEFAULTS), n=1)
+        hint = f"; did you mean `{close[0]}`?" if close else ""
+        raise LauncherError(f"{path}: unknown key `launcher.{key}`{hint}")
+    settings = {**LAUNCHER_DEFAULTS, **settings}
+    if settings["allocator"] not in ALLOCATORS:
+        raise LauncherError(f"{path}: `launcher.allocator` must be one of {', '.join(ALLOCATORS)}")
+    return Preset(path=path, settings=settings, config=data)
+
+
+def render(preset: Preset, run_dir: Path, tiny_manifest: dict | None = None, places: dict | None = None) -> dict:
+    """The trainer config for one run: outputs go to `run_dir`; tiny assets or `places` fill model and data."""
+    config = copy.deepcopy(preset.config)
+    for process in config["config"]["process"]:
+        process["training_folder"] = str(run_dir.resolve())
+        if tiny_manifest is not None:
+            fill_tiny(process, tiny_manifest)
+        else:
+            fill_places(process, places or {}, preset.path)
+    return config
+
+
+def fill_places(process: dict, places: dict, preset_path: Path) -> None:
+    """Point one trainer process at the user's model, text encoder and dataset folders."""
+    for needed, how in REQUIRED_PLACES.items():
+        if needed not in places:
+            raise LauncherError(f"{preset_path.name} needs {how}")
+    model = process.setdefault("model", {})
+    model["name_or_path"] = str(places["model_dir"])
+    if "text_encoder" in places:
+        model["model_kwargs"] = {**(model.get("model_kwargs") or {}), "text_encoder_path": str(places["text_encoder"])}
+    elif (model.get("model_kwargs") or {}).get("text_encoder_path") == PLACEHOLDER:
+        model["model_kwargs"]["text_encoder_path"] = DEFAULT_TEXT_ENCODER
+    for dataset in process.get("datasets", []):
+        dataset["folder_path"] = str(places["dataset"])
+
+
+def fill_tiny(process: dict, manifest: dict) -> None:
+    """Point one trainer process at the tiny FLUX.2 assets described by `manifest`."""
+    model = process.setdefault("model", {})
+    model["name_or_path"] = manifest["name_or_path"]
+    model["model_kwargs"] = {**(model.get("model_kwargs") or {}), **manifest["model_kwargs"]}
+    for dataset in process.get("datasets", []):
+        dataset["folder_path"] = manifest["dataset"]
+        dataset["resolution"] = [manifest["resolution"]]
+
+
+def write_config(config: dict, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path

@@ -1,0 +1,83 @@
+"""The layout of a run folder, and finding a run from a name, a path or "the latest".
+
+    <output>/<name>/                 run folder (the trainer's training_folder)
+        config.yaml                  the rendered trainer config
+        train.log                    everything the trainer printed
+        telemetry.jsonl              one row every interval: trainer + GPU figures
+        trainer-telemetry.jsonl      rows written inside the trainer (in-process VRAM, wall 10)
+        watchdog.jsonl               stall watchdog decisions
+        <name>/                      what the trainer writes: LoRA, checkpoints, optimizer state
+            run.json                 launcher metadata: lock commit, patch hashes, preset, torch, GPU
+            SAVE_NOW / STOP_NOW      flag files the train loop picks up
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from launcher.errors import LauncherError
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    root: Path
+    name: str
+
+    @property
+    def job_dir(self) -> Path:
+        return self.root / self.name
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "train.log"
+
+    @property
+    def telemetry(self) -> Path:
+        return self.root / "telemetry.jsonl"
+
+    @property
+    def trainer_telemetry(self) -> Path:
+        return self.root / "trainer-telemetry.jsonl"
+
+    @property
+    def watchdog_events(self) -> Path:
+        return self.root / "watchdog.jsonl"
+
+    @property
+    def metadata(self) -> Path:
+        return self.job_dir / "run.json"
+
+    def flag(self, name: str) -> Path:
+        return self.job_dir / name
+
+    def checkpoints(self) -> list[Path]:
+        """Saved LoRA files of this run, oldest first."""
+        if not self.job_dir.is_dir():
+            return []
+        return sorted(self.job_dir.glob(f"{self.name}*.safetensors"), key=lambda p: p.stat().st_mtime)
+
+
+def find_run(runs_dir: Path, spec: str | None) -> RunFolder:
+    """A run folder from a path, a name under `runs_dir`, or the most recent one."""
+    if spec:
+        for candidate in (Path(spec), runs_dir / spec):
+            if (candidate / "config.yaml").is_file():
+                return RunFolder(candidate, _job_name(candidate))
+        raise LauncherError(f"no run {spec!r}: give a run folder or a run name under {runs_dir}")
+    runs = sorted(
+        (p for p in runs_dir.glob("*") if (p / "config.yaml").is_file()),
+        key=lambda p: (p / "config.yaml").stat().st_mtime,
+    )
+    if not runs:
+        raise LauncherError(f"no runs in {runs_dir}; start one with `python -m launcher run PRESET`")
+    return RunFolder(runs[-1], _job_name(runs[-1]))
+
+
+def _job_name(root: Path) -> str:
+    """The trainer's job name, read back from the rendered config."""
+    return yaml.safe_load((root / "config.yaml").read_text(encoding="utf-8"))["config"]["name"]

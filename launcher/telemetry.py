@@ -1,0 +1,83 @@
+"""Run telemetry: one JSONL row every interval, merging the trainer's own row with a GPU sample.
+
+VRAM comes from the trainer's in-process row (wall 10: a second process cannot see it on
+ROCm/Windows); clock, power and utilisation come from the platform's GPU tool. Either part
+may be missing: the row keeps what is known, and a missing source is noted once.
+"""
+
+import json
+import threading
+import time
+from pathlib import Path
+
+from launcher.gpu_sources import detect_source
+from launcher.progress import warn
+from launcher.runs import RunFolder
+
+
+def last_row(path: Path) -> dict | None:
+    """The last complete JSON line of a file that another process appends to."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - 65536))
+            lines = handle.read().splitlines()
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue  # a line still being written
+    return None
+
+
+class TelemetryRecorder:
+    """Context manager: a daemon thread writing `run.telemetry` until the block exits."""
+
+    def __init__(self, run: RunFolder, settings: dict, source=None, clock=time.time) -> None:
+        self.run = run
+        self.interval = float(settings.get("interval_s", 10))
+        self.enabled = bool(settings.get("enabled", True))
+        self.source = source if source is not None else detect_source(note=self._note_once)
+        self.clock = clock
+        self._noted: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="telemetry", daemon=True)
+
+    def __enter__(self) -> "TelemetryRecorder":
+        if self.enabled:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.interval + 5)
+        if self.enabled:
+            self.record()  # the final state, so a short run still has a row
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.record()
+
+    def record(self) -> dict:
+        row = {"t": round(self.clock(), 3)}
+        trainer = last_row(self.run.trainer_telemetry)
+        if trainer is None:
+            self._note_once(f"no in-trainer telemetry yet in {self.run.trainer_telemetry}")
+        else:
+            row.update({key: value for key, value in trainer.items() if key not in ("time", "event")})
+            row["trainer_time"] = trainer.get("time")
+        sample = self.source.sample() if self.source is not None else None
+        if sample is not None:
+            row.update({key: value for key, value in sample.to_row().items() if key != "t"})
+        with self.run.telemetry.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(row) + "\n")
+        return row
+
+    def _note_once(self, message: str) -> None:
+        if message not in self._noted:
+            self._noted.add(message)
+            warn(message)

@@ -1,0 +1,45 @@
+"""Preset loading and rendering: the launcher block is split off, machine paths are filled in."""
+
+from pathlib import Path
+
+import pytest
+
+from launcher.errors import LauncherError
+from launcher.presets import find_preset, load_preset, render
+
+pytest.importorskip("yaml")
+
+MANIFEST = {
+    "name_or_path": "/assets/tiny",
+    "dataset": "/assets/tiny/dataset",
+    "resolution": 128,
+    "model_kwargs": {"flux2_params": {"hidden_size": 64}, "text_encoder_path": "/assets/tiny/te"},
+}
+
+
+def test_shipped_tiny_preset_is_found_by_name():
+    assert find_preset("tiny").name == "tiny.yaml"
+
+
+def test_unknown_preset_names_the_shipped_ones():
+    with pytest.raises(LauncherError, match="tiny"):
+        find_preset("no-such-preset")
+
+
+def test_tiny_preset_splits_launcher_block():
+    preset = load_preset("tiny")
+    assert preset.tiny and preset.name == "tiny_flux2"
+    assert preset.env["HF_HUB_OFFLINE"] == "1"
+    assert "launcher" not in preset.config
+
+
+def test_render_fills_run_folder_and_tiny_assets(tmp_path):
+    preset = load_preset("tiny")
+    config = render(preset, tmp_path / "runs" / "x", MANIFEST)
+    process = config["config"]["process"][0]
+    assert Path(process["training_folder"]) == (tmp_path / "runs" / "x").resolve()
+    assert process["model"]["name_or_path"] == "/assets/tiny"
+    assert process["model"]["model_kwargs"]["flux2_params"] == {"hidden_size": 64}
+    assert process["datasets"][0]["folder_path"] == "/assets/tiny/dataset"
+    assert process["datasets"][0]["resolution"] == [128]
+    assert preset.config["config"]["process"][0]["model"]["model_kwargs"] == {}  # preset untouched
