@@ -7,9 +7,9 @@ from pathlib import Path
 from launcher import __version__
 from launcher.errors import LauncherError
 from launcher.lock import DEFAULT_LOCK
-from launcher.commands import doctor, patches, rebase, run, setup, verify
+from launcher.commands import doctor, flags, patches, rebase, run, setup, verify
 
-COMMANDS = (setup, verify, patches, rebase, run, doctor)
+COMMANDS = (setup, verify, patches, rebase, run, flags, doctor)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,33 @@
+"""`save [RUN]` and `stop [RUN]`: ask a running trainer to checkpoint (and stop) at its next step.
+
+The train loop looks for SAVE_NOW / STOP_NOW in its job folder at every step (a patch of the
+series); these commands only create the file, so they work from any terminal.
+"""
+
+from pathlib import Path
+
+from launcher.progress import say
+from launcher.runs import find_run
+from launcher.workdir import DEFAULT_WORKDIR, Workdir
+
+FLAGS = {
+    "save": ("SAVE_NOW", "save a checkpoint at the next step and keep training"),
+    "stop": ("STOP_NOW", "save a checkpoint at the next step and exit cleanly (resume with run --resume)"),
+}
+
+
+def register(subparsers) -> None:
+    for command, (flag, meaning) in FLAGS.items():
+        parser = subparsers.add_parser(command, help=meaning)
+        parser.add_argument("run", nargs="?", help="run folder or run name (default: the latest run)")
+        parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="default: .aitk")
+        parser.set_defaults(handler=lambda args, flag=flag: write_flag(args, flag))
+
+
+def write_flag(args, flag: str) -> int:
+    run = find_run(Workdir(args.workdir.resolve()).runs, args.run)
+    path = run.flag(flag)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+    say(f"wrote {path}; the trainer acts on it at its next step (see {run.log})")
+    return 0

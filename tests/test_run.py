@@ -1,0 +1,220 @@
+"""`run` before training starts: validation errors, --dry-run of every preset, flags, Windows paths."""
+
+import json
+import struct
+from pathlib import Path, PureWindowsPath
+
+import pytest
+import yaml
+
+from conftest import REPO_ROOT
+from launcher import validate
+from launcher.cli import main
+from launcher.presets import PRESETS_DIR, load_preset, render
+from launcher.runs import RunFolder
+from launcher.workdir import venv_python
+
+REAL_PRESETS = sorted(p.name for p in PRESETS_DIR.glob("*.yaml") if p.name != "tiny.yaml")
+
+
+def fake_safetensors(path: Path, nbytes: int, truncate_by: int = 0) -> None:
+    """A header describing one tensor of `nbytes`, as a sparse file (no disk used)."""
+    header = json.dumps({"w": {"dtype": "U8", "shape": [nbytes], "data_offsets": [0, nbytes]}}).encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as handle:
+        handle.write(struct.pack("<Q", len(header)) + header)
+        handle.truncate(8 + len(header) + nbytes - truncate_by)
+
+
+@pytest.fixture
+def places(tmp_path):
+    model = tmp_path / "model"
+    fake_safetensors(model / "flux2-dev.safetensors", 64_000_000_000)
+    fake_safetensors(model / "ae.safetensors", 168_000_000)
+    encoder = tmp_path / "mistral"
+    encoder.mkdir()
+    for name in ("config.json", "tokenizer.json", "processor_config.json"):
+        (encoder / name).write_text("{}")
+    data = tmp_path / "data"
+    data.mkdir()
+    for stem in ("a", "b"):
+        (data / f"{stem}.png").write_bytes(b"png")
+        (data / f"{stem}.txt").write_text("a photo of sks")
+    return {"model": model, "encoder": encoder, "data": data, "workdir": tmp_path / "wd"}
+
+
+def dry_run(places, preset="7900xtx_512.yaml", *extra, workdir=None):
+    return main([
+        "run", str(PRESETS_DIR / preset), "--dry-run", "--workdir", str(workdir or places["workdir"]),
+        "--model-dir", str(places["model"]), "--text-encoder", str(places["encoder"]),
+        "--dataset", str(places["data"]), *extra,
+    ])
+
+
+@pytest.fixture(scope="module")
+def fork_workdir(tmp_path_factory, fork_reachable):
+    """A patched checkout without a venv: enough for the config-key checks."""
+    root = tmp_path_factory.mktemp("fork-wd")
+    assert main(["setup", "--workdir", str(root), "--no-install"]) == 0
+    return root
+
+
+@pytest.mark.parametrize("preset", REAL_PRESETS)
+def test_dry_run_of_every_shipped_preset(places, fork_workdir, capsys, preset):
+    assert dry_run(places, preset, workdir=fork_workdir) == 0
+    out = capsys.readouterr().out
+    config = yaml.safe_load(out[: out.index("AITK_TELEMETRY=")])
+    process = config["config"]["process"][0]
+    assert process["model"]["name_or_path"] == str(places["model"])
+    assert process["model"]["model_kwargs"]["text_encoder_path"] == str(places["encoder"])
+    assert process["datasets"][0]["folder_path"] == str(places["data"])
+    assert process["training_folder"].startswith(str(fork_workdir))
+    assert "PYTORCH_HIP_ALLOC_CONF=expandable_segments:True" in out
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in out
+    assert not (fork_workdir / "runs").exists(), "a dry run writes nothing"
+
+
+def test_448_bs2_scales_lr_by_sqrt_two():
+    base = load_preset("7900xtx_512").config["config"]["process"][0]["train"]
+    bs2 = load_preset("7900xtx_448_bs2").config["config"]["process"][0]["train"]
+    assert bs2["batch_size"] == 2
+    assert bs2["lr"] == pytest.approx(base["lr"] * 2**0.5, rel=1e-5)
+
+
+def test_unknown_key_names_the_closest_known_key(places, fork_workdir, tmp_path, capsys):
+    preset = yaml.safe_load((PRESETS_DIR / "7900xtx_512.yaml").read_text())
+    preset["config"]["process"][0]["train"]["gradient_checkpoint"] = True
+    preset["config"]["process"][0]["model"]["qtyp"] = "uint4"
+    path = tmp_path / "typo.yaml"
+    path.write_text(yaml.safe_dump(preset))
+    assert main(["run", str(path), "--dry-run", "--workdir", str(fork_workdir), "--model-dir", str(places["model"]),
+                 "--text-encoder", str(places["encoder"]), "--dataset", str(places["data"])]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key `gradient_checkpoint`; did you mean `gradient_checkpointing`?" in err
+    assert "unknown key `qtyp`; did you mean `qtype`?" in err
+
+
+def test_unknown_launcher_key(tmp_path, capsys):
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({"launcher": {"alocator": "default"}, "config": {"name": "x", "process": []}}))
+    assert main(["run", str(path), "--dry-run"]) == 2
+    assert "unknown key `launcher.alocator`; did you mean `allocator`?" in capsys.readouterr().err
+
+
+def broken(places, what):
+    if what == "no model dir":
+        places["model"] = places["model"] / "missing"
+    elif what == "no transformer":
+        (places["model"] / "flux2-dev.safetensors").unlink()
+    elif what == "truncated transformer":
+        fake_safetensors(places["model"] / "flux2-dev.safetensors", 64_000_000_000, truncate_by=4096)
+    elif what == "small transformer":
+        fake_safetensors(places["model"] / "flux2-dev.safetensors", 2_000_000_000)
+    elif what == "garbage vae":
+        (places["model"] / "ae.safetensors").write_bytes(b"\xff" * 64)
+    elif what == "encoder without processor":
+        (places["encoder"] / "processor_config.json").unlink()
+    elif what == "encoder not cached":
+        places["encoder"] = Path("someone/not-downloaded")
+    elif what == "uncaptioned image":
+        (places["data"] / "b.txt").unlink()
+    elif what == "empty dataset":
+        for path in places["data"].iterdir():
+            path.unlink()
+
+
+@pytest.mark.parametrize("what, message", [
+    ("no model dir", "does not exist; pass --model-dir"),
+    ("no transformer", "flux2-dev.safetensors is missing"),
+    ("truncated transformer", "truncated or still downloading"),
+    ("small transformer", "about 64 GB"),
+    ("garbage vae", "ae.safetensors: header length"),
+    ("encoder without processor", "lacks processor_config.json"),
+    ("encoder not cached", "neither a local folder nor in the Hugging Face cache"),
+    ("uncaptioned image", "1 of 2 images"),
+    ("empty dataset", "holds no images"),
+])
+def test_each_bad_input_is_refused_with_how_to_fix(places, capsys, monkeypatch, what, message):
+    monkeypatch.setenv("HF_HUB_CACHE", str(places["workdir"] / "hf"))
+    broken(places, what)
+    assert dry_run(places) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_locations_name_the_flag_and_variable(capsys, monkeypatch):
+    monkeypatch.delenv("FLUX2_MODEL_DIR", raising=False)
+    assert main(["run", "7900xtx_512", "--dry-run"]) == 2
+    assert "--model-dir (or $FLUX2_MODEL_DIR)" in capsys.readouterr().err
+
+
+def test_locations_from_environment_variables(places, capsys, monkeypatch):
+    monkeypatch.setenv("FLUX2_MODEL_DIR", str(places["model"]))
+    monkeypatch.setenv("FLUX2_DATASET", str(places["data"]))
+    monkeypatch.setenv("FLUX2_TEXT_ENCODER", str(places["encoder"]))
+    assert main(["run", "7900xtx_512", "--dry-run", "--workdir", str(places["workdir"])]) == 0
+    assert f"folder_path: {places['data']}" in capsys.readouterr().out
+
+
+def test_resolution_must_be_a_multiple_of_16(places, tmp_path, capsys):
+    preset = yaml.safe_load((PRESETS_DIR / "7900xtx_512.yaml").read_text())
+    preset["config"]["process"][0]["datasets"][0]["resolution"] = [500]
+    path = tmp_path / "res.yaml"
+    path.write_text(yaml.safe_dump(preset))
+    assert main(["run", str(path), "--dry-run", "--workdir", str(places["workdir"]), "--model-dir", str(places["model"]),
+                 "--text-encoder", str(places["encoder"]), "--dataset", str(places["data"])]) == 2
+    err = capsys.readouterr().err
+    assert "500 is not a multiple of 16" in err and "use 496 or 512" in err
+
+
+def test_too_little_disk(places, capsys, monkeypatch):
+    monkeypatch.setattr(validate, "free_disk_gib", lambda path: 3.5)
+    assert dry_run(places) == 2
+    assert "only 3.5 GiB free" in capsys.readouterr().err
+
+
+def test_windows_paths_render_and_venv_layout():
+    preset = load_preset("7900xtx_512")
+    places = {"model_dir": PureWindowsPath(r"C:\Users\me\models\FLUX.2-dev"),
+              "dataset": PureWindowsPath(r"D:\data\sks person"),
+              "text_encoder": PureWindowsPath(r"C:\Users\me\models\Mistral-Small-3.1")}
+    config = render(preset, Path("runs") / "x", places=places)
+    back = yaml.safe_load(yaml.safe_dump(config))["config"]["process"][0]
+    assert back["model"]["name_or_path"] == r"C:\Users\me\models\FLUX.2-dev"
+    assert back["datasets"][0]["folder_path"] == r"D:\data\sks person"
+    assert back["model"]["model_kwargs"]["text_encoder_path"] == r"C:\Users\me\models\Mistral-Small-3.1"
+    assert venv_python(Path("C:/aitk/venv"), windows=True).parts[-2:] == ("Scripts", "python.exe")
+    assert venv_python(Path("/aitk/venv"), windows=False).parts[-2:] == ("bin", "python")
+
+
+def test_save_and_stop_write_flag_files_in_the_latest_run(tmp_path, capsys):
+    runs = tmp_path / "wd" / "runs"
+    for name in ("older", "newer"):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "config.yaml").write_text(yaml.safe_dump({"config": {"name": f"job_{name}"}}))
+    assert main(["save", "--workdir", str(tmp_path / "wd")]) == 0
+    assert (runs / "newer" / "job_newer" / "SAVE_NOW").is_file()
+    assert main(["stop", "older", "--workdir", str(tmp_path / "wd")]) == 0
+    assert (runs / "older" / "job_older" / "STOP_NOW").is_file()
+    assert main(["stop", "nope", "--workdir", str(tmp_path / "wd")]) == 2
+    assert "no run 'nope'" in capsys.readouterr().err
+
+
+def test_run_refuses_to_restart_over_a_run_with_checkpoints(tmp_path, capsys):
+    from launcher.commands.run import check_resume
+    from launcher.errors import LauncherError
+
+    run = RunFolder(tmp_path / "r", "job")
+    with pytest.raises(LauncherError, match="nothing to resume"):
+        check_resume(run, resume=True)
+    run.job_dir.mkdir(parents=True)
+    (run.job_dir / "job_000000010.safetensors").write_bytes(b"")
+    with pytest.raises(LauncherError, match="--resume"):
+        check_resume(run, resume=False)
+    check_resume(run, resume=True)
+    assert "resuming from job_000000010.safetensors" in capsys.readouterr().out
+
+
+def test_repo_presets_are_the_ones_documented():
+    readme = (REPO_ROOT / "README.md").read_text()
+    for preset in PRESETS_DIR.glob("*.yaml"):
+        assert preset.name in readme, f"README does not document {preset.name}"
