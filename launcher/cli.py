@@ -7,9 +7,9 @@ from pathlib import Path
 from launcher import __version__
 from launcher.errors import LauncherError
 from launcher.lock import DEFAULT_LOCK
-from launcher.commands import doctor, flags, patches, rebase, run, setup, verify
+from launcher.commands import doctor, flags, patches, plot, rebase, run, setup, verify, watchdog
 
-COMMANDS = (setup, verify, patches, rebase, run, flags, doctor)
+COMMANDS = (setup, verify, patches, rebase, run, flags, plot, watchdog, doctor)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,7 +23,7 @@ from pathlib import Path
 from launcher.gpu_sources import GpuSample, GpuSource
 from launcher.trainer_log import Progress, Saved
 from launcher.watchdog import BurstResult, Policy, WatchdogConfig
-from launcher.watchdog_loop import Watchdog, item_row
+from launcher.watchdog_loop import Watchdog
 
 
 # --- traces ------------------------------------------------------------------------------------
@@ -140,7 +140,6 @@ def default_scenario() -> Scenario:
         Episode(140, "clears", s_it=55.0),                 # a stall; one burst clears it
         Episode(500, "clears", s_it=80.0),                 # right after a save: stalls cluster there
         Episode(820, "clears", s_it=45.0, duds=2),         # the first two burst processes are duds
-        Episode(1130, "clears", s_it=70.0, end_step=1134), # clears by itself before a burst lands
         Episode(1420, "clears", s_it=118.0),               # the worst rate of the write-up
         Episode(1760, "persists", s_it=65.0, end_step=1830),  # bursts do not help: self-disable
     ))
@@ -320,33 +319,21 @@ def simulate(scenario: Scenario, config: WatchdogConfig, max_hours: float = 24.0
 
     watchdog = Watchdog(config, source=SimSource(world), lines=lines, burster=SimBurster(world),
                         events=result.events.append, clock=lambda: world.now, trace=result.trace.append)
-    original_sample = watchdog.source.sample
-
-    def sample_and_record() -> GpuSample | None:
-        sample = original_sample()
-        if sample is not None:
-            result.telemetry.append({"t": sample.t, "step": world.step, "loss": _round(world.loss),
-                                     "s_it": _round(watchdog.tracker_s_it), **_rounded(sample.to_row())})
-        return sample
-
-    watchdog.source.sample = sample_and_record
-    watchdog.tracker_s_it = None
     while not world.done and world.now < max_hours * 3600:
         world.advance(config.interval_s)
+        recorded = len(result.trace)
         watchdog.poll_once()
-        for row in result.trace[-4:]:
-            if row["kind"] == "progress" and row["s_it"] is not None:
-                watchdog.tracker_s_it = row["s_it"]
+        last = watchdog.tracker.last
+        for row in result.trace[recorded:]:
+            if row["kind"] == "gpu":  # what the run telemetry writes every interval
+                result.telemetry.append({
+                    "t": row["t"], "step": last.step if last else 0, "loss": _round(last and last.loss),
+                    "s_it": _round(last and last.s_it),
+                    **{key: round(value, 3) for key, value in row.items() if key not in ("kind", "t")},
+                })
     return result
 
 
 def _round(value):
     return None if value is None else round(value, 4)
 
-
-def _rounded(row: dict) -> dict:
-    return {key: round(value, 3) if isinstance(value, float) else value for key, value in row.items()}
-
-
-__all__ = ["Episode", "Scenario", "default_scenario", "simulate", "replay", "trace_items", "read_jsonl",
-           "write_jsonl", "item_row"]

@@ -68,7 +68,8 @@ class TelemetryRecorder:
         if trainer is None:
             self._note_once(f"no in-trainer telemetry yet in {self.run.trainer_telemetry}")
         else:
-            row.update({key: value for key, value in trainer.items() if key not in ("time", "event")})
+            row.update({key: value for key, value in trainer.items() if key not in ("time", "event", "s_per_it")})
+            row["s_it"] = trainer.get("s_per_it")
             row["trainer_time"] = trainer.get("time")
         sample = self.source.sample() if self.source is not None else None
         if sample is not None:

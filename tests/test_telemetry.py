@@ -23,11 +23,11 @@ class FixedSource:
 def test_row_merges_trainer_and_gpu_fields(tmp_path):
     run = RunFolder(tmp_path, "job")
     run.trainer_telemetry.write_text(
-        json.dumps({"time": 5.0, "step": 3, "loss": 0.5, "vram_allocated_gib": 20.1}) + "\n"
+        json.dumps({"time": 5.0, "step": 3, "loss": 0.5, "s_per_it": 9.5, "vram_allocated_gib": 20.1}) + "\n"
         + '{"time": 6.0, "step": 4, "lo'  # a row still being written is skipped
     )
     row = TelemetryRecorder(run, {"interval_s": 10}, source=FixedSource(), clock=lambda: 100.0).record()
-    assert row == {"t": 100.0, "step": 3, "loss": 0.5, "vram_allocated_gib": 20.1, "trainer_time": 5.0,
+    assert row == {"t": 100.0, "step": 3, "loss": 0.5, "s_it": 9.5, "vram_allocated_gib": 20.1, "trainer_time": 5.0,
                    "clock_mhz": 2500.0, "power_w": 385.0, "gpu_util": 99.0, "mem_load": 40.0}
     assert json.loads(run.telemetry.read_text().splitlines()[-1]) == row
 

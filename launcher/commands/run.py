@@ -11,11 +11,12 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
 
-from launcher import __version__, tiny
+from launcher import __version__, tiny, validate
 from launcher.checkout import read_state
 from launcher.errors import LauncherError
 from launcher.presets import Preset, load_preset, render, write_config
@@ -23,7 +24,8 @@ from launcher.progress import say, step
 from launcher.runs import RunFolder
 from launcher.telemetry import TelemetryRecorder
 from launcher.torchenv import clean_env
-from launcher import validate
+from launcher.watchdog import load_config
+from launcher.watchdog_loop import watch_run
 from launcher.workdir import DEFAULT_WORKDIR, Workdir, venv_python
 
 TINY_SEED = 0
@@ -70,8 +72,22 @@ def handle(args) -> int:
     write_config(config, run.config)
     write_metadata(run, preset, workdir, python)
     say(f"run folder: {run.root}")
-    with TelemetryRecorder(run, preset.telemetry):
+    with TelemetryRecorder(run, preset.telemetry), stall_watchdog(preset, run, python, env):
         return train(python, workdir.trainer, run, env)
+
+
+@contextmanager
+def stall_watchdog(preset: Preset, run: RunFolder, python: Path, env: dict[str, str]):
+    """The stall watchdog for the length of the training, when the preset enables it."""
+    if not preset.watchdog.get("enabled"):
+        yield
+        return
+    handle = watch_run(load_config(preset.watchdog), run.root, run.log, python, env)
+    say(f"stall watchdog on; decisions in {run.watchdog_events}")
+    try:
+        yield
+    finally:
+        handle.stop()
 
 
 def locations(args) -> dict[str, Path]:

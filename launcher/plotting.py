@@ -1,0 +1,135 @@
+"""Loss, s/it and board power over steps, with every watchdog decision marked on the s/it curve.
+
+matplotlib lives in the trainer's venv, not the launcher's, so this runs there:
+    <venv python> -m launcher.plotting TELEMETRY.jsonl OUT.png [--events watchdog.jsonl]
+(`plot_with(python, ...)` does that from the launcher). matplotlib is imported on use only.
+
+Telemetry rows need `step` and any of `loss`, `s_it`, `power_w` (the run telemetry rows, or a
+watchdog trace whose `progress` / `gpu` rows carry them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+TRIGGER_COLOURS = {
+    "stall": "tab:red",
+    "prophylactic-start": "tab:green",
+    "prophylactic-save": "tab:green",
+    "respawn": "tab:orange",
+}
+MARKERS = {  # kind -> (marker, colour, label)
+    "stall": ("v", "tab:red", "stall detected"),
+    "dud": ("x", "tab:orange", "dud burst (respawned)"),
+    "not_restored": ("o", "tab:purple", "burst did not help"),
+    "restored": ("^", "tab:green", "rate restored"),
+}
+
+
+def _rows(path: Path | None) -> list[dict]:
+    if path is None or not Path(path).is_file():
+        return []
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def series(rows: list[dict]) -> dict[str, tuple[list, list]]:
+    """(steps, values) for loss, s/it (one value per step, the last seen) and power."""
+    per_step: dict[str, dict[int, float]] = {"loss": {}, "s_it": {}}
+    power: tuple[list, list] = ([], [])
+    step = 0
+    for row in rows:
+        if row.get("step") is not None:
+            step = row["step"]
+        for key in per_step:
+            if row.get(key) is not None and row.get("kind") in (None, "progress"):
+                per_step[key][step] = row[key]
+        if row.get("power_w") is not None:
+            power[0].append(step)
+            power[1].append(row["power_w"])
+    out = {key: (sorted(values), [values[s] for s in sorted(values)]) for key, values in per_step.items()}
+    out["power_w"] = power
+    return out
+
+
+def plot_run(telemetry_jsonl: Path, events_jsonl: Path | None, out_png: Path) -> Path:
+    """Write the PNG and return its path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = series(_rows(telemetry_jsonl))
+    events = [event for event in _rows(events_jsonl) if event.get("step") is not None]
+    figure, (loss_ax, rate_ax, power_ax) = plt.subplots(3, 1, sharex=True, figsize=(13, 9),
+                                                          gridspec_kw={"height_ratios": [1, 1.6, 1]})
+    loss_ax.plot(*data["loss"], lw=0.6, color="tab:blue")
+    loss_ax.set_ylabel("loss")
+    rate_ax.plot(*data["s_it"], lw=0.8, color="black", label="s/it")
+    rate_ax.set_ylabel("s/it")
+    if data["s_it"][1] and min(data["s_it"][1]) > 0:
+        rate_ax.set_yscale("log")
+    power_ax.plot(*data["power_w"], lw=0.5, color="tab:red")
+    power_ax.set_ylabel("board power (W)")
+    power_ax.set_xlabel("step")
+
+    labelled: set[str] = set()
+
+    def label(text: str) -> str | None:
+        if text in labelled:
+            return None
+        labelled.add(text)
+        return text
+
+    top = max(data["s_it"][1], default=1.0)
+    for event in events:
+        kind, step = event["kind"], event["step"]
+        if kind == "burst":
+            trigger = event.get("trigger", "stall")
+            name = "prophylactic" if trigger.startswith("prophylactic") else trigger
+            rate_ax.axvline(step, color=TRIGGER_COLOURS.get(trigger, "tab:gray"), lw=0.9, alpha=0.8,
+                            label=label(f"burst ({name})"))
+        elif kind == "disabled":
+            for axis in (loss_ax, rate_ax, power_ax):
+                axis.axvline(step, color="black", lw=2, ls="--")
+            rate_ax.text(step, top, " watchdog disabled", va="top", fontsize=8)
+        elif kind in MARKERS:
+            marker, colour, text = MARKERS[kind]
+            rate_ax.scatter([step], [top], marker=marker, color=colour, zorder=3, label=label(text))
+    if labelled or data["s_it"][0]:
+        rate_ax.legend(loc="center right", fontsize=7, ncol=2, framealpha=0.9)
+    counts = {kind: sum(1 for event in events if event["kind"] == kind) for kind in ("burst", "dud", "stall")}
+    figure.suptitle(f"{Path(telemetry_jsonl).parent.name}: {counts['stall']} stalls, {counts['burst']} bursts "
+                    f"({counts['dud']} duds)")
+    figure.tight_layout()
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out_png, dpi=110)
+    plt.close(figure)
+    return out_png
+
+
+def plot_with(python: Path, telemetry_jsonl: Path, events_jsonl: Path | None, out_png: Path) -> int:
+    """Run plot_run in another interpreter (the trainer venv, which has matplotlib)."""
+    command = [str(python), "-m", "launcher.plotting", str(Path(telemetry_jsonl).resolve()),
+               str(Path(out_png).resolve())]
+    if events_jsonl is not None:
+        command += ["--events", str(Path(events_jsonl).resolve())]
+    return subprocess.run(command, cwd=Path(__file__).resolve().parent.parent).returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m launcher.plotting", description=__doc__.splitlines()[0])
+    parser.add_argument("telemetry", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--events", type=Path, help="watchdog.jsonl whose decisions are marked")
+    args = parser.parse_args(argv)
+    print(plot_run(args.telemetry, args.events, args.out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
