@@ -40,9 +40,9 @@ class TelemetryRecorder:
         self.run = run
         self.interval = float(settings.get("interval_s", 10))
         self.enabled = bool(settings.get("enabled", True))
+        self._noted: set[str] = set()
         self.source = source if source is not None else detect_source(note=self._note_once)
         self.clock = clock
-        self._noted: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="telemetry", daemon=True)
 

@@ -41,3 +41,11 @@ def test_missing_sources_are_noted_once_and_never_crash(tmp_path, capsys):
 
 def test_last_row_of_a_missing_file():
     assert last_row(Path("/nonexistent/x.jsonl")) is None
+
+
+def test_recorder_finds_its_own_source_on_a_machine_without_gpu_tools(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi, amd-smi, rocm-smi, typeperf
+    recorder = TelemetryRecorder(RunFolder(tmp_path, "job"), {"interval_s": 10}, clock=lambda: 2.0)
+    assert recorder.source is None
+    assert recorder.record() == {"t": 2.0}
+    assert "no GPU telemetry tool found" in capsys.readouterr().err
