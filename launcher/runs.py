@@ -18,6 +18,8 @@ import yaml
 
 from launcher.errors import LauncherError
 
+CHECKPOINT_MANIFEST = "checkpoint.json"  # written by patch 0009 when a checkpoint is complete
+
 
 @dataclass(frozen=True)
 class RunFolder:
@@ -56,10 +58,12 @@ class RunFolder:
         return self.job_dir / name
 
     def checkpoints(self) -> list[Path]:
-        """Saved LoRA files of this run, oldest first."""
+        """What a resume can start from, oldest first: saved LoRA files, and the manifest the
+        atomic-save patch commits a checkpoint with (it exists before the files are renamed)."""
         if not self.job_dir.is_dir():
             return []
-        return sorted(self.job_dir.glob(f"{self.name}*.safetensors"), key=lambda p: p.stat().st_mtime)
+        found = [*self.job_dir.glob(f"{self.name}*.safetensors"), *self.job_dir.glob(CHECKPOINT_MANIFEST)]
+        return sorted(found, key=lambda p: p.stat().st_mtime)
 
 
 def find_run(runs_dir: Path, spec: str | None) -> RunFolder:

@@ -15,8 +15,12 @@ from launcher.progress import warn
 from launcher.runs import RunFolder
 
 
-def last_row(path: Path) -> dict | None:
-    """The last complete JSON line of a file that another process appends to."""
+def last_row(path: Path, progress_only: bool = False) -> dict | None:
+    """The last complete JSON line of a file that another process appends to.
+
+    With `progress_only`, rows the trainer writes for an event (start, save) are passed
+    over: they carry no step speed.
+    """
     try:
         with path.open("rb") as handle:
             handle.seek(0, 2)
@@ -27,9 +31,11 @@ def last_row(path: Path) -> dict | None:
         return None
     for line in reversed(lines):
         try:
-            return json.loads(line)
+            row = json.loads(line)
         except ValueError:
             continue  # a line still being written
+        if not (progress_only and row.get("event")):
+            return row
     return None
 
 
@@ -64,7 +70,7 @@ class TelemetryRecorder:
 
     def record(self) -> dict:
         row = {"t": round(self.clock(), 3)}
-        trainer = last_row(self.run.trainer_telemetry)
+        trainer = last_row(self.run.trainer_telemetry, progress_only=True)
         if trainer is None:
             self._note_once(f"no in-trainer telemetry yet in {self.run.trainer_telemetry}")
         else:

@@ -24,6 +24,7 @@ def test_row_merges_trainer_and_gpu_fields(tmp_path):
     run = RunFolder(tmp_path, "job")
     run.trainer_telemetry.write_text(
         json.dumps({"time": 5.0, "step": 3, "loss": 0.5, "s_per_it": 9.5, "vram_allocated_gib": 20.1}) + "\n"
+        + json.dumps({"time": 5.5, "step": 3, "event": "save", "s_per_it": None}) + "\n"  # no speed in it
         + '{"time": 6.0, "step": 4, "lo'  # a row still being written is skipped
     )
     row = TelemetryRecorder(run, {"interval_s": 10}, source=FixedSource(), clock=lambda: 100.0).record()
