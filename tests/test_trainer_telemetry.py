@@ -1,0 +1,97 @@
+"""Patch "in-trainer telemetry": the trainer's own JSONL rows from a tiny run.
+
+The tiny preset runs 6 steps with a save every 3 and AITK_TELEMETRY_INTERVAL=0 (a row after
+every step), writing to <run folder>/trainer-telemetry.jsonl. The rows must carry the step,
+a finite loss, s/it, host RSS and the VRAM figures read inside the trainer (wall 10): numbers
+on a GPU, null on a CPU-only machine, never missing. A "start" row comes first and a "save"
+row follows each checkpoint.
+"""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launcher.torchenv import clean_env
+from launcher.workdir import venv_python
+
+REPO = Path(__file__).resolve().parent.parent
+NAME = "telemetry_tiny"
+STEPS = 6
+SAVE_EVERY = 3
+VRAM = ("vram_allocated_gib", "vram_reserved_gib", "vram_max_allocated_gib")
+
+
+@pytest.fixture(scope="module")
+def telemetry_rows(trainer_workdir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("telemetry")
+    output = tmp / "runs"
+    telemetry = output / NAME / "trainer-telemetry.jsonl"
+    data = yaml.safe_load((REPO / "presets" / "tiny.yaml").read_text(encoding="utf-8"))
+    data.setdefault("launcher", {}).setdefault("env", {}).update(
+        AITK_TELEMETRY=str(telemetry), AITK_TELEMETRY_INTERVAL="0"
+    )
+    data["config"]["name"] = NAME
+    process = data["config"]["process"][0]
+    process["train"]["steps"] = STEPS
+    process["save"]["save_every"] = SAVE_EVERY
+    preset = tmp / "telemetry.yaml"
+    preset.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, "-m", "launcher", "run", str(preset), "--workdir", str(trainer_workdir.root),
+         "--output", str(output)],
+        cwd=REPO, capture_output=True, text=True, errors="replace",
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert telemetry.is_file(), f"the trainer wrote no {telemetry}"
+    return [json.loads(line) for line in telemetry.read_text(encoding="utf-8").splitlines()]
+
+
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def test_every_row_has_the_fields(telemetry_rows):
+    for row in telemetry_rows:
+        assert is_number(row["time"]) and isinstance(row["step"], int), row
+        assert is_number(row["host_rss_gib"]) and row["host_rss_gib"] > 0, row
+        for key in VRAM:
+            assert key in row, f"{key} missing from {row}"
+            assert row[key] is None or (is_number(row[key]) and row[key] >= 0), row
+
+
+def test_vram_is_read_in_process_when_there_is_a_gpu(telemetry_rows, trainer_workdir):
+    probe = subprocess.run(
+        [str(venv_python(trainer_workdir.venv)), "-c", "import torch; print(torch.cuda.is_available())"],
+        capture_output=True, text=True, env=clean_env(),
+    )
+    gpu = probe.stdout.strip().splitlines()[-1:] == ["True"]
+    step_rows = [row for row in telemetry_rows if "event" not in row]
+    for row in step_rows:
+        if gpu:
+            assert all(is_number(row[key]) for key in VRAM), row
+            assert row["vram_max_allocated_gib"] > 0, row
+        else:
+            assert all(row[key] is None for key in VRAM), row
+
+
+def test_step_rows_have_step_loss_and_speed(telemetry_rows):
+    step_rows = [row for row in telemetry_rows if "event" not in row]
+    assert [row["step"] for row in step_rows] == list(range(1, STEPS + 1)), telemetry_rows
+    assert all(is_number(row["loss"]) for row in step_rows), step_rows
+    assert all(is_number(row["s_per_it"]) and row["s_per_it"] > 0 for row in step_rows), step_rows
+    times = [row["time"] for row in telemetry_rows]
+    assert times == sorted(times)
+
+
+def test_start_and_save_events(telemetry_rows):
+    events = [(row["event"], row["step"]) for row in telemetry_rows if "event" in row]
+    # the loop saves after step index 3 (index 0 never saves), when 4 steps are done; then the final save
+    assert events[0] == ("start", 0), events
+    assert events[1:] == [("save", SAVE_EVERY + 1), ("save", STEPS)], events
+    first_save = next(i for i, row in enumerate(telemetry_rows) if row.get("event") == "save")
+    assert telemetry_rows[first_save - 1]["step"] == SAVE_EVERY + 1, "the save row follows the step it saved"

@@ -1,0 +1,194 @@
+"""Patches 0003 and 0005 on a tiny FLUX.2: block-by-block build + quantize, loud failures.
+
+The streamed path (Flux2Model.load_transformer_streamed) must give the same
+quantized weights as the fork's path (load_file + load_state_dict +
+quantize_model), and a transformer-block Linear that cannot be quantized must
+stop the load unless model_kwargs allow_unquantized_block_linears is set.
+"""
+
+import importlib
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+TINY = dict(
+    in_channels=64,
+    context_in_dim=64,
+    hidden_size=128,
+    num_heads=2,
+    depth=2,
+    depth_single_blocks=2,
+    axes_dim=[16, 16, 16, 16],
+    mlp_ratio=3.0,
+)
+# hidden 96: every attention Linear is 96 wide, not a multiple of the group size 64
+ODD = dict(TINY, hidden_size=96, num_heads=1, axes_dim=[24, 24, 24, 24])
+
+
+@pytest.fixture(scope="module")
+def trainer(trainer_on_path):
+    flux2 = importlib.import_module("extensions_built_in.diffusion_models.flux2.flux2_model")
+    quantize = importlib.import_module("toolkit.util.quantize")
+    return SimpleNamespace(flux2=flux2, quantize=quantize)
+
+
+def make_model(trainer, params, quantize=True, qtype="uint4", **model_kwargs):
+    """A Flux2Model without running its constructor: just what loading reads."""
+    model = trainer.flux2.Flux2Model.__new__(trainer.flux2.Flux2Model)
+    model.torch_dtype = torch.bfloat16
+    model.device_torch = torch.device("cpu")
+    model.quantize_device = torch.device("cpu")
+    model._status_update_hooks = []
+    model.model_config = SimpleNamespace(
+        quantize=quantize,
+        qtype=qtype,
+        accuracy_recovery_adapter=None,
+        low_vram=False,
+        model_kwargs=dict(model_kwargs, flux2_params=params),
+    )
+    return model
+
+
+def meta_transformer(trainer, params):
+    with torch.device("meta"):
+        return trainer.flux2.Flux2(trainer.flux2.Flux2Params(**params))
+
+
+def write_checkpoint(trainer, params, path, seed=0):
+    torch.manual_seed(seed)
+    model = trainer.flux2.Flux2(trainer.flux2.Flux2Params(**params))
+    # fp32 on disk, so the loaders' cast to bf16 is exercised too
+    state = {k: (v * 4).contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(path))
+    return state
+
+
+def fork_path(trainer, model, params, path):
+    """The fork's load_model transformer steps, verbatim apart from the device."""
+    transformer = meta_transformer(trainer, params)
+    state = load_file(str(path), device="cpu")
+    for key in state:
+        state[key] = state[key].to(model.torch_dtype)
+    transformer.load_state_dict(state, assign=True)
+    transformer.to("cpu", dtype=model.torch_dtype)
+    if model.model_config.quantize:
+        trainer.flux2.patch_dequantization_on_save(transformer)
+        trainer.quantize.quantize_model(model, transformer)
+    return transformer
+
+
+def streamed_path(trainer, model, params, path):
+    transformer = meta_transformer(trainer, params)
+    model.load_transformer_streamed(transformer, str(path))
+    return transformer
+
+
+def dense(t):
+    return t.dequantize() if hasattr(t, "dequantize") else t
+
+
+def forward(transformer, params, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, 6, params["in_channels"], generator=g).bfloat16()
+    ctx = torch.randn(1, 5, params["context_in_dim"], generator=g).bfloat16()
+    x_ids = torch.randint(0, 4, (1, 6, 4), generator=g)
+    ctx_ids = torch.randint(0, 4, (1, 5, 4), generator=g)
+    t = torch.tensor([0.5]).bfloat16()
+    with torch.no_grad():
+        return transformer(x=x, x_ids=x_ids, timesteps=t, ctx=ctx, ctx_ids=ctx_ids, guidance=t * 8)
+
+
+def test_streamed_build_matches_fork_quantization(trainer, tmp_path):
+    path = tmp_path / "flux2-tiny.safetensors"
+    write_checkpoint(trainer, TINY, path)
+    reference = fork_path(trainer, make_model(trainer, TINY), TINY, path)
+    streamed = streamed_path(trainer, make_model(trainer, TINY), TINY, path)
+
+    ref_params = dict(reference.named_parameters())
+    new_params = dict(streamed.named_parameters())
+    assert ref_params.keys() == new_params.keys()
+    quantized = 0
+    for name, ref in ref_params.items():
+        new = new_params[name]
+        assert type(new) is type(ref), name
+        assert new.device.type == "cpu", name
+        assert torch.equal(dense(new), dense(ref)), name
+        quantized += type(ref).__name__ == "AffineQuantizedTensor"
+    linears = [m for m in reference.modules() if isinstance(m, torch.nn.Linear)]
+    assert quantized == len(linears) > 0  # the fork quantizes every Linear here
+    assert torch.equal(forward(streamed, TINY), forward(reference, TINY))
+
+
+def test_streamed_build_without_quantization_keeps_cast_weights(trainer, tmp_path):
+    path = tmp_path / "flux2-tiny.safetensors"
+    state = write_checkpoint(trainer, TINY, path)
+    transformer = streamed_path(trainer, make_model(trainer, TINY, quantize=False), TINY, path)
+    loaded = transformer.state_dict()
+    assert loaded.keys() == state.keys()
+    for key, value in state.items():
+        assert loaded[key].dtype == torch.bfloat16
+        assert torch.equal(loaded[key], value.to(torch.bfloat16)), key
+
+
+def test_streamed_build_reports_progress(trainer, tmp_path, capsys):
+    path = tmp_path / "flux2-tiny.safetensors"
+    write_checkpoint(trainer, TINY, path)
+    streamed_path(trainer, make_model(trainer, TINY), TINY, path)
+    out = capsys.readouterr().out
+    assert "block 1/4: double_blocks.0" in out
+    assert "block 4/4: single_blocks.1" in out
+
+
+def test_checkpoint_of_another_shape_is_refused_before_reading(trainer, tmp_path):
+    path = tmp_path / "flux2-tiny.safetensors"
+    write_checkpoint(trainer, dict(TINY, depth=1), path)
+    with pytest.raises(ValueError, match="does not match the model.*double_blocks.1"):
+        streamed_path(trainer, make_model(trainer, TINY), TINY, path)
+
+
+def test_bad_quantize_device_is_refused(trainer, tmp_path):
+    path = tmp_path / "flux2-tiny.safetensors"
+    write_checkpoint(trainer, TINY, path)
+    with pytest.raises(ValueError, match="quantize_device"):
+        streamed_path(trainer, make_model(trainer, TINY, quantize_device="npu"), TINY, path)
+
+
+# -- patch 0005: loud quantization failures ----------------------------------
+
+
+@pytest.mark.parametrize("loader", [streamed_path, fork_path], ids=["streamed", "fork-loader"])
+def test_block_linear_that_cannot_be_quantized_fails_loudly(trainer, tmp_path, loader):
+    path = tmp_path / "flux2-odd.safetensors"
+    write_checkpoint(trainer, ODD, path)
+    model = make_model(trainer, ODD)
+    with pytest.raises(trainer.quantize.UnquantizedLinearError) as info:
+        loader(trainer, model, ODD, path)
+    message = str(info.value)
+    assert "double_blocks.0" in message  # the first block stops the load
+    assert "img_attn.qkv (in 96, out 288)" in message
+    assert "divisible" in message  # torchao's reason
+    assert "allow_unquantized_block_linears" in message
+
+
+def test_allowed_unquantized_block_linears_are_summarised(trainer, tmp_path, capsys):
+    path = tmp_path / "flux2-odd.safetensors"
+    write_checkpoint(trainer, ODD, path)
+    model = make_model(trainer, ODD, allow_unquantized_block_linears=True)
+    transformer = streamed_path(trainer, model, ODD, path)
+    skipped = {name for name, _, _ in trainer.quantize.unquantized_linears(transformer)}
+    assert "double_blocks.0.img_attn.qkv" in skipped
+    assert "single_blocks.0.linear1" in skipped
+    assert "single_blocks.0.linear2" not in skipped  # 96 + 288 = 384 wide: quantized
+    out = capsys.readouterr().out
+    assert f"transformer: {len(skipped)} Linear layer(s) were not quantized" in out
+    assert "double_blocks.0.img_attn.qkv (96->288)" in out
+
+
+def test_quantizable_model_reports_nothing(trainer, tmp_path, capsys):
+    path = tmp_path / "flux2-tiny.safetensors"
+    write_checkpoint(trainer, TINY, path)
+    transformer = streamed_path(trainer, make_model(trainer, TINY), TINY, path)
+    assert trainer.quantize.unquantized_linears(transformer) == []
+    assert "were not quantized" not in capsys.readouterr().out

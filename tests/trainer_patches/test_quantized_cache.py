@@ -1,0 +1,508 @@
+"""Patch 0006: the quantized-transformer cache (toolkit/quantized_cache.py, wall 8).
+
+A tiny FLUX.2 is quantized with the fork's uint4 (torchao UIntXWeightOnlyConfig),
+cached, and loaded back into a model built on the meta device.
+"""
+
+import hashlib
+import importlib
+import io
+import json
+import os
+import pickle
+import struct
+import subprocess
+import time
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+TINY = dict(
+    in_channels=128,
+    context_in_dim=3 * 64,
+    hidden_size=128,
+    num_heads=2,
+    depth=1,
+    depth_single_blocks=1,
+    axes_dim=[16, 16, 16, 16],
+)
+LOADED = "Loaded quantized transformer from cache"
+
+
+@pytest.fixture(scope="module")
+def qc(trainer_on_path):
+    return importlib.import_module("toolkit.quantized_cache")
+
+
+@pytest.fixture(scope="module")
+def fork_quantize(trainer_on_path):
+    quantize_mod = importlib.import_module("toolkit.util.quantize")
+    from optimum.quanto import freeze
+
+    def run(model, qtype="uint4"):
+        quantize_mod.quantize(model, weights=quantize_mod.get_qtype(qtype))
+        freeze(model)
+        return model
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def tiny(flux2_src, fork_quantize, tmp_path_factory):
+    """(source checkpoint path, freshly quantized model, builder of empty meta models)."""
+    torch.manual_seed(0)
+    params = flux2_src.Flux2Params(**TINY)
+    model = flux2_src.Flux2(params).to(torch.bfloat16)
+    src = tmp_path_factory.mktemp("src") / "flux2-tiny.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(src))
+    fork_quantize(model)
+
+    def meta_model():
+        with torch.device("meta"):
+            return flux2_src.Flux2(params)
+
+    return types.SimpleNamespace(src=src, model=model, meta_model=meta_model)
+
+
+def inputs():
+    g = torch.Generator().manual_seed(1)
+    img_len, txt_len = 16, 8
+    x_ids = torch.stack(
+        torch.meshgrid(torch.arange(1), torch.arange(4), torch.arange(4), torch.arange(1), indexing="ij"),
+        dim=-1,
+    ).reshape(1, img_len, 4)
+    ctx_ids = torch.zeros(1, txt_len, 4, dtype=torch.long)
+    ctx_ids[..., 3] = torch.arange(txt_len)
+    return dict(
+        x=torch.randn(1, img_len, 128, generator=g, dtype=torch.bfloat16),
+        x_ids=x_ids,
+        timesteps=torch.tensor([0.5], dtype=torch.bfloat16),
+        ctx=torch.randn(1, txt_len, 3 * 64, generator=g, dtype=torch.bfloat16),
+        ctx_ids=ctx_ids,
+        guidance=torch.tensor([4.0], dtype=torch.bfloat16),
+    )
+
+
+def make_cache(qc, tiny, cache_dir, qtype="uint4"):
+    return qc.QuantizedCache(cache_dir, tiny.src, qtype, qc.model_signature(tiny.meta_model()))
+
+
+def assert_untouched(model):
+    assert all(p.device.type == "meta" for p in model.parameters())
+
+
+@pytest.fixture
+def saved(qc, tiny, tmp_path, capsys):
+    cache = make_cache(qc, tiny, tmp_path / "qcache")
+    assert cache.save(tiny.model)
+    assert cache.path.is_file()
+    capsys.readouterr()
+    return cache
+
+
+# -- round trip ----------------------------------------------------------------
+
+
+def test_round_trip_gives_the_same_outputs(qc, tiny, saved, capsys):
+    meta = tiny.meta_model()
+    t0 = time.perf_counter()
+    assert make_cache(qc, tiny, saved.path.parent).load_into(meta)
+    elapsed = time.perf_counter() - t0
+    out = capsys.readouterr().out
+    assert f"{LOADED} {saved.path}" in out
+    print(f"tiny model: cache {saved.path.stat().st_size} bytes, loaded in {elapsed * 1000:.1f} ms")
+
+    fresh = dict(tiny.model.named_parameters())
+    cached = dict(meta.named_parameters())
+    assert fresh.keys() == cached.keys()
+    n_quantized = 0
+    for name, p in fresh.items():
+        q = cached[name]
+        assert type(q) is type(p), name
+        assert q.shape == p.shape and q.dtype == p.dtype and q.device.type == "cpu", name
+        if hasattr(p, "tensor_impl"):
+            n_quantized += 1
+            assert type(q.tensor_impl) is type(p.tensor_impl)
+            assert q.block_size == p.block_size
+            assert torch.equal(q.dequantize(), p.dequantize()), name
+        else:
+            assert torch.equal(q, p), name
+    assert n_quantized >= 10
+
+    with torch.no_grad():
+        expected = tiny.model(**inputs())
+        got = meta(**inputs())
+    assert torch.equal(got, expected)
+
+
+def test_cache_is_plain_safetensors_with_json_metadata(qc, saved):
+    blob = saved.path.read_bytes()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8 : 8 + n])
+    meta = json.loads(header["__metadata__"]["aitk_qcache"])
+    assert meta["format_version"] == qc.FORMAT_VERSION
+    assert meta["key"]["qtype"] == "uint4"
+    entry = meta["entries"]["img_in.weight"]["tree"]
+    assert entry["subclass"] == "AffineQuantizedTensor"
+    assert {"tensor_impl"} == {name for name, _ in entry["inner"]}
+    # the packed 4-bit data is half a byte per weight
+    assert header["img_in.weight.tensor_impl.int_data.int4_shard"]["shape"] == [128, 64]
+    assert header["img_in.weight.tensor_impl.int_data.int4_shard"]["dtype"] == "U8"
+    assert b"\x80\x02" not in blob[: 8 + n] and b"PK\x03\x04" not in blob[:4]
+
+
+def test_key_has_source_fingerprint_and_fork_commit(qc, tiny, saved, trainer_checkout):
+    key = qc.read_meta(saved.path)["key"]
+    st = tiny.src.stat()
+    assert key["source"]["size"] == st.st_size
+    assert key["source"]["mtime_ns"] == st.st_mtime_ns
+    (n,) = struct.unpack("<Q", tiny.src.read_bytes()[:8])
+    assert key["source"]["header_sha256"] == hashlib.sha256(tiny.src.read_bytes()[: 8 + n]).hexdigest()
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=trainer_checkout, capture_output=True, text=True
+    ).stdout.strip()
+    assert key["fork_commit"] == (head or "unknown")
+
+
+# -- stale keys ------------------------------------------------------------------
+
+
+def test_other_qtype_is_stale_and_rebuilt(qc, tiny, saved, capsys):
+    other = qc.QuantizedCache(saved.path.parent, tiny.src, "uint4", "x" * 64)
+    other.path = saved.path  # same file, different key
+    model = tiny.meta_model()
+    assert not other.load_into(model)
+    out = capsys.readouterr().out
+    assert "stale" in out and "model_signature" in out
+    assert_untouched(model)
+    assert saved.path.is_file()  # kept until the rebuild replaces it
+
+
+def test_touched_source_is_stale_then_rebuilt(qc, tiny, saved, capsys, tmp_path):
+    st = tiny.src.stat()
+    os.utime(tiny.src, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    try:
+        cache = make_cache(qc, tiny, saved.path.parent)
+        model = tiny.meta_model()
+        assert not cache.load_into(model)
+        assert "stale" in capsys.readouterr().out
+        assert_untouched(model)
+        assert cache.save(tiny.model)  # the rebuild writes a fresh one
+        assert cache.load_into(tiny.meta_model())
+        assert LOADED in capsys.readouterr().out
+    finally:
+        os.utime(tiny.src, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_missing_cache_says_it_will_be_written(qc, tiny, tmp_path, capsys):
+    model = tiny.meta_model()
+    assert not make_cache(qc, tiny, tmp_path / "none").load_into(model)
+    assert "no cache" in capsys.readouterr().out
+    assert_untouched(model)
+
+
+# -- corrupt files -----------------------------------------------------------------
+
+
+def _expect_corrupt(qc, tiny, cache, capsys, *fragments):
+    model = tiny.meta_model()
+    assert not make_cache(qc, tiny, cache.path.parent).load_into(model)
+    out = capsys.readouterr().out
+    assert "corrupt" in out, out
+    for fragment in fragments:
+        assert fragment in out, out
+    assert LOADED not in out
+    assert_untouched(model)  # never half-loaded
+    assert not cache.path.exists()
+    assert cache.path.with_name(cache.path.name + ".corrupt").is_file()
+    # the caller quantizes again and rewrites; that one loads
+    assert cache.save(tiny.model)
+    assert make_cache(qc, tiny, cache.path.parent).load_into(tiny.meta_model())
+    assert LOADED in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("cut", [1, 1000, "half", "header"])
+def test_truncated_file_is_detected_and_rebuilt(qc, tiny, saved, capsys, cut):
+    blob = saved.path.read_bytes()
+    (n,) = struct.unpack("<Q", blob[:8])
+    keep = {"half": len(blob) // 2, "header": 8 + n // 2}.get(cut, len(blob) - cut if isinstance(cut, int) else 0)
+    saved.path.write_bytes(blob[:keep])
+    _expect_corrupt(qc, tiny, saved, capsys)
+
+
+@pytest.mark.parametrize("where", ["last", "data_middle", "first_data"])
+def test_flipped_data_byte_is_detected(qc, tiny, saved, capsys, where):
+    blob = bytearray(saved.path.read_bytes())
+    (n,) = struct.unpack("<Q", blob[:8])
+    pos = {"last": len(blob) - 1, "data_middle": (8 + n + len(blob)) // 2, "first_data": 8 + n}[where]
+    blob[pos] ^= 0x10
+    saved.path.write_bytes(bytes(blob))
+    _expect_corrupt(qc, tiny, saved, capsys, "checksum mismatch")
+
+
+def test_flipped_header_byte_is_detected(qc, tiny, saved, capsys):
+    blob = bytearray(saved.path.read_bytes())
+    (n,) = struct.unpack("<Q", blob[:8])
+    text = bytes(blob[: 8 + n])
+    pos = text.index(b'"shape":[') + len(b'"shape":[')  # a digit of a tensor shape
+    blob[pos] = ord("9") if blob[pos] != ord("9") else ord("8")
+    saved.path.write_bytes(bytes(blob))
+    _expect_corrupt(qc, tiny, saved, capsys)
+
+
+def test_appended_bytes_are_detected(qc, tiny, saved, capsys):
+    with open(saved.path, "ab") as f:
+        f.write(b"\0" * 16)
+    _expect_corrupt(qc, tiny, saved, capsys, "truncated or padded")
+
+
+def test_cache_for_a_different_model_is_rejected(qc, tiny, tmp_path, capsys):
+    # same key, but the file is missing a parameter of the model
+    cache = make_cache(qc, tiny, tmp_path / "qcache")
+    smaller = tiny.model
+    saved_w = smaller.final_layer.linear._parameters.pop("weight")
+    try:
+        qc.write_cache(cache.path, smaller, cache.key)
+    finally:
+        smaller.final_layer.linear._parameters["weight"] = saved_w
+    _expect_corrupt(qc, tiny, cache, capsys, "final_layer.linear.weight")
+
+
+def test_unknown_tensor_class_in_metadata_is_rejected(qc, tiny, saved, capsys):
+    meta, tensors = qc.read_cache(saved.path)
+    meta["entries"]["img_in.weight"]["tree"]["subclass"] = "os.system"
+    with pytest.raises(qc.CacheError, match="allow-list"):
+        qc.rebuild_state(meta, tensors, tiny.meta_model())
+
+
+# -- no code execution ----------------------------------------------------------------
+
+
+class _Boom:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (Path(self.marker), "pwned"))
+
+
+def _forbid_unpickling(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("the cache loader must never unpickle")
+
+    monkeypatch.setattr(torch, "load", refuse)
+    monkeypatch.setattr(pickle, "load", refuse)
+    monkeypatch.setattr(pickle, "loads", refuse)
+    monkeypatch.setattr(pickle, "Unpickler", refuse)
+    monkeypatch.setattr(torch.serialization, "load", refuse)
+
+
+def test_loader_never_unpickles_a_good_cache(qc, tiny, saved, monkeypatch, capsys):
+    _forbid_unpickling(monkeypatch)
+    assert make_cache(qc, tiny, saved.path.parent).load_into(tiny.meta_model())
+    assert LOADED in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", ["raw_pickle", "torch_save", "pickle_in_tensor_data", "pickle_in_metadata"])
+def test_pickle_payload_is_never_executed(qc, tiny, tmp_path, monkeypatch, capsys, kind):
+    marker = tmp_path / "PWNED"
+    payload = pickle.dumps(_Boom(marker))
+    # sanity: the payload really would create the marker when unpickled
+    probe = tmp_path / "probe"
+    pickle.loads(pickle.dumps(_Boom(probe)))
+    assert probe.exists()
+
+    cache = make_cache(qc, tiny, tmp_path / "qcache")
+    cache.path.parent.mkdir(parents=True)
+    if kind == "raw_pickle":
+        cache.path.write_bytes(payload)
+    elif kind == "torch_save":
+        buf = io.BytesIO()
+        torch.save({"img_in.weight": _Boom(marker)}, buf)
+        cache.path.write_bytes(buf.getvalue())
+    else:
+        # a well-formed cache whose bytes carry the payload
+        assert cache.save(tiny.model)
+        blob = bytearray(cache.path.read_bytes())
+        (n,) = struct.unpack("<Q", blob[:8])
+        if kind == "pickle_in_tensor_data":
+            blob[8 + n : 8 + n + len(payload)] = payload
+        else:
+            header = json.loads(blob[8 : 8 + n])
+            meta = json.loads(header["__metadata__"]["aitk_qcache"])
+            meta["entries"]["img_in.weight"]["tree"] = {"pickle": payload.hex()}
+            header["__metadata__"]["aitk_qcache"] = json.dumps(meta)
+            raw = json.dumps(header).encode()
+            blob = bytearray(struct.pack("<Q", len(raw)) + raw + blob[8 + n :])
+        cache.path.write_bytes(bytes(blob))
+    capsys.readouterr()
+
+    _forbid_unpickling(monkeypatch)
+    model = tiny.meta_model()
+    assert not make_cache(qc, tiny, cache.path.parent).load_into(model)
+    out = capsys.readouterr().out
+    assert "corrupt" in out
+    assert not marker.exists()
+    assert_untouched(model)
+
+
+# -- writes -----------------------------------------------------------------------------
+
+
+def test_failed_write_leaves_old_cache_and_no_temp_files(qc, tiny, saved, monkeypatch, capsys):
+    before = saved.path.read_bytes()
+    calls = {"n": 0}
+    real = qc._tensor_bytes
+
+    def flaky(t):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise OSError("disk full (simulated)")
+        return real(t)
+
+    monkeypatch.setattr(qc, "_tensor_bytes", flaky)
+    assert not make_cache(qc, tiny, saved.path.parent).save(tiny.model)
+    assert "disk full" in capsys.readouterr().out
+    assert saved.path.read_bytes() == before
+    assert sorted(p.name for p in saved.path.parent.iterdir()) == [saved.path.name]
+
+
+# -- wiring: model_kwargs ---------------------------------------------------------------
+
+
+def fake_base_model(tmp_path, **config):
+    cfg = dict(quantize=True, qtype="uint4", model_kwargs={}, accuracy_recovery_adapter=None)
+    cfg.update(config)
+    return types.SimpleNamespace(
+        model_config=types.SimpleNamespace(**cfg),
+        torch_dtype=torch.bfloat16,
+        training_folder=str(tmp_path / "runs" / "output"),
+    )
+
+
+def test_cache_is_on_by_default_beside_the_training_folder(qc, tiny, tmp_path, monkeypatch):
+    monkeypatch.delenv(qc.ENV_CACHE_DIR, raising=False)
+    cache = qc.cache_for_model(fake_base_model(tmp_path), tiny.src, tiny.meta_model())
+    assert cache is not None
+    assert cache.path.parent == (tmp_path / "runs" / "quant_cache").resolve()
+    assert cache.key["dtype"] == "bfloat16"
+
+
+def test_cache_dir_from_env_and_model_kwargs(qc, tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv(qc.ENV_CACHE_DIR, str(tmp_path / "env"))
+    cache = qc.cache_for_model(fake_base_model(tmp_path), tiny.src, tiny.meta_model())
+    assert cache.path.parent == (tmp_path / "env").resolve()
+    base = fake_base_model(tmp_path, model_kwargs={"quantized_cache_dir": str(tmp_path / "kw")})
+    cache = qc.cache_for_model(base, tiny.src, tiny.meta_model())
+    assert cache.path.parent == (tmp_path / "kw").resolve()
+
+
+def test_model_with_replaced_modules_is_not_cached(qc, tiny, tmp_path, monkeypatch, capsys):
+    """A quantizer that swaps modules (new parameter names) would make a cache the
+    meta-built model can never load; it is not written."""
+    monkeypatch.delenv(qc.ENV_CACHE_DIR, raising=False)
+    cache = qc.cache_for_model(fake_base_model(tmp_path), tiny.src, tiny.meta_model())
+    model = tiny.model
+    lin = model.final_layer.linear
+    lin.register_buffer("qweight", torch.zeros(2, dtype=torch.uint8))
+    try:
+        assert not cache.save(model)
+    finally:
+        del lin._buffers["qweight"]
+    assert "not writing" in capsys.readouterr().out
+    assert not cache.path.exists()
+    assert cache.save(model)
+
+
+def test_no_cache_without_a_known_folder(qc, tiny, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv(qc.ENV_CACHE_DIR, raising=False)
+    base = fake_base_model(tmp_path)
+    base.training_folder = None  # a model built outside a training process
+    assert qc.cache_for_model(base, tiny.src, tiny.meta_model()) is None
+    assert "quantized_cache_dir" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"model_kwargs": {"quantized_cache": False}}, None),
+        ({"quantize": False}, None),
+        ({"qtype": "qfloat8"}, "optimum-quanto"),
+        ({"accuracy_recovery_adapter": "some/ara.safetensors"}, "accuracy_recovery_adapter"),
+    ],
+)
+def test_cache_off_or_unsupported(qc, tiny, tmp_path, capsys, config, message):
+    assert qc.cache_for_model(fake_base_model(tmp_path, **config), tiny.src, tiny.meta_model()) is None
+    out = capsys.readouterr().out
+    if message:
+        assert message in out
+
+
+# -- wiring: Flux2Model.load_model -------------------------------------------------------
+
+
+class _StopAtTextEncoder(Exception):
+    pass
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+def test_flux2_load_model_writes_then_loads_the_cache(trainer_on_path, tmp_path, monkeypatch, capsys, streamed):
+    """First load quantizes and writes the cache; the second never reads the checkpoint."""
+    import sys
+
+    fm = importlib.import_module("extensions_built_in.diffusion_models.flux2.flux2_model")
+    from toolkit.config_modules import ModelConfig
+
+    torch.manual_seed(0)
+    ckpt = tmp_path / "model"
+    ckpt.mkdir()
+    model = fm.Flux2(fm.Flux2Params(**TINY))
+    save_file(
+        {k: v.to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()},
+        str(ckpt / fm.FLUX2_TRANSFORMER_FILENAME),
+    )
+    monkeypatch.delenv("AITK_QUANT_CACHE_DIR", raising=False)
+    seen = []
+
+    class StopTE:
+        @staticmethod
+        def from_pretrained(*args, **kwargs):
+            # the transformer is done when the text encoder starts loading
+            seen.append(sys._getframe(1).f_locals["transformer"])
+            raise _StopAtTextEncoder
+
+    monkeypatch.setattr(fm, "Mistral3ForConditionalGeneration", StopTE)
+
+    def load():
+        cfg = ModelConfig(
+            name_or_path=str(ckpt), arch="flux2", quantize=True, qtype="uint4",
+            model_kwargs={"flux2_params": TINY, "streamed_loader": streamed},
+        )
+        base = fm.Flux2Model(device="cpu", model_config=cfg, dtype="bf16")
+        base.training_folder = str(tmp_path / "runs" / "output")
+        with pytest.raises(_StopAtTextEncoder):
+            base.load_model()
+        return seen.pop()
+
+    fresh = load()
+    out = capsys.readouterr().out
+    assert "no cache at" in out and "wrote" in out
+    cache_files = list((tmp_path / "runs" / "quant_cache").glob("*.qcache.safetensors"))
+    assert len(cache_files) == 1
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the checkpoint must not be read on a cache hit")
+
+    monkeypatch.setattr(fm, "load_file", refuse)
+    monkeypatch.setattr(fm, "quantize_model", refuse)
+    for name in ("load_blockwise", "quantize_transformer_block", "quantize_extras"):
+        if hasattr(fm, name):  # the streamed loader (patch 0003)
+            monkeypatch.setattr(fm, name, refuse)
+    cached = load()
+    assert f"{LOADED} {cache_files[0]}" in capsys.readouterr().out
+    with torch.no_grad():
+        assert torch.equal(cached(**inputs()), fresh(**inputs()))
+    assert hasattr(cached, "orig_state_dict")  # dequantize-on-save patch applied as before

@@ -1,0 +1,68 @@
+"""Patch 0007: under low_vram the model stays on the CPU until the text encoder is unloaded (wall 9).
+
+Trains the tiny preset for one step with the training device set to cpu:0 (see
+record_model_moves.py) and records every move of the transformer to that device. With the
+patch, no move happens while the text encoder is loaded, and the model is made resident right
+after the encoder is unloaded, before the first step. `resident_after_te_cache: false` restores
+the fork's placement, which the same recorder sees moving the model early: the check can fail.
+"""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from launcher.commands.run import ensure_tiny_assets
+from launcher.presets import load_preset, render, write_config
+from launcher.torchenv import clean_env
+from launcher.workdir import Workdir, venv_python
+
+RECORDER = Path(__file__).with_name("record_model_moves.py")
+
+
+def record_moves(workdir, tmp_path: Path, resident: bool) -> tuple[list[dict], str]:
+    python = venv_python(workdir.venv)
+    preset = load_preset("tiny")
+    config = render(preset, tmp_path / "run", tiny_manifest=ensure_tiny_assets(workdir, python))
+    process = config["config"]["process"][0]
+    process["train"]["steps"] = 1
+    process["model"]["model_kwargs"]["resident_after_te_cache"] = resident
+    config_path = write_config(config, tmp_path / "run" / "config.yaml")
+    events_path = tmp_path / "events.json"
+    result = subprocess.run(
+        [str(python), "-u", str(RECORDER), str(config_path), str(events_path)],
+        cwd=workdir.trainer, env={**clean_env(), **preset.env, "PYTHONUNBUFFERED": "1"},
+        capture_output=True, text=True, errors="replace",
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return json.loads(events_path.read_text(encoding="utf-8")), result.stdout
+
+
+@pytest.fixture(scope="module")
+def workdir(trainer_checkout) -> Workdir:
+    return Workdir(trainer_checkout.parent)
+
+
+def split_at_unload(events: list[dict]) -> tuple[list[dict], list[dict]]:
+    names = [e["event"] for e in events]
+    assert names.count("te_unloaded") == 1, names
+    cut = names.index("te_unloaded")
+    return events[:cut], events[cut + 1:]
+
+
+@pytest.mark.parametrize("resident", [True, False], ids=["resident", "switched-off"])
+def test_model_moves_to_the_device_only_after_the_text_encoder_unloads(workdir, tmp_path, resident):
+    events, log = record_moves(workdir, tmp_path, resident)
+    before, after = split_at_unload(events)
+    early = [e["caller"] for e in before if e["event"] == "model_to_device"]
+    first_step = [e["event"] for e in after].index("train_step")
+    resident_moves = [e["caller"] for e in after[:first_step] if e["event"] == "model_to_device"]
+    if resident:
+        assert early == [], f"model moved to the device while the text encoder was loaded, by {early}"
+        assert "hook_before_train_loop" in resident_moves, after
+        assert "low_vram: text encoder unloaded, moving the model to cpu:0 for training" in log
+    else:
+        # the fork's own placement: moved in load_model, run() and accelerate's prepare_model
+        assert {"load_model", "run", "prepare_model"} <= set(early), early
+        assert "hook_before_train_loop" not in resident_moves, after

@@ -1,0 +1,71 @@
+"""Patch "in-trainer telemetry" (toolkit/trainer_telemetry.py) without a training run.
+
+The end-to-end rows of a tiny run are checked in tests/test_trainer_telemetry.py; these cover
+what that run cannot show quickly: no file without AITK_TELEMETRY, the interval, s/it as the
+mean since the last row, a NaN loss, and a file that cannot be written.
+"""
+
+import importlib
+import json
+
+import pytest
+
+
+@pytest.fixture
+def telemetry(trainer_on_path, monkeypatch):
+    """A fresh module (it keeps its state in a module global), set up by the env of each test."""
+    monkeypatch.delenv("AITK_TELEMETRY", raising=False)
+    monkeypatch.delenv("AITK_TELEMETRY_INTERVAL", raising=False)
+    module = importlib.import_module("toolkit.trainer_telemetry")
+    return importlib.reload(module)
+
+
+def rows(path):
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_off_without_the_variable(telemetry, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    telemetry.record_event("start", step=0)
+    telemetry.record_step(1, {"loss": 0.5})
+    assert list(tmp_path.iterdir()) == []
+    assert telemetry._telemetry is False
+
+
+def test_interval_events_and_speed(telemetry, tmp_path, monkeypatch):
+    path = tmp_path / "t.jsonl"
+    monkeypatch.setenv("AITK_TELEMETRY", str(path))
+    monkeypatch.setenv("AITK_TELEMETRY_INTERVAL", "3600")
+    clock = iter([100.0, 100.0, 102.0, 104.0, 110.0, 130.0]).__next__
+    monkeypatch.setattr(telemetry.time, "time", clock)
+    telemetry.record_event("start", step=10)          # t=100 (set-up reads the clock first)
+    telemetry.record_step(11, {"loss": 0.25})         # t=102: not due
+    telemetry.record_step(12, {"loss": 0.75})         # t=104: not due
+    telemetry.record_event("save", step=12)           # t=110: 2 steps in 10 s
+    telemetry.record_event("save", step=12)           # t=130: no step since
+    first, save, again = rows(path)
+    assert first["event"] == "start" and first["step"] == 10 and first["loss"] is None and first["s_per_it"] is None
+    assert save == {**save, "event": "save", "step": 12, "loss": 0.75, "s_per_it": 5.0}
+    assert again["s_per_it"] is None
+    for row in (first, save, again):
+        assert {"time", "step", "loss", "s_per_it", "vram_allocated_gib", "vram_reserved_gib",
+                "vram_max_allocated_gib", "host_rss_gib"} <= row.keys()
+        assert row["host_rss_gib"] > 0
+
+
+def test_a_row_per_step_at_interval_zero_and_nan_loss_is_null(telemetry, tmp_path, monkeypatch):
+    path = tmp_path / "t.jsonl"
+    monkeypatch.setenv("AITK_TELEMETRY", str(path))
+    monkeypatch.setenv("AITK_TELEMETRY_INTERVAL", "0")
+    telemetry.record_step(1, {"loss": float("nan")})
+    telemetry.record_step(2, {"other": 3.0})
+    nan_row, other_row = rows(path)
+    assert nan_row["loss"] is None and other_row["loss"] == 3.0
+
+
+def test_unwritable_file_turns_telemetry_off_not_the_run(telemetry, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("AITK_TELEMETRY", str(tmp_path / "missing-folder" / "t.jsonl"))
+    telemetry.record_event("start", step=0)
+    telemetry.record_step(1, {"loss": 1.0})
+    assert telemetry._telemetry is False
+    assert capsys.readouterr().out.count("Telemetry off") == 1
