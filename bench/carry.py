@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""Copy the few patched-trainer files the GPU benches import into .bench-carry/trainer.
+
+The device tool sends only this repository's working tree; .bench-carry/ is ignored by git
+(.git/info/exclude) and named in the run's `carry`. Never commit it.
+
+    python bench/carry.py --trainer /work/dev/<your clone of series.git> [--dest .bench-carry/trainer]
+"""
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+FLUX2_SRC = Path("extensions_built_in/diffusion_models/flux2/src")
+# everything bench/_trainer.py imports from the trainer on the GPU machine
+CARRY_FILES = [
+    FLUX2_SRC / "model.py",
+    FLUX2_SRC / "sampling.py",
+    Path("toolkit/__init__.py"),
+    Path("toolkit/print.py"),
+    Path("toolkit/util/quantize.py"),
+    Path("toolkit/dequantize.py"),
+    Path("toolkit/quantized_cache.py"),
+    Path("toolkit/streamed_safetensors.py"),
+]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trainer", required=True, type=Path)
+    p.add_argument("--dest", type=Path, default=Path(".bench-carry/trainer"))
+    args = p.parse_args()
+    if args.dest.exists():
+        shutil.rmtree(args.dest)
+    for rel in CARRY_FILES:
+        s = args.trainer / rel
+        if not s.is_file():
+            print(f"missing in the trainer checkout: {rel}", file=sys.stderr)
+            return 1
+        d = args.dest / rel
+        d.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(s, d)
+    head = (args.trainer / ".git").exists()
+    if head:
+        import subprocess
+        rev = subprocess.run(["git", "-C", str(args.trainer), "rev-parse", "HEAD"], capture_output=True,
+                             text=True).stdout.strip()
+        (args.dest / "COMMIT").write_text(rev + "\n")
+    print(f"copied {len(CARRY_FILES)} files to {args.dest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
