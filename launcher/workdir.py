@@ -31,6 +31,11 @@ class Workdir:
         return self.root / "assets"
 
     @property
+    def quantized_cache(self) -> Path:
+        """The quantized transformers (wall 8), reused by every run of this workdir."""
+        return self.root / "cache" / "quantized"
+
+    @property
     def state_file(self) -> Path:
         """What setup last applied (target, commit, patch hashes)."""
         return self.root / "setup-state.json"

@@ -63,7 +63,8 @@ def fork_workdir(tmp_path_factory, fork_reachable):
 def test_dry_run_of_every_shipped_preset(places, fork_workdir, capsys, preset):
     assert dry_run(places, preset, workdir=fork_workdir) == 0
     out = capsys.readouterr().out
-    config = yaml.safe_load(out[: out.index("AITK_TELEMETRY=")])
+    config = yaml.safe_load(out[: out.index("\nAITK_")])
+    assert f"AITK_QUANT_CACHE_DIR={fork_workdir / 'cache' / 'quantized'}" in out
     process = config["config"]["process"][0]
     assert process["model"]["name_or_path"] == str(places["model"])
     assert process["model"]["model_kwargs"]["text_encoder_path"] == str(places["encoder"])

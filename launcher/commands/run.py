@@ -61,10 +61,10 @@ def handle(args) -> int:
     else:
         config = render(preset, run.root, places=places)
     check(preset, config, workdir, run, full_size=not preset.tiny)
-    env = trainer_env(preset, run)
+    env = trainer_env(preset, run, workdir)
     if args.dry_run:
         print(yaml.safe_dump(config, sort_keys=False), end="", flush=True)
-        for name in sorted(env_changes(preset, run)):
+        for name in sorted(env_changes(preset, run, workdir)):
             print(f"{name}={env[name]}", flush=True)
         return 0
     check_resume(run, args.resume)
@@ -145,16 +145,22 @@ def checked_python(workdir: Workdir) -> Path:
     return python
 
 
-def env_changes(preset: Preset, run: RunFolder) -> dict[str, str]:
+def env_changes(preset: Preset, run: RunFolder, workdir: Workdir) -> dict[str, str]:
     """What `run` adds to the trainer's environment: allocator (wall 7), telemetry, the preset's env."""
-    changes = {"AITK_TELEMETRY": str(run.trainer_telemetry), "AITK_TELEMETRY_INTERVAL": str(preset.telemetry["interval_s"])}
+    changes = {
+        "AITK_TELEMETRY": str(run.trainer_telemetry),
+        "AITK_TELEMETRY_INTERVAL": str(preset.telemetry["interval_s"]),
+        # One quantized-transformer cache per workdir (wall 8), shared by every run: its key
+        # (checkpoint, qtype, fork commit, format) keeps runs of other models apart.
+        "AITK_QUANT_CACHE_DIR": os.environ.get("AITK_QUANT_CACHE_DIR") or str(workdir.quantized_cache),
+    }
     if preset.allocator == "expandable_segments":
         changes.update(PYTORCH_HIP_ALLOC_CONF=EXPANDABLE, PYTORCH_CUDA_ALLOC_CONF=EXPANDABLE)
     return {**changes, **preset.env}
 
 
-def trainer_env(preset: Preset, run: RunFolder) -> dict[str, str]:
-    return {**clean_env(), **env_changes(preset, run), "PYTHONUNBUFFERED": "1"}
+def trainer_env(preset: Preset, run: RunFolder, workdir: Workdir) -> dict[str, str]:
+    return {**clean_env(), **env_changes(preset, run, workdir), "PYTHONUNBUFFERED": "1"}
 
 
 def ensure_tiny_assets(workdir: Workdir, python: Path) -> dict:

@@ -1,0 +1,71 @@
+"""Wall 8 end to end: the second launch loads the quantized transformer from the workdir's cache
+and gives the same first-step loss (same `training_seed`); a corrupted cache is reported, set
+aside and rebuilt by the next launch.
+"""
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PRESET = REPO / "presets" / "tiny.yaml"
+FIRST_LOSS = re.compile(rb"loss: ([0-9.eE+-]+)")
+
+
+def launch(workdir, output: Path) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "launcher", "run", str(PRESET), "--workdir", str(workdir.root), "--output", str(output)],
+        cwd=REPO, capture_output=True,
+    )
+    text = result.stdout.decode(errors="replace")
+    assert result.returncode == 0, text[-4000:]
+    return text
+
+
+def first_loss(text: str) -> float:
+    found = FIRST_LOSS.search(text.encode())
+    assert found, "no loss in the trainer's output"
+    return float(found.group(1))
+
+
+@pytest.fixture(scope="module")
+def cache_runs(trainer_workdir, tmp_path_factory):
+    """Three launches of the tiny preset sharing the workdir's cache; the third after corruption."""
+    shutil.rmtree(trainer_workdir.quantized_cache, ignore_errors=True)
+    root = tmp_path_factory.mktemp("cache-runs")
+    first = launch(trainer_workdir, root / "first")
+    second = launch(trainer_workdir, root / "second")
+    caches = sorted(trainer_workdir.quantized_cache.glob("*.qcache.safetensors"))
+    assert len(caches) == 1, caches
+    data = bytearray(caches[0].read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte in the tensor data
+    caches[0].write_bytes(bytes(data))
+    third = launch(trainer_workdir, root / "third")
+    fourth = launch(trainer_workdir, root / "fourth")
+    return first, second, third, fourth, caches[0]
+
+
+def test_first_launch_quantizes_and_writes_the_cache(cache_runs):
+    first, *_ = cache_runs
+    assert "no cache at" in first and "[quantized cache] wrote" in first
+
+
+def test_second_launch_loads_it_with_the_same_first_loss(cache_runs):
+    first, second, *_ = cache_runs
+    assert "Loaded quantized transformer from cache" in second
+    assert "[quantized cache] wrote" not in second
+    assert first_loss(second) == first_loss(first)
+
+
+def test_corrupt_cache_is_reported_set_aside_and_rebuilt(cache_runs):
+    _, _, third, fourth, cache = cache_runs
+    assert "corrupt cache" in third and "quantizing again" in third
+    assert "Loaded quantized transformer from cache" not in third
+    assert "[quantized cache] wrote" in third
+    assert cache.with_name(cache.name + ".corrupt").is_file() or any(cache.parent.glob("*.corrupt"))
+    assert "Loaded quantized transformer from cache" in fourth
+    assert first_loss(fourth) == first_loss(third)
