@@ -15,28 +15,35 @@ from launcher.progress import warn
 from launcher.runs import RunFolder
 
 
-def last_row(path: Path, progress_only: bool = False) -> dict | None:
-    """The last complete JSON line of a file that another process appends to.
-
-    With `progress_only`, rows the trainer writes for an event (start, save) are passed
-    over: they carry no step speed.
-    """
+def last_rows(path: Path) -> list[dict]:
+    """The complete JSON lines at the end of a file another process appends to, newest first."""
     try:
         with path.open("rb") as handle:
             handle.seek(0, 2)
-            size = handle.tell()
-            handle.seek(max(0, size - 65536))
+            handle.seek(max(0, handle.tell() - 65536))
             lines = handle.read().splitlines()
     except FileNotFoundError:
-        return None
+        return []
+    rows = []
     for line in reversed(lines):
         try:
-            row = json.loads(line)
+            rows.append(json.loads(line))
         except ValueError:
-            continue  # a line still being written
-        if not (progress_only and row.get("event")):
-            return row
-    return None
+            continue  # a line still being written, or cut by the seek
+    return rows
+
+
+def trainer_figures(rows: list[dict]) -> dict | None:
+    """The newest trainer row's figures, with `s_it` from the newest row that has a speed.
+
+    Rows the trainer writes for an event (start, save) carry the step and memory but no speed.
+    """
+    if not rows:
+        return None
+    figures = {key: value for key, value in rows[0].items() if key not in ("time", "event", "s_per_it")}
+    figures["trainer_time"] = rows[0].get("time")
+    figures["s_it"] = next((row["s_per_it"] for row in rows if row.get("s_per_it") is not None), None)
+    return figures
 
 
 class TelemetryRecorder:
@@ -70,13 +77,11 @@ class TelemetryRecorder:
 
     def record(self) -> dict:
         row = {"t": round(self.clock(), 3)}
-        trainer = last_row(self.run.trainer_telemetry, progress_only=True)
+        trainer = trainer_figures(last_rows(self.run.trainer_telemetry))
         if trainer is None:
             self._note_once(f"no in-trainer telemetry yet in {self.run.trainer_telemetry}")
         else:
-            row.update({key: value for key, value in trainer.items() if key not in ("time", "event", "s_per_it")})
-            row["s_it"] = trainer.get("s_per_it")
-            row["trainer_time"] = trainer.get("time")
+            row.update(trainer)
         sample = self.source.sample() if self.source is not None else None
         if sample is not None:
             row.update({key: value for key, value in sample.to_row().items() if key != "t"})

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from launcher.gpu_sources import GpuSample
 from launcher.runs import RunFolder
-from launcher.telemetry import TelemetryRecorder, last_row
+from launcher.telemetry import TelemetryRecorder, last_rows
 
 
 class SilentSource:
@@ -24,11 +24,12 @@ def test_row_merges_trainer_and_gpu_fields(tmp_path):
     run = RunFolder(tmp_path, "job")
     run.trainer_telemetry.write_text(
         json.dumps({"time": 5.0, "step": 3, "loss": 0.5, "s_per_it": 9.5, "vram_allocated_gib": 20.1}) + "\n"
-        + json.dumps({"time": 5.5, "step": 3, "event": "save", "s_per_it": None}) + "\n"  # no speed in it
+        + json.dumps({"time": 5.5, "step": 3, "loss": 0.5, "s_per_it": None, "vram_allocated_gib": 20.1,
+                      "event": "save"}) + "\n"  # an event row: no speed in it
         + '{"time": 6.0, "step": 4, "lo'  # a row still being written is skipped
     )
     row = TelemetryRecorder(run, {"interval_s": 10}, source=FixedSource(), clock=lambda: 100.0).record()
-    assert row == {"t": 100.0, "step": 3, "loss": 0.5, "s_it": 9.5, "vram_allocated_gib": 20.1, "trainer_time": 5.0,
+    assert row == {"t": 100.0, "step": 3, "loss": 0.5, "s_it": 9.5, "vram_allocated_gib": 20.1, "trainer_time": 5.5,
                    "clock_mhz": 2500.0, "power_w": 385.0, "gpu_util": 99.0, "mem_load": 40.0}
     assert json.loads(run.telemetry.read_text().splitlines()[-1]) == row
 
@@ -41,7 +42,7 @@ def test_missing_sources_are_noted_once_and_never_crash(tmp_path, capsys):
 
 
 def test_last_row_of_a_missing_file():
-    assert last_row(Path("/nonexistent/x.jsonl")) is None
+    assert last_rows(Path("/nonexistent/x.jsonl")) == []
 
 
 def test_recorder_finds_its_own_source_on_a_machine_without_gpu_tools(tmp_path, monkeypatch, capsys):
