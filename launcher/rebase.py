@@ -43,10 +43,16 @@ class RebaseState:
 class Rebase:
     """One rebase in progress: its scratch checkout and its state file."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, options: str = "") -> None:
         self.root = root
         self.checkout = root / "trainer"
         self.state_file = root / "state.json"
+        # the options that name this rebase (--target, --workdir), for the printed commands
+        self.options = options
+
+    def command(self, action: str) -> str:
+        """The command line that runs `action` (--continue, --skip, ...) on this rebase."""
+        return " ".join(filter(None, ["python -m launcher rebase", action, self.options]))
 
     @property
     def in_progress(self) -> bool:
@@ -87,8 +93,14 @@ class Rebase:
             patch = Path(state.patches_dir) / name
             result = gitops.apply_patch(repo, patch, allow_3way=True)
             if result.status == "conflict":
+                rejects = []
+                if not repo.git.diff("--name-only", "--diff-filter=U"):
+                    # git could not even start a 3-way merge (the patch's pre-image blobs are
+                    # not in this repository, e.g. after an earlier patch to the same file was
+                    # resolved by hand) and applied nothing: apply what fits, reject the rest
+                    rejects = self._apply_with_rejects(repo, patch, result.files)
                 state.save(self.state_file)
-                self._report_conflict(name, patch, result)
+                self._report_conflict(name, patch, result, rejects)
                 return False
             if not repo.index.diff("HEAD"):
                 state.skipped[name] = f"absorbed upstream: applying it onto {state.onto[:12]} changes nothing"
@@ -104,12 +116,16 @@ class Rebase:
 
     def resume(self, state: RebaseState) -> None:
         """--continue: commit the user's resolution of the stopped patch."""
+        if state.next >= len(state.series):
+            return  # every patch is in; --continue (--write) only exports the result
         repo = git.Repo(self.checkout)
         unmerged = repo.git.diff("--name-only", "--diff-filter=U").splitlines()
-        if unmerged:
+        rejects = sorted(str(p.relative_to(self.checkout)) for p in self.checkout.rglob("*.rej"))
+        if unmerged or rejects:
             raise LauncherError(
-                f"still unresolved in {self.checkout}: {', '.join(unmerged)}. Edit them, "
-                "`git add` them, then run `rebase --continue` again"
+                f"still unresolved in {self.checkout}: {', '.join(unmerged + rejects)}. Edit the "
+                "files (apply each .rej file's hunks by hand, then delete it), `git add` them, "
+                f"then run `{self.command('--continue')}` again"
             )
         name = state.series[state.next]
         self._commit(repo, Path(state.patches_dir) / name)
@@ -120,8 +136,12 @@ class Rebase:
 
     def skip(self, state: RebaseState, reason: str) -> None:
         """--skip: drop the stopped patch (upstream absorbed it) and record why."""
+        if state.next >= len(state.series):
+            raise LauncherError("every patch is already in; nothing to skip. Use --continue --write or --abort")
         repo = git.Repo(self.checkout)
         repo.git.reset("-q", "--hard", "HEAD")
+        for reject in self.checkout.rglob("*.rej"):
+            reject.unlink()
         name = state.series[state.next]
         state.skipped[name] = reason
         state.results[name] = "skipped"
@@ -151,22 +171,47 @@ class Rebase:
         info = series.read_message(patch)
         gitops.commit_as(repo, info.message, info.author, info.email, info.date)
 
-    def _report_conflict(self, name: str, patch: Path, result: gitops.ApplyResult) -> None:
-        say(f"  {name}: CONFLICT in {', '.join(result.files)}")
+    def _apply_with_rejects(self, repo: git.Repo, patch: Path, files: list[str]) -> list[str]:
+        """`git apply --reject`: stage the files that applied, leave `<file>.rej` for the rest."""
+        try:
+            repo.git.apply("--reject", "--whitespace=nowarn", str(patch))
+        except git.GitCommandError:
+            pass  # exit 1 when hunks were rejected, which is the point
+        rejected = [path for path in files if (self.checkout / f"{path}.rej").is_file()]
+        applied = [path for path in files if path not in rejected]
+        if applied:
+            repo.git.add("-A", "--", *applied)
+        return rejected
+
+    def _report_conflict(
+        self, name: str, patch: Path, result: gitops.ApplyResult, rejects: list[str] | None = None
+    ) -> None:
+        rejects = rejects or []
+        files = rejects or result.files
+        say(f"  {name}: CONFLICT in {', '.join(files)}")
         for path, hunks in hunks_by_file(patch.read_text(encoding="utf-8")).items():
-            if path in result.files:
+            if path in files:
                 for header in hunks:
                     say(f"    {path}: {header}")
+        if rejects:
+            say(
+                "  git could not 3-way merge this patch (" + (result.detail.splitlines() or ["?"])[0]
+                + "); the hunks that fit are applied and staged, the others are in "
+                + ", ".join(f"{path}.rej" for path in rejects)
+            )
+            how = "apply the hunks of each .rej file by hand, delete the .rej files"
+        else:
+            how = "edit the files above (look for <<<<<<< markers)"
         say(
             "Resolve it like a git rebase:\n"
             f"  cd {self.checkout}\n"
-            "  # edit the files above (look for <<<<<<< markers), then:\n"
-            f"  git add {' '.join(result.files)}\n"
-            "  python -m launcher rebase --continue\n"
+            f"  # {how}, then:\n"
+            f"  git add {' '.join(files)}\n"
+            f"  {self.command('--continue')}\n"
             "Or drop the patch if upstream already does what it did:\n"
-            '  python -m launcher rebase --skip --reason "absorbed upstream in <commit>"\n'
+            f"  {self.command('--skip')} --reason \"absorbed upstream in <commit>\"\n"
             "Or give up, leaving upstream.lock and patches/ untouched:\n"
-            "  python -m launcher rebase --abort"
+            f"  {self.command('--abort')}"
         )
 
 

@@ -107,41 +107,62 @@ def upstream(tmp_path) -> Upstream:
     return Upstream(tmp_path)
 
 
-def fork_unreachable_reason() -> str | None:
-    """Why the real fork cannot be used here, or None when it can."""
+def unreachable_reason(url: str) -> str | None:
+    """Why a target's repository cannot be cloned here, or None when it can."""
     try:
-        gitops.check_reachable(FORK.url)
+        gitops.check_reachable(url)
     except Exception as error:  # LauncherError, or git missing
-        return f"the fork {FORK.url} cannot be cloned here ({error}); point git at a mirror to run this test"
+        return f"{url} cannot be cloned here ({error}); point git at a mirror to run this test"
     return None
 
 
 @pytest.fixture(scope="session")
 def fork_reachable() -> None:
-    reason = fork_unreachable_reason()
+    reason = unreachable_reason(FORK.url)
     if reason:
         pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
-def trainer_workdir(tmp_path_factory, fork_reachable) -> Workdir:
-    """One real, patched and installed trainer workdir shared by every test of the run.
+def installed_workdir(target: str, variable: str, tmp_path_factory) -> Workdir:
+    """A real, patched and installed workdir of one target, built once per test session.
 
-    LAUNCHER_TEST_WORKDIR names an existing workdir to use as it is (for development);
-    otherwise `setup --torch-channel cuda` builds one: that is the install test.
+    The environment variable names an existing workdir to use as it is (for development);
+    otherwise `setup --target T --torch-channel cuda` builds one: that is the install test.
     """
-    given = os.environ.get("LAUNCHER_TEST_WORKDIR")
+    given = os.environ.get(variable)
     if given:
         return Workdir(Path(given))
-    root = tmp_path_factory.mktemp("aitk")
+    url = next(t.url for t in load_targets(DEFAULT_LOCK) if t.name == target)
+    reason = unreachable_reason(url)
+    if reason:
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp(f"aitk-{target}")
     result = subprocess.run(
-        [sys.executable, "-m", "launcher", "setup", "--workdir", str(root), "--torch-channel", "cuda"],
+        [sys.executable, "-m", "launcher", "setup", "--target", target, "--workdir", str(root),
+         "--torch-channel", "cuda"],
         cwd=REPO_ROOT,
     )
-    assert result.returncode == 0, "launcher setup --torch-channel cuda failed; its output is above"
+    assert result.returncode == 0, f"launcher setup --target {target} --torch-channel cuda failed; its output is above"
     return Workdir(root)
+
+
+@pytest.fixture(scope="session")
+def trainer_workdir(tmp_path_factory) -> Workdir:
+    """The amd-fork workdir every trainer test shares (LAUNCHER_TEST_WORKDIR reuses one)."""
+    return installed_workdir(FORK.name, "LAUNCHER_TEST_WORKDIR", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def trainer_checkout(trainer_workdir) -> Path:
     return trainer_workdir.trainer
+
+
+# each target of upstream.lock -> the session fixture giving its installed workdir
+WORKDIR_FIXTURES = {"amd-fork": "trainer_workdir", "upstream-main": "upstream_main_workdir"}
+
+
+@pytest.fixture(scope="session")
+def upstream_main_workdir(tmp_path_factory) -> Workdir:
+    """Upstream ai-toolkit pins other requirements than the fork (transformers, diffusers, ...),
+    so it gets its own venv (LAUNCHER_TEST_WORKDIR_UPSTREAM_MAIN reuses one)."""
+    return installed_workdir("upstream-main", "LAUNCHER_TEST_WORKDIR_UPSTREAM_MAIN", tmp_path_factory)

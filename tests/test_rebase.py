@@ -105,3 +105,52 @@ def test_rebase_onto_the_same_commit_reexports_byte_identical(upstream, tmp_path
     before = {p.name: p.read_bytes() for p in upstream.series.parent.iterdir()}
     assert rebase(upstream, tmp_path, "--onto", upstream.base, "--write") == 0
     assert {p.name: p.read_bytes() for p in upstream.series.parent.iterdir()} == before
+
+
+def test_printed_commands_name_the_target_and_workdir(moved, tmp_path, capsys):
+    upstream, onto = moved
+    assert rebase(upstream, tmp_path, "--onto", onto) == 1
+    out = capsys.readouterr().out
+    options = f"--target fixture --workdir {tmp_path / 'wd'}"
+    for action in ("--continue", "--skip", "--abort"):
+        assert f"python -m launcher rebase {action} {options}" in out
+
+
+def test_finished_rebase_without_write_can_be_adopted_with_continue_write(moved, tmp_path, capsys):
+    upstream, onto = moved
+    assert rebase(upstream, tmp_path, "--onto", onto) == 1
+    assert rebase(upstream, tmp_path, "--skip", "--reason", "upstream has it") == 0
+    assert "rebase --continue --write --target fixture" in capsys.readouterr().out
+    assert rebase(upstream, tmp_path, "--continue", "--write") == 0  # nothing redone
+    assert yaml.safe_load(upstream.lock.read_text())["targets"][0]["commit"] == onto
+    assert len(read_series(upstream.series)) == 2
+    assert "# dropped 0003-conflicts.patch: upstream has it" in upstream.series.read_text()
+    assert not (tmp_path / "wd" / "rebase" / "fixture" / "state.json").exists()
+
+
+def test_patch_git_cannot_merge_applies_what_fits_and_leaves_rej_files(upstream, tmp_path, capsys):
+    # the second patch's pre-image of model.py exists only in the series author's clone
+    upstream.make_series([
+        ("first", {"toolkit/model.py": MODEL.replace("line 5\n", "line five\n")}),
+        ("second", {
+            "toolkit/model.py": MODEL.replace("line 5\n", "line five\n").replace("line 25\n", "line 25 patched\n"),
+            "docs/readme.md": "docs\nsecond\n",
+        }),
+    ])
+    write_files(upstream.repo_dir, {"toolkit/model.py": MODEL.replace("line 25\n", "line 25 upstream\n")})
+    onto = upstream.commit("upstream changes line 25")
+    assert rebase(upstream, tmp_path, "--onto", onto) == 1
+    out = capsys.readouterr().out
+    assert "0002-second.patch: CONFLICT in toolkit/model.py" in out and "toolkit/model.py.rej" in out
+    scratch = tmp_path / "wd" / "rebase" / "fixture" / "trainer"
+    assert (scratch / "docs" / "readme.md").read_text() == "docs\nsecond\n"  # the hunk that fits
+    assert "docs/readme.md" in git.Repo(scratch).git.diff("--cached", "--name-only")
+    assert rebase(upstream, tmp_path, "--continue") == 2  # the .rej file is still there
+    assert "toolkit/model.py.rej" in capsys.readouterr().err
+    model = scratch / "toolkit" / "model.py"
+    model.write_text(model.read_text().replace("line 25 upstream\n", "line 25 patched upstream\n"))
+    (scratch / "toolkit" / "model.py.rej").unlink()
+    git.Repo(scratch).git.add("toolkit/model.py")
+    assert rebase(upstream, tmp_path, "--continue", "--write") == 0
+    second = (upstream.series.parent / read_series(upstream.series)[1].name).read_text()
+    assert "+line 25 patched upstream" in second and "+second" in second

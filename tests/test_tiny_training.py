@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from conftest import WORKDIR_FIXTURES
+from launcher.lock import load_targets
+
 REPO = Path(__file__).resolve().parent.parent
 PRESET = REPO / "presets" / "tiny.yaml"
 RUN_NAME = "tiny_flux2"
@@ -43,13 +46,14 @@ def is_nonzero_half(dtype: str, raw: bytes) -> bool:
     return any(value & BF16_ZERO_MASK for (value,) in struct.iter_unpack("<H", raw))
 
 
-@pytest.fixture(scope="module")
-def tiny_run(trainer_workdir):
-    """Run the tiny preset once in a fresh run folder; the built tiny assets are reused.
+@pytest.fixture(scope="module", params=list(WORKDIR_FIXTURES))
+def tiny_run(request):
+    """Run the tiny preset once per target in a fresh run folder; the built tiny assets are reused.
 
     The folder is removed first because the trainer resumes from an existing run folder, and a
     finished 2-step run would resume at step 2 and train nothing.
     """
+    trainer_workdir = request.getfixturevalue(WORKDIR_FIXTURES[request.param])
     shutil.rmtree(trainer_workdir.runs / RUN_NAME, ignore_errors=True)
     result = subprocess.run(
         [sys.executable, "-m", "launcher", "run", str(PRESET), "--workdir", str(trainer_workdir.root)],
@@ -83,3 +87,7 @@ def test_lora_trains_transformer_blocks(tiny_run):
     assert {BLOCK_LORA.match(name).group(1) for name in b_keys} == {"double_blocks", "single_blocks"}
     zero = [name for name in b_keys if not is_nonzero_half(*tensors[name])]
     assert not zero, f"lora_B still zero after 2 steps: {zero}"
+
+
+def test_every_target_of_the_lock_is_trained():
+    assert set(WORKDIR_FIXTURES) == {target.name for target in load_targets()}, "add the new target's workdir fixture"

@@ -34,7 +34,8 @@ def register(subparsers) -> None:
 def run_rebase(args) -> int:
     gitops.require_git()
     target = find_target(args.target, args.lock)
-    rebase = Rebase(args.workdir.resolve() / "rebase" / target.name)
+    workdir = f'"{args.workdir}"' if " " in str(args.workdir) else str(args.workdir)
+    rebase = Rebase(args.workdir.resolve() / "rebase" / target.name, f"--target {target.name} --workdir {workdir}")
     if args.abort:
         rebase.abort()
         return 0
@@ -62,11 +63,15 @@ def finish(args, rebase: Rebase, state, target) -> int:
         write_lock_commit(args.lock, target.name, state.onto)
         say(f"wrote {len(patches)} patches to {series_file.parent} and commit {state.onto[:12]} to {args.lock}")
     else:
-        say(f"rebased series in {series_file.parent}; run again with --write to adopt it")
+        say(
+            f"rebased series in {series_file.parent}; adopt it with "
+            f"`{rebase.command('--continue --write')}`, or drop it with `{rebase.command('--abort')}`"
+        )
     rebased = dataclasses.replace(target, commit=state.onto, series=series_file)
     status = check(rebased, series.load_checked(series_file), state.onto, args.url or target.url)
     if status != 0:
         raise LauncherError("the rebased series does not apply cleanly; this is a launcher bug, please report it")
-    gitops.remove_tree(rebase.checkout)
-    rebase.state_file.unlink()
+    if args.write:  # without --write the finished rebase waits for `--continue --write`
+        gitops.remove_tree(rebase.checkout)
+        rebase.state_file.unlink()
     return 0
