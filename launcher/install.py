@@ -21,12 +21,27 @@ MARKER = "launcher-install.json"
 
 def install_spec(channel: Channel, requirements: Path) -> dict:
     """What an install depends on; a venv built from another spec is rebuilt by pip, not reused."""
+    digest = hashlib.sha256()
+    for path in requirement_files(requirements):
+        digest.update(path.read_bytes())
     return {
         "channel": channel.name,
         "versions": channel.versions,
         "index_url": channel.index_url,
-        "requirements_sha256": hashlib.sha256(requirements.read_bytes()).hexdigest(),
+        "requirements_sha256": digest.hexdigest(),
     }
+
+
+def requirement_files(requirements: Path) -> list[Path]:
+    """The requirements file and every file it includes with `-r` (upstream splits them)."""
+    found = [requirements]
+    for line in requirements.read_text(encoding="utf-8").splitlines():
+        parts = line.split("#", 1)[0].split()
+        if len(parts) == 2 and parts[0] in ("-r", "--requirement"):
+            included = requirements.parent / parts[1]
+            if included.is_file() and included not in found:
+                found += requirement_files(included)
+    return found
 
 
 def is_current(workdir: Workdir, spec: dict) -> bool:
