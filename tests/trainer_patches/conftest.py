@@ -9,8 +9,10 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 
 @pytest.fixture(scope="session")
@@ -53,3 +55,44 @@ def trainer_on_path(trainer_checkout):
     sys.path.insert(0, path)
     yield Path(path)
     sys.path.remove(path)
+
+
+def loader_model(flux2_module, params, quantize=True, qtype="uint4", **model_kwargs):
+    """A Flux2Model without running its constructor: just what the transformer loaders read."""
+    model = flux2_module.Flux2Model.__new__(flux2_module.Flux2Model)
+    model.torch_dtype = torch.bfloat16
+    model.device_torch = torch.device("cpu")
+    model.quantize_device = torch.device("cpu")
+    model._status_update_hooks = []
+    model.model_config = SimpleNamespace(
+        quantize=quantize, qtype=qtype, accuracy_recovery_adapter=None, low_vram=False,
+        model_kwargs=dict(model_kwargs, flux2_params=params),
+    )
+    return model
+
+
+class StopAtTextEncoder(Exception):
+    """Raised where load_model reaches the text encoder: the transformer is complete by then."""
+
+
+@pytest.fixture
+def load_transformer(monkeypatch):
+    """load(flux2_module, model_config, training_folder) -> the transformer that the real
+    Flux2Model.load_model built (from the checkpoint or the cache), stopped before the text encoder."""
+    seen = []
+
+    class StopTE:
+        @staticmethod
+        def from_pretrained(*args, **kwargs):
+            seen.append(sys._getframe(1).f_locals["transformer"])
+            raise StopAtTextEncoder
+
+    def load(flux2_module, model_config, training_folder):
+        monkeypatch.setattr(flux2_module, "Mistral3ForConditionalGeneration", StopTE)
+        base = flux2_module.Flux2Model(device="cpu", model_config=model_config, dtype="bf16")
+        base.training_folder = str(training_folder)
+        with pytest.raises(StopAtTextEncoder):
+            base.load_model()
+        return seen.pop()
+
+    return load

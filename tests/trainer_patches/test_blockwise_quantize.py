@@ -13,6 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from conftest import loader_model
+
 TINY = dict(
     in_channels=64,
     context_in_dim=64,
@@ -32,23 +34,6 @@ def trainer(trainer_on_path):
     flux2 = importlib.import_module("extensions_built_in.diffusion_models.flux2.flux2_model")
     quantize = importlib.import_module("toolkit.util.quantize")
     return SimpleNamespace(flux2=flux2, quantize=quantize)
-
-
-def make_model(trainer, params, quantize=True, qtype="uint4", **model_kwargs):
-    """A Flux2Model without running its constructor: just what loading reads."""
-    model = trainer.flux2.Flux2Model.__new__(trainer.flux2.Flux2Model)
-    model.torch_dtype = torch.bfloat16
-    model.device_torch = torch.device("cpu")
-    model.quantize_device = torch.device("cpu")
-    model._status_update_hooks = []
-    model.model_config = SimpleNamespace(
-        quantize=quantize,
-        qtype=qtype,
-        accuracy_recovery_adapter=None,
-        low_vram=False,
-        model_kwargs=dict(model_kwargs, flux2_params=params),
-    )
-    return model
 
 
 def meta_transformer(trainer, params):
@@ -103,8 +88,8 @@ def forward(transformer, params, seed=1):
 def test_streamed_build_matches_fork_quantization(trainer, tmp_path):
     path = tmp_path / "flux2-tiny.safetensors"
     write_checkpoint(trainer, TINY, path)
-    reference = fork_path(trainer, make_model(trainer, TINY), TINY, path)
-    streamed = streamed_path(trainer, make_model(trainer, TINY), TINY, path)
+    reference = fork_path(trainer, loader_model(trainer.flux2, TINY), TINY, path)
+    streamed = streamed_path(trainer, loader_model(trainer.flux2, TINY), TINY, path)
 
     ref_params = dict(reference.named_parameters())
     new_params = dict(streamed.named_parameters())
@@ -124,7 +109,7 @@ def test_streamed_build_matches_fork_quantization(trainer, tmp_path):
 def test_streamed_build_without_quantization_keeps_cast_weights(trainer, tmp_path):
     path = tmp_path / "flux2-tiny.safetensors"
     state = write_checkpoint(trainer, TINY, path)
-    transformer = streamed_path(trainer, make_model(trainer, TINY, quantize=False), TINY, path)
+    transformer = streamed_path(trainer, loader_model(trainer.flux2, TINY, quantize=False), TINY, path)
     loaded = transformer.state_dict()
     assert loaded.keys() == state.keys()
     for key, value in state.items():
@@ -135,7 +120,7 @@ def test_streamed_build_without_quantization_keeps_cast_weights(trainer, tmp_pat
 def test_streamed_build_reports_progress(trainer, tmp_path, capsys):
     path = tmp_path / "flux2-tiny.safetensors"
     write_checkpoint(trainer, TINY, path)
-    streamed_path(trainer, make_model(trainer, TINY), TINY, path)
+    streamed_path(trainer, loader_model(trainer.flux2, TINY), TINY, path)
     out = capsys.readouterr().out
     assert "block 1/4: double_blocks.0" in out
     assert "block 4/4: single_blocks.1" in out
@@ -145,14 +130,14 @@ def test_checkpoint_of_another_shape_is_refused_before_reading(trainer, tmp_path
     path = tmp_path / "flux2-tiny.safetensors"
     write_checkpoint(trainer, dict(TINY, depth=1), path)
     with pytest.raises(ValueError, match="does not match the model.*double_blocks.1"):
-        streamed_path(trainer, make_model(trainer, TINY), TINY, path)
+        streamed_path(trainer, loader_model(trainer.flux2, TINY), TINY, path)
 
 
 def test_bad_quantize_device_is_refused(trainer, tmp_path):
     path = tmp_path / "flux2-tiny.safetensors"
     write_checkpoint(trainer, TINY, path)
     with pytest.raises(ValueError, match="quantize_device"):
-        streamed_path(trainer, make_model(trainer, TINY, quantize_device="npu"), TINY, path)
+        streamed_path(trainer, loader_model(trainer.flux2, TINY, quantize_device="npu"), TINY, path)
 
 
 # -- patch 0005: loud quantization failures ----------------------------------
@@ -162,7 +147,7 @@ def test_bad_quantize_device_is_refused(trainer, tmp_path):
 def test_block_linear_that_cannot_be_quantized_fails_loudly(trainer, tmp_path, loader):
     path = tmp_path / "flux2-odd.safetensors"
     write_checkpoint(trainer, ODD, path)
-    model = make_model(trainer, ODD)
+    model = loader_model(trainer.flux2, ODD)
     with pytest.raises(trainer.quantize.UnquantizedLinearError) as info:
         loader(trainer, model, ODD, path)
     message = str(info.value)
@@ -175,7 +160,7 @@ def test_block_linear_that_cannot_be_quantized_fails_loudly(trainer, tmp_path, l
 def test_allowed_unquantized_block_linears_are_summarised(trainer, tmp_path, capsys):
     path = tmp_path / "flux2-odd.safetensors"
     write_checkpoint(trainer, ODD, path)
-    model = make_model(trainer, ODD, allow_unquantized_block_linears=True)
+    model = loader_model(trainer.flux2, ODD, allow_unquantized_block_linears=True)
     transformer = streamed_path(trainer, model, ODD, path)
     skipped = {name for name, _, _ in trainer.quantize.unquantized_linears(transformer)}
     assert "double_blocks.0.img_attn.qkv" in skipped
@@ -189,6 +174,6 @@ def test_allowed_unquantized_block_linears_are_summarised(trainer, tmp_path, cap
 def test_quantizable_model_reports_nothing(trainer, tmp_path, capsys):
     path = tmp_path / "flux2-tiny.safetensors"
     write_checkpoint(trainer, TINY, path)
-    transformer = streamed_path(trainer, make_model(trainer, TINY), TINY, path)
+    transformer = streamed_path(trainer, loader_model(trainer.flux2, TINY), TINY, path)
     assert trainer.quantize.unquantized_linears(transformer) == []
     assert "were not quantized" not in capsys.readouterr().out

@@ -25,6 +25,7 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
+from conftest import loader_model
 from launcher.tiny import FLUX2_PARAMS
 from launcher.torchenv import clean_env
 
@@ -53,20 +54,6 @@ def checkpoint(trainer, tmp_path_factory):
     return path
 
 
-def base_model(trainer, qtype):
-    """A Flux2Model without its constructor: what the transformer loaders read."""
-    model = trainer.flux2.Flux2Model.__new__(trainer.flux2.Flux2Model)
-    model.torch_dtype = torch.bfloat16
-    model.device_torch = torch.device("cpu")
-    model.quantize_device = torch.device("cpu")
-    model._status_update_hooks = []
-    model.model_config = SimpleNamespace(
-        quantize=True, qtype=qtype, accuracy_recovery_adapter=None, low_vram=False,
-        model_kwargs={"flux2_params": FLUX2_PARAMS},
-    )
-    return model
-
-
 def meta_transformer(trainer):
     with torch.device("meta"):
         return trainer.flux2.Flux2(trainer.flux2.Flux2Params(**FLUX2_PARAMS))
@@ -74,7 +61,7 @@ def meta_transformer(trainer):
 
 def load(trainer, checkpoint, qtype, streamed):
     """The transformer as Flux2Model.load_model builds it, on either loader."""
-    model = base_model(trainer, qtype)
+    model = loader_model(trainer.flux2, FLUX2_PARAMS, qtype=qtype)
     transformer = meta_transformer(trainer)
     if streamed:
         model.load_transformer_streamed(transformer, str(checkpoint))
@@ -140,7 +127,7 @@ def test_every_block_linear_becomes_int4linear_with_uint4_weights(trainer, check
 
 
 def test_accuracy_recovery_adapter_is_refused(trainer, checkpoint):
-    model = base_model(trainer, "int4_fused")
+    model = loader_model(trainer.flux2, FLUX2_PARAMS, qtype="int4_fused")
     model.model_config.accuracy_recovery_adapter = "some/ara.safetensors"
     with pytest.raises(ValueError, match="int4_fused"):
         trainer.quantize.quantize_model(model, meta_transformer(trainer))
@@ -149,7 +136,7 @@ def test_accuracy_recovery_adapter_is_refused(trainer, checkpoint):
 def test_unfit_block_linear_fails_loudly(trainer):
     """A block Linear whose width the group size does not divide stops the load (patch 0005)."""
     block = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(96, 64))
-    model = base_model(trainer, "int4_fused")
+    model = loader_model(trainer.flux2, FLUX2_PARAMS, qtype="int4_fused")
     with pytest.raises(trainer.quantize.UnquantizedLinearError, match=r"blk\.1 \(in 96, out 64\).*group size"):
         trainer.quantize.quantize_transformer_block(
             model, block, trainer.quantize.get_qtype("int4_fused"), name="blk"
@@ -163,38 +150,22 @@ def test_unfit_block_linear_fails_loudly(trainer):
 # -- the quantized cache ----------------------------------------------------------------------
 
 
-class _StopAtTextEncoder(Exception):
-    pass
-
-
 @pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "whole-model"])
-def test_cache_round_trip_through_load_model(trainer, checkpoint, tmp_path, monkeypatch, capsys, streamed):
+def test_cache_round_trip_through_load_model(trainer, checkpoint, tmp_path, monkeypatch, capsys, streamed,
+                                            load_transformer):
     """First load quantizes and writes the cache; the second loads Int4Linear modules from it
     without reading the checkpoint and gives the same outputs."""
     fm = trainer.flux2
     from toolkit.config_modules import ModelConfig
 
     monkeypatch.delenv("AITK_QUANT_CACHE_DIR", raising=False)
-    seen = []
-
-    class StopTE:
-        @staticmethod
-        def from_pretrained(*args, **kwargs):
-            seen.append(sys._getframe(1).f_locals["transformer"])
-            raise _StopAtTextEncoder
-
-    monkeypatch.setattr(fm, "Mistral3ForConditionalGeneration", StopTE)
 
     def load_model():
         cfg = ModelConfig(
             name_or_path=str(checkpoint.parent), arch="flux2", quantize=True, qtype="int4_fused",
             model_kwargs={"flux2_params": FLUX2_PARAMS, "streamed_loader": streamed},
         )
-        base = fm.Flux2Model(device="cpu", model_config=cfg, dtype="bf16")
-        base.training_folder = str(tmp_path / "runs" / "output")
-        with pytest.raises(_StopAtTextEncoder):
-            base.load_model()
-        return seen.pop()
+        return load_transformer(fm, cfg, tmp_path / "runs" / "output")
 
     fresh = load_model()
     out = capsys.readouterr().out
