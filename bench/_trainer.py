@@ -18,7 +18,8 @@ Two things are not the trainer's own:
     machine has no diffusers) a stand-in module with print_acc = print is registered instead.
     quantize.py only uses print_acc for messages.
   * the trainer's LoRA (toolkit/lora_special.py) needs diffusers, transformers and most of the
-    toolkit. add_lora() below does what its LoRAModule does for a Linear in training: the
+    toolkit. add_lora() below does what its LoRAModule does for a Linear (or, with qtype
+    int4_fused, an Int4Linear: lora_special matches both by class name) in training: the
     module's forward is replaced by org_forward(x) + lora_up(lora_down(x)) * multiplier * alpha/rank,
     lora_down kaiming-uniform, lora_up zero, both in the train dtype; no dropout.
 """
@@ -168,8 +169,10 @@ def build_random(tr: Trainer, params, device, qtype: Optional[str], dtype=torch.
     qtype None: bf16 blocks materialized on `device`. qtype "uint4" etc: each block is
     materialized on `device`, then the trainer's quantize_transformer_block quantizes it there and
     parks it on the CPU (what the streamed loader does with quantize_device: gpu); the non-block
-    modules are materialized on the CPU and quantized by the trainer's quantize_extras (what the
-    streamed loader's on_rest does). The bf16 copy of the whole model never exists.
+    modules are filled on `device`, moved to the CPU and quantized there by the trainer's
+    quantize_extras (what the streamed loader's on_rest does). The bf16 copy of the whole model
+    never exists. qtype "int4_fused": quantize_transformer_block swaps the block Linears for
+    Int4Linear modules (toolkit/int4_linear.py); the extras get torchao uint4 as with "uint4".
     """
     model = meta_model(tr, params, dtype)
     stub = BaseModelStub(device, dtype, qtype or "uint4", quantize=qtype is not None, log=log)
@@ -184,11 +187,14 @@ def build_random(tr: Trainer, params, device, qtype: Optional[str], dtype=torch.
             q.quantize_transformer_block(stub, b, qt, torch.device(device), name=prefix)
         if i % 8 == 0 or i == len(blocks) - 1:
             log(f"built block {i + 1}/{len(blocks)}")
-    extras_dev = "cpu" if qt is not None else device
+    # random numbers are drawn on `device` (on the CPU the ~0.8 B extras took ~23 s of each run);
+    # quantized models then get their extras on the CPU, where quantize_extras works on them
     for j, c in enumerate(extras_of(model)):
-        c.to_empty(device=extras_dev)
+        c.to_empty(device=device)
         if any(True for _ in c.parameters()):
             init_random_(c, seed=j)
+        if qt is not None:
+            c.to("cpu")
     if qt is not None:
         q.quantize_extras(stub, model, qt)
     # pe_embedder etc. may hold buffers created on meta: rebuild any left on meta
@@ -202,13 +208,20 @@ def build_random(tr: Trainer, params, device, qtype: Optional[str], dtype=torch.
 # ---------------------------------------------------------------- LoRA (see module docstring)
 
 
+def is_linear(m) -> bool:
+    """nn.Linear, or the trainer's Int4Linear (toolkit/int4_linear.py, qtype int4_fused), which
+    replaces the block Linears; lora_special.LINEAR_MODULES matches it by class name too."""
+    return isinstance(m, nn.Linear) or type(m).__name__ == "Int4Linear"
+
+
 def add_lora(model, rank: int, alpha: float, device, dtype=torch.bfloat16, multiplier: float = 1.0):
-    """LoRA on every nn.Linear inside the transformer blocks; returns the LoRA parameters."""
+    """LoRA on every Linear (nn.Linear or Int4Linear) inside the transformer blocks; returns the
+    LoRA parameters."""
     params = []
     n = 0
     for blist in BLOCK_LISTS:
         for block in getattr(model, blist):
-            for m in [m for m in block.modules() if isinstance(m, nn.Linear)]:
+            for m in [m for m in block.modules() if is_linear(m)]:
                 down = nn.Linear(m.in_features, rank, bias=False, device=device, dtype=dtype)
                 up = nn.Linear(rank, m.out_features, bias=False, device=device, dtype=dtype)
                 nn.init.kaiming_uniform_(down.weight, a=math.sqrt(5))
@@ -266,7 +279,7 @@ def step_flops(model, params, n_img: int, n_txt: int, batch: int, rank: int) -> 
     L = n_img + n_txt
     blocks = base_extra = lora = 0
     for name, m in model.named_modules():
-        if not isinstance(m, nn.Linear) or name.endswith((".lora_down", ".lora_up")):
+        if not is_linear(m) or name.endswith((".lora_down", ".lora_up")):
             continue  # add_lora's own Linears are counted in `lora` below
         if name.startswith("double_blocks"):
             t = n_img if ".img_" in name else n_txt

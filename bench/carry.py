@@ -23,6 +23,7 @@ CARRY_FILES = [
     Path("toolkit/dequantize.py"),
     Path("toolkit/quantized_cache.py"),
     Path("toolkit/streamed_safetensors.py"),
+    Path("toolkit/int4_linear.py"),  # qtype int4_fused (quantize.py and quantized_cache.py import it)
 ]
 
 

@@ -12,6 +12,11 @@ Runs, each in its own subprocess so that an OOM or a crash in one leaves the oth
               then the four shapes uncapped (what a 24 GiB card would need)
   bf16        bench/train_step.py --weights bf16, uncapped, all four shapes (figure 4)
 
+--set issue8 runs instead, for --qtype (e.g. int4_fused), built straight from random blocks (no
+cache child): the four shapes at 24 GiB, 512 px uncapped, and 512 px at 24 GiB with
+INT4_LINEAR_VARIANT=fused; --bf16-ref names an earlier suite.json whose bf16 child the x bf16
+column divides by.
+
 Each child gets a time budget; the whole suite stops starting children at --budget seconds.
 Writes suite.json (every child's JSON merged, rewritten after each child) and suite.log (all
 output) into --out-dir, and prints a table last.
@@ -41,6 +46,8 @@ p.add_argument("--only", default="", help="comma list of child names to run (def
 p.add_argument("--tiny", action="store_true")
 p.add_argument("--qtype", default="uint4", help="trainer qtype of the 4-bit variants (default: the fork's uint4)")
 p.add_argument("--device", default="cuda")
+p.add_argument("--set", default="issue7", choices=["issue7", "issue8"], help="which children (see above)")
+p.add_argument("--bf16-ref", type=Path, help="earlier suite.json with a bf16_uncapped child (x bf16 column)")
 p.add_argument("--matmul-child", action="store_true", help=argparse.SUPPRESS)
 p.add_argument("--json", type=Path, help=argparse.SUPPRESS)
 args = p.parse_args()
@@ -177,6 +184,10 @@ EXP = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 mm = run_child("matmul", [py, "-u", str(Path(__file__).resolve()), "--matmul-child", "--json", "{JSON}",
                           "--device", "cpu" if args.tiny else args.device] + tr + ["--out-dir", str(args.out_dir)],
                40)
+if args.set == "issue8":  # no cache child: every child builds its weights from random blocks
+    args.only = args.only or ",".join(["matmul"] + [f"{args.qtype}_{n}" for n in
+                                                     ("512_cap24", "1024_cap24", "768_cap24", "448x2_cap24",
+                                                      "512_uncapped", "512_cap24_fused")])
 cache = run_child("cache", [py, "-u", str(HERE / "cache_load.py")] + tr + tiny +
                   ["--workdir", str(args.workdir / "qcache"), "--qtype", args.qtype, "--out", "{JSON}"], 170)
 cache_file = cache.get("cache_path") if cache.get("phase") == "done" else None
@@ -197,7 +208,17 @@ VARIANTS = [
     # what the 24 GiB runs would need: same weights, no cap (skipped when the budget is spent)
     ("uint4_uncapped", "512,768,1024,448x2", "uint4", 0, 120),
 ]
-for name, shapes, weights, cap, timeout in VARIANTS:
+if args.set == "issue8":
+    q = args.qtype
+    VARIANTS = [  # most wanted first; the last ones are skipped when the budget runs out
+        (f"{q}_512_cap24", "512", "uint4", 24, 75),
+        (f"{q}_1024_cap24", "1024", "uint4", 24, 95),
+        (f"{q}_768_cap24", "768", "uint4", 24, 85),
+        (f"{q}_448x2_cap24", "448x2", "uint4", 24, 85),
+        (f"{q}_512_uncapped", "512", "uint4", 0, 70),
+        (f"{q}_512_cap24_fused", "512", "uint4", 24, 100, {"INT4_LINEAR_VARIANT": "fused"}),
+    ]
+for name, shapes, weights, cap, timeout, *env in VARIANTS:
     if args.tiny:
         shapes = ",".join(s.replace("1024", "96").replace("768", "80").replace("512", "64").replace("448", "48")
                           for s in shapes.split(","))
@@ -206,14 +227,17 @@ for name, shapes, weights, cap, timeout in VARIANTS:
         cmd += ["--cap-gib", str(cap)]
     if weights == "uint4":
         cmd += cache_arg
-    run_child(name, cmd, timeout, EXP)
+    run_child(name, cmd, timeout, dict(EXP, **(env[0] if env else {})))
 
 # ---- summary
 ceiling = mm.get("tflops_median")
 SUITE["ceiling_tflops"] = ceiling
 rows = []
 bf16 = SUITE["children"].get("bf16_uncapped", {}).get("shapes", {})
-for name, _, weights, cap, _ in VARIANTS:
+if not bf16 and args.bf16_ref:
+    bf16 = json.loads(args.bf16_ref.read_text())["children"]["bf16_uncapped"]["shapes"]
+    SUITE["bf16_ref"] = str(args.bf16_ref)
+for name, _, weights, cap, *_ in VARIANTS:
     ch = SUITE["children"].get(name, {})
     for spec, S in (ch.get("shapes") or {}).items():
         ref = bf16.get(spec, {}).get("s_per_step")

@@ -8,6 +8,9 @@ One weight variant per process, one or more shapes in sequence:
                     trainer's toolkit/quantized_cache.py) or, without one, built block by block
                     with random weights through the trainer's quantize_transformer_block;
                     then moved to the GPU whole, as the trainer does.
+  --weights int4_fused  the series' qtype int4_fused: every block Linear becomes the trainer's
+                    Int4Linear (toolkit/int4_linear.py; GPU variant from INT4_LINEAR_VARIANT,
+                    default chunked), the rest torchao uint4; built or read from a cache as uint4.
   --weights bf16    bf16 weights, random, materialized block by block on the device.
 
 Then: LoRA (rank 32, alpha 32) on every block Linear, the model's own gradient checkpointing
@@ -54,7 +57,9 @@ p.add_argument("--out", required=True, type=Path)
 args = p.parse_args()
 
 R = {"tag": args.tag or args.weights, "argv": sys.argv[1:], "phase": "start", "shapes": {},
-     "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "errors": []}
+     "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "errors": [],
+     "env": {k: os.environ[k] for k in ("INT4_LINEAR_VARIANT", "INT4_LINEAR_CHUNK_MIB", "INT4_LINEAR_KERNEL")
+             if k in os.environ}}
 
 
 def save():
@@ -131,7 +136,8 @@ try:
         meta, tensors = tr.qcache.read_cache(args.cache)
         t1 = time.perf_counter()
         state = tr.qcache.rebuild_state(meta, tensors, model)
-        tr.qcache.assign_state(model, state)
+        # since patch 0012 rebuild_state returns (state, swaps): the Int4Linear modules
+        tr.qcache.assign_state(model, *(state if isinstance(state, tuple) else (state,)))
         del meta, tensors, state
         model.requires_grad_(False)
         R["weights_from"] = f"quantized cache {args.cache} ({args.cache.stat().st_size / T.GiB:.2f} GiB)"
@@ -150,8 +156,17 @@ try:
     R["build_s"] = time.perf_counter() - t0
     R["n_params"] = sum(x.numel() for x in model.parameters())
     if QT:
-        w = model.single_blocks[0].linear1.weight
-        R["block_weight_type"] = f"{type(w).__name__}/{type(getattr(w, 'tensor_impl', w)).__name__}"
+        lin = model.single_blocks[0].linear1
+        if hasattr(lin, "qweight"):  # Int4Linear: .weight would dequantize the whole matrix
+            R["block_weight_type"] = f"{type(lin).__name__} (qweight {lin.qweight.dtype} {tuple(lin.qweight.shape)})"
+            i4 = sys.modules.get("toolkit.int4_linear")
+            R["int4_linear"] = {
+                "modules": sum(1 for m in model.modules() if type(m).__name__ == "Int4Linear"),
+                "variant": getattr(i4, "DEFAULT_VARIANT", None), "triton": getattr(i4, "HAVE_TRITON", None),
+                "kernel_on_device": bool(i4 and i4.kernel_available(torch.empty(1, device=DEV, dtype=bf16)))}
+        else:
+            w = lin.weight
+            R["block_weight_type"] = f"{type(w).__name__}/{type(getattr(w, 'tensor_impl', w)).__name__}"
     if CUDA:
         torch.cuda.empty_cache()
     R["vram_weights"] = vram()
