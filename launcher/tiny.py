@@ -23,12 +23,18 @@ Shapes follow the constraints of the FLUX.2 code and of 4-bit quantization:
 import argparse
 import json
 import random
+import subprocess
 import sys
 from pathlib import Path
+
+from launcher.errors import LauncherError
+from launcher.progress import step
+from launcher.torchenv import clean_env
 
 ASSETS_FORMAT = 1
 """Bump when the assets change shape, so existing workdirs rebuild them."""
 
+DEFAULT_SEED = 0
 MANIFEST_NAME = "manifest.json"
 TRANSFORMER_FILE = "flux2-dev.safetensors"
 VAE_FILE = "ae.safetensors"
@@ -95,6 +101,25 @@ def read_manifest(out: Path, seed: int) -> dict | None:
     manifest = json.loads(path.read_text(encoding="utf-8"))
     if manifest.get("format") != ASSETS_FORMAT or manifest.get("seed") != seed:
         return None
+    return manifest
+
+
+def ensure_assets(out: Path, trainer: Path, python: Path, seed: int = DEFAULT_SEED) -> dict:
+    """Build the tiny FLUX.2 into `out` once per seed, with the trainer's interpreter; its manifest.
+
+    It runs as `-m launcher.tiny` from the folder above the launcher package, so the venv
+    imports this launcher without installing it.
+    """
+    manifest = read_manifest(out, seed)
+    if manifest is not None:
+        return manifest
+    command = [str(python), "-m", "launcher.tiny", "--trainer", str(trainer.resolve()),
+               "--out", str(out.resolve()), "--seed", str(seed)]
+    with step("building the tiny FLUX.2"):
+        result = subprocess.run(command, cwd=Path(__file__).resolve().parent.parent, env=clean_env())
+    manifest = read_manifest(out, seed)
+    if result.returncode != 0 or manifest is None:
+        raise LauncherError(f"building the tiny FLUX.2 in {out} failed (exit {result.returncode}); see above")
     return manifest
 
 

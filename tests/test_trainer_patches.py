@@ -6,6 +6,7 @@ not in the launcher's; this bridge makes them part of the one README test comman
 
 import os
 import subprocess
+import sys
 
 from conftest import REPO_ROOT
 from launcher.torchenv import clean_env
@@ -26,6 +27,7 @@ def test_in_trainer_suite_passes(trainer_workdir):
     python = venv_python(trainer_workdir.venv)
     ensure_test_tools(python, trainer_workdir.root / "constraints.txt")
     env = {**clean_env(), "LAUNCHER_TEST_WORKDIR": str(trainer_workdir.root), "PYTHONPATH": str(REPO_ROOT),
+           "LAUNCHER_PYTHON": sys.executable,
            "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
     result = subprocess.run(
         [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(SUITE / "pytest.ini"),

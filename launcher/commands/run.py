@@ -20,7 +20,7 @@ from launcher import __version__, tiny, validate
 from launcher.checkout import read_state
 from launcher.errors import LauncherError
 from launcher.presets import Preset, load_preset, render, write_config
-from launcher.progress import say, step
+from launcher.progress import say
 from launcher.runs import RunFolder
 from launcher.telemetry import TelemetryRecorder
 from launcher.torchenv import clean_env
@@ -28,7 +28,6 @@ from launcher.watchdog import load_config
 from launcher.watchdog_loop import watch_run
 from launcher.workdir import DEFAULT_WORKDIR, Workdir, venv_python
 
-TINY_SEED = 0
 EXPANDABLE = "expandable_segments:True"
 LOCATIONS = {
     # flag -> (environment variable, what it is)
@@ -56,7 +55,7 @@ def handle(args) -> int:
     places = locations(args)
     run = RunFolder((places.get("output") or workdir.runs) / preset.name, preset.name)
     if preset.tiny:
-        manifest = ensure_tiny_assets(workdir, checked_python(workdir))
+        manifest = tiny.ensure_assets(workdir.assets / "tiny", workdir.trainer, checked_python(workdir))
         config = render(preset, run.root, tiny_manifest=manifest)
     else:
         config = render(preset, run.root, places=places)
@@ -161,28 +160,6 @@ def env_changes(preset: Preset, run: RunFolder, workdir: Workdir) -> dict[str, s
 
 def trainer_env(preset: Preset, run: RunFolder, workdir: Workdir) -> dict[str, str]:
     return {**clean_env(), **env_changes(preset, run, workdir), "PYTHONUNBUFFERED": "1"}
-
-
-def ensure_tiny_assets(workdir: Workdir, python: Path) -> dict:
-    """Build the tiny FLUX.2 once per workdir and seed, with the trainer's interpreter.
-
-    It runs as `-m launcher.tiny` from the folder above the launcher package, so the venv
-    imports this launcher without installing it.
-    """
-    out = workdir.assets / "tiny"
-    manifest = tiny.read_manifest(out, TINY_SEED)
-    if manifest is not None:
-        return manifest
-    command = [
-        str(python), "-m", "launcher.tiny",
-        "--trainer", str(workdir.trainer.resolve()), "--out", str(out.resolve()), "--seed", str(TINY_SEED),
-    ]
-    with step("building the tiny FLUX.2"):
-        result = subprocess.run(command, cwd=Path(tiny.__file__).resolve().parent.parent, env=clean_env())
-    manifest = tiny.read_manifest(out, TINY_SEED)
-    if result.returncode != 0 or manifest is None:
-        raise LauncherError(f"building the tiny FLUX.2 in {out} failed (exit {result.returncode}); see above")
-    return manifest
 
 
 def write_metadata(run: RunFolder, preset: Preset, workdir: Workdir, python: Path) -> None:

@@ -57,6 +57,12 @@ def trainer_on_path(trainer_checkout):
     sys.path.remove(path)
 
 
+def launcher_python() -> str:
+    """The launcher's own interpreter (GitPython and friends live there, not in the trainer venv);
+    the bridge, tests/test_trainer_patches.py, passes it in LAUNCHER_PYTHON."""
+    return os.environ.get("LAUNCHER_PYTHON", sys.executable)
+
+
 def loader_model(flux2_module, params, quantize=True, qtype="uint4", **model_kwargs):
     """A Flux2Model without running its constructor: just what the transformer loaders read."""
     model = flux2_module.Flux2Model.__new__(flux2_module.Flux2Model)

@@ -25,7 +25,7 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
-from conftest import loader_model
+from conftest import launcher_python, loader_model
 from launcher.tiny import FLUX2_PARAMS
 from launcher.torchenv import clean_env
 
@@ -377,7 +377,7 @@ def runs(trainer_checkout, tmp_path_factory):
         path = tmp / "tiny.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
         result = subprocess.run(
-            [sys.executable, "-m", "launcher", "run", str(path), "--workdir", str(workdir), "--output", str(tmp / "out")],
+            [launcher_python(), "-m", "launcher", "run", str(path), "--workdir", str(workdir), "--output", str(tmp / "out")],
             cwd=REPO, env={**clean_env(), "PYTHONPATH": str(REPO)}, capture_output=True, text=True, errors="replace",
         )
         assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.commands.run import ensure_tiny_assets
+from launcher import tiny
 from launcher.presets import load_preset, render, write_config
 from launcher.torchenv import clean_env
 from launcher.workdir import Workdir, venv_python
@@ -24,7 +24,7 @@ RECORDER = Path(__file__).with_name("record_model_moves.py")
 def record_moves(workdir, tmp_path: Path, resident: bool) -> tuple[list[dict], str]:
     python = venv_python(workdir.venv)
     preset = load_preset("tiny")
-    config = render(preset, tmp_path / "run", tiny_manifest=ensure_tiny_assets(workdir, python))
+    config = render(preset, tmp_path / "run", tiny_manifest=tiny.ensure_assets(workdir.assets / "tiny", workdir.trainer, python))
     process = config["config"]["process"][0]
     process["train"]["steps"] = 1
     process["model"]["model_kwargs"]["resident_after_te_cache"] = resident
