@@ -24,7 +24,7 @@ def run_plot(args) -> int:
         raise LauncherError(f"{run.telemetry} does not exist: this run recorded no telemetry yet")
     python = venv_python(workdir.venv)
     if not python.is_file():
-        raise LauncherError(f"plotting uses the trainer venv's matplotlib; run `python -m launcher setup` first")
+        raise LauncherError("plotting uses the trainer venv's matplotlib; run `python -m launcher setup` first")
     out = args.out or run.root / "telemetry.png"
     events = run.watchdog_events if run.watchdog_events.is_file() else None
     if plot_with(python, run.telemetry, events, out) != 0:

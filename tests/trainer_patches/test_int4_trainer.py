@@ -11,12 +11,10 @@ each qtype and the same training_seed give the same loss curve and LoRA.
 import importlib
 import json
 import math
-import os
 import re
 import statistics
 import struct
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
