@@ -3,12 +3,11 @@
 import json
 import os
 import platform
-import subprocess
 from pathlib import Path
 
 from launcher import __version__
 from launcher.hostinfo import free_disk_gib, memory_gib
-from launcher.torchenv import clean_env
+from launcher.probe import probe_with
 from launcher.workdir import DEFAULT_WORKDIR, Workdir, venv_python
 
 ALLOCATOR_VARIABLES = ("PYTORCH_HIP_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
@@ -55,13 +54,7 @@ def probe_torch(workdir: Workdir) -> dict:
     python = venv_python(workdir.venv)
     if not python.is_file():
         return {"error": f"no trainer venv at {workdir.venv}; run `python -m launcher setup`"}
-    result = subprocess.run(
-        [str(python), "-m", "launcher.probe"], cwd=Path(__file__).resolve().parents[2],
-        capture_output=True, text=True, env=clean_env(), timeout=300,
-    )
-    if result.returncode != 0:
-        return {"error": f"the probe failed: {result.stderr.strip()[-500:]}"}
-    return json.loads(result.stdout)
+    return probe_with(python)
 
 
 def known_problems(report: dict) -> list[str]:

@@ -20,6 +20,7 @@ from launcher import __version__, tiny, validate
 from launcher.checkout import read_state
 from launcher.errors import LauncherError
 from launcher.presets import Preset, load_preset, render, write_config
+from launcher.probe import probe_with
 from launcher.progress import say
 from launcher.runs import RunFolder
 from launcher.telemetry import TelemetryRecorder
@@ -164,10 +165,6 @@ def trainer_env(preset: Preset, run: RunFolder, workdir: Workdir) -> dict[str, s
 
 def write_metadata(run: RunFolder, preset: Preset, workdir: Workdir, python: Path) -> None:
     """run.json beside the LoRA: enough to reproduce the run and to file a bug report."""
-    probe = subprocess.run(
-        [str(python), "-m", "launcher.probe"], cwd=Path(__file__).resolve().parents[2],
-        capture_output=True, text=True, env=clean_env(),
-    )
     state = read_state(workdir.state_file)
     metadata = {
         "launcher": __version__,
@@ -177,7 +174,7 @@ def write_metadata(run: RunFolder, preset: Preset, workdir: Workdir, python: Pat
         "patches": state.get("patches"),
         "preset": str(preset.path),
         "preset_sha256": hashlib.sha256(preset.path.read_bytes()).hexdigest(),
-        "torch": json.loads(probe.stdout) if probe.returncode == 0 else {"error": probe.stderr[-500:]},
+        "torch": probe_with(python),
     }
     run.job_dir.mkdir(parents=True, exist_ok=True)
     run.metadata.write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
