@@ -8,5 +8,5 @@ import os
 __version__ = "0.1.0"
 
 # GitPython refuses to import without a git executable; let it import so that the
-# launcher can say how to install git instead (launcher.gitops.require_git).
+# launcher can say how to install git instead (launcher.patching.gitops.require_git).
 os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")

@@ -5,9 +5,19 @@ import sys
 from pathlib import Path
 
 from launcher import __version__
+from launcher.commands import (
+    doctor,
+    flags,
+    patches,
+    plot,
+    rebase,
+    run,
+    setup,
+    verify,
+    watchdog,
+)
 from launcher.errors import LauncherError
-from launcher.lock import DEFAULT_LOCK
-from launcher.commands import doctor, flags, patches, plot, rebase, run, setup, verify, watchdog
+from launcher.patching.lock import DEFAULT_LOCK
 
 COMMANDS = (setup, verify, patches, rebase, run, flags, plot, watchdog, doctor)
 

@@ -9,11 +9,11 @@ import git
 import pytest
 import yaml
 
-from launcher import gitops
 from launcher.cli import main
-from launcher.lock import DEFAULT_LOCK, load_targets
-from launcher.series import export_series
-from launcher.workdir import Workdir
+from launcher.envs.workdir import Workdir
+from launcher.patching import gitops
+from launcher.patching.lock import DEFAULT_LOCK, load_targets
+from launcher.patching.series import export_series
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # The in-trainer suite needs torch: tests/test_trainer_patches.py runs it in the trainer venv.

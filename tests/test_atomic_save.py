@@ -27,9 +27,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.torchenv import clean_env
-from launcher.runs import RunFolder
-from launcher.workdir import Workdir, venv_python
+from launcher.envs.torchenv import clean_env
+from launcher.envs.workdir import Workdir, venv_python
+from launcher.runs.folders import RunFolder
 
 REPO = Path(__file__).resolve().parent.parent
 NAME = "atomic_tiny"

@@ -1,11 +1,10 @@
 """Every bad input of setup / verify / patches gets a clear error before long work starts."""
 
 import pytest
-
 from conftest import write_files
-from launcher.workdir import Workdir
-
 from test_setup import TWO_PATCHES
+
+from launcher.envs.workdir import Workdir
 
 
 def run_setup(upstream, tmp_path, *extra) -> int:
@@ -55,7 +54,7 @@ def test_a_failing_patch_is_named_with_files_and_command(upstream, tmp_path, cap
 def test_unknown_target_suggests_the_closest(upstream, tmp_path, capsys):
     assert run_setup(upstream, tmp_path, "--target", "fixtur") == 2
     err = capsys.readouterr().err
-    assert "unknown target 'fixtur'" in err and "Did you mean 'fixture'" in err
+    assert "unknown target 'fixtur'" in err and "did you mean `fixture`?" in err
 
 
 def test_series_naming_a_missing_file(upstream, tmp_path, capsys):

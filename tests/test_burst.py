@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.stall_trace import default_scenario, simulate
-from launcher.watchdog import load_config
-from launcher.watchdog_loop import LAUNCHER_ROOT, SubprocessBurster
-from launcher.workdir import venv_python
+from launcher.envs.trainer_python import LAUNCHER_ROOT
+from launcher.envs.workdir import venv_python
+from launcher.watchdog.loop import SubprocessBurster
+from launcher.watchdog.policy import load_config
+from launcher.watchdog.replay import default_scenario, simulate
 
 TINY = ["--device", "cpu", "--m", "64", "--k", "64", "--n", "128"]
 
@@ -32,7 +33,7 @@ def run_module(python: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_a_burst_measures_and_reports_its_rate(venv_py):
-    done = run_module(venv_py, "-m", "launcher.burst", "--seconds", "1.0", *TINY)
+    done = run_module(venv_py, "-m", "launcher.in_trainer.burst", "--seconds", "1.0", *TINY)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 1, "the burst prints exactly one line"
@@ -44,7 +45,7 @@ def test_a_burst_measures_and_reports_its_rate(venv_py):
 
 
 def test_a_failing_burst_still_prints_one_json_line(venv_py):
-    done = run_module(venv_py, "-m", "launcher.burst", "--seconds", "0.1", "--device", "nonsense")
+    done = run_module(venv_py, "-m", "launcher.in_trainer.burst", "--seconds", "0.1", "--device", "nonsense")
     assert done.returncode == 1
     result = json.loads(done.stdout.strip())
     assert result["ok"] is False and "nonsense" in result["error"]
@@ -66,7 +67,7 @@ def test_the_watchdog_runs_a_fresh_burst_and_calls_it_a_dud_on_a_cpu(venv_py):
 def test_plot_of_the_synthetic_2000_step_run_marks_every_burst(venv_py, tmp_path):
     paths = simulate(default_scenario(), load_config({"enabled": True})).write(tmp_path / "run")
     out = tmp_path / "plot.png"
-    done = run_module(venv_py, "-m", "launcher.plotting", str(paths["telemetry"]), str(out),
+    done = run_module(venv_py, "-m", "launcher.runs.plotting", str(paths["telemetry"]), str(out),
                       "--events", str(paths["events"]))
     assert done.returncode == 0, done.stderr
     check = (
@@ -76,6 +77,6 @@ def test_plot_of_the_synthetic_2000_step_run_marks_every_burst(venv_py, tmp_path
     height, width, spread = run_module(venv_py, "-c", check, str(out)).stdout.split()
     assert int(height) > 500 and int(width) > 800 and float(spread) > 0.05, "the plot looks blank"
     # one telemetry row per 10 s: most of the 2000 steps appear
-    from launcher.plotting import series
+    from launcher.runs.plotting import series
     data = series([json.loads(line) for line in paths["telemetry"].read_text().splitlines()])
     assert len(data["s_it"][0]) > 1800 and len(data["power_w"][0]) > 1000

@@ -8,12 +8,12 @@ import os
 import subprocess
 
 import pytest
-
 from conftest import WORKDIR_FIXTURES, unreachable_reason
+
 from launcher.cli import main
-from launcher.lock import DEFAULT_LOCK, load_targets
-from launcher.series import read_series
-from launcher.workdir import venv_python
+from launcher.envs.workdir import venv_python
+from launcher.patching.lock import DEFAULT_LOCK, load_targets
+from launcher.patching.series import read_series
 
 TARGETS = load_targets(DEFAULT_LOCK)
 

@@ -6,10 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from launcher import gpu_sources
-from launcher.gpu_sources import (
-    AmdSmiSource, GpuSample, NvidiaSmiSource, ReplaySource, detect_source, parse_amd_smi, parse_nvidia_smi,
-    parse_rocm_smi, parse_typeperf,
+from launcher.watchdog import gpu_sources
+from launcher.watchdog.gpu_sources import (
+    AmdSmiSource,
+    GpuSample,
+    NvidiaSmiSource,
+    ReplaySource,
+    detect_source,
+    parse_amd_smi,
+    parse_nvidia_smi,
+    parse_rocm_smi,
+    parse_typeperf,
 )
 
 FIXTURES = Path(__file__).parent / "fixtures" / "watchdog"

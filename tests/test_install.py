@@ -1,7 +1,7 @@
 """The install spec: what makes setup rebuild a trainer venv."""
 
-from launcher.install import install_spec, requirement_files
-from launcher.torchenv import CHANNELS
+from launcher.envs.install import install_spec, requirement_files
+from launcher.envs.torchenv import CHANNELS
 
 
 def test_included_requirement_files_count(tmp_path):
@@ -22,7 +22,7 @@ def test_channels_pin_a_whole_trio():
 
 
 def test_auto_channel_from_the_tools_on_path():
-    from launcher.torchenv import detect_channel
+    from launcher.envs.torchenv import detect_channel
 
     def which_only(*names):
         return lambda tool: f"/bin/{tool}" if tool in names else None
@@ -34,7 +34,7 @@ def test_auto_channel_from_the_tools_on_path():
 
 
 def test_constraints_hold_the_installed_trio_whatever_its_local_label():
-    from launcher.torchenv import constraints_text
+    from launcher.envs.torchenv import constraints_text
 
     text = constraints_text({"torch": "2.11.0+rocm7.1", "torchvision": "0.26.0", "torchaudio": "2.11.0+cu130"})
     assert "torch==2.11.0\n" in text and "torchaudio==2.11.0\n" in text and "+" not in text.split("\n", 1)[1]

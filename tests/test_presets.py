@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import LauncherError
-from launcher.presets import find_preset, load_preset, render
+from launcher.runs.presets import find_preset, load_preset, render
 
 pytest.importorskip("yaml")
 

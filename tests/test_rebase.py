@@ -3,9 +3,9 @@
 import git
 import pytest
 import yaml
-
 from conftest import write_files
-from launcher.series import read_series
+
+from launcher.patching.series import read_series
 
 MODEL = "".join(f"line {i}\n" for i in range(1, 31))
 SERIES = [

@@ -6,13 +6,13 @@ from pathlib import Path, PureWindowsPath
 
 import pytest
 import yaml
-
 from conftest import REPO_ROOT
-from launcher import validate
+
 from launcher.cli import main
-from launcher.presets import PRESETS_DIR, load_preset, render
-from launcher.runs import RunFolder
-from launcher.workdir import venv_python
+from launcher.envs.workdir import venv_python
+from launcher.runs import validate
+from launcher.runs.folders import RunFolder
+from launcher.runs.presets import PRESETS_DIR, load_preset, render
 
 REAL_PRESETS = sorted(p.name for p in PRESETS_DIR.glob("*.yaml") if p.name != "tiny.yaml")
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.checkout import read_state
-from launcher.runs import RunFolder
-from launcher.workdir import venv_python
+from launcher.envs.workdir import venv_python
+from launcher.patching.checkout import read_state
+from launcher.runs.folders import RunFolder
 
 REPO = Path(__file__).resolve().parent.parent
 NAME = "tiny_flux2"

@@ -2,9 +2,9 @@
 
 import git
 import pytest
-
 from conftest import git_run, write_files
-from launcher.workdir import Workdir
+
+from launcher.envs.workdir import Workdir
 
 TWO_PATCHES = [
     ("model: first change", {"toolkit/model.py": "".join(f"line {i}\n" for i in range(1, 31)).replace("line 5\n", "line five\n")}),

@@ -3,9 +3,9 @@
 import json
 from pathlib import Path
 
-from launcher.gpu_sources import GpuSample
-from launcher.runs import RunFolder
-from launcher.telemetry import TelemetryRecorder, last_rows
+from launcher.runs.folders import RunFolder
+from launcher.runs.telemetry import TelemetryRecorder, last_rows
+from launcher.watchdog.gpu_sources import GpuSample
 
 
 class SilentSource:

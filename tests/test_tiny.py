@@ -2,7 +2,7 @@
 
 import json
 
-from launcher import tiny
+from launcher.in_trainer import tiny_assets as tiny
 
 
 def test_shapes_fit_the_flux2_code_and_uint4():
@@ -27,3 +27,18 @@ def test_manifest_must_match_seed_and_format(tmp_path):
     assert tiny.read_manifest(tmp_path, 1) is None
     manifest.write_text(json.dumps({"format": tiny.ASSETS_FORMAT - 1, "seed": 0}), encoding="utf-8")
     assert tiny.read_manifest(tmp_path, 0) is None
+
+
+def test_manifest_paths_follow_the_folder_when_it_moves(tmp_path):
+    from launcher.runs import tiny as runs_tiny
+
+    relative = {"format": tiny.ASSETS_FORMAT, "seed": 0, "name_or_path": ".", "dataset": tiny.DATASET_DIR,
+                "model_kwargs": {"text_encoder_path": tiny.TEXT_ENCODER_DIR}}
+    first = tmp_path / "first"
+    first.mkdir()
+    (first / tiny.MANIFEST_NAME).write_text(json.dumps(relative), encoding="utf-8")
+    moved = first.rename(tmp_path / "moved")
+    manifest = runs_tiny.read_manifest(moved, 0)
+    assert manifest["name_or_path"] == str(moved.resolve())
+    assert manifest["dataset"] == str(moved.resolve() / tiny.DATASET_DIR)
+    assert manifest["model_kwargs"]["text_encoder_path"] == str(moved.resolve() / tiny.TEXT_ENCODER_DIR)

@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import WORKDIR_FIXTURES
-from launcher.lock import load_targets
+
+from launcher.patching.lock import load_targets
 
 REPO = Path(__file__).resolve().parent.parent
 PRESET = REPO / "presets" / "tiny.yaml"

@@ -9,8 +9,9 @@ import subprocess
 import sys
 
 from conftest import REPO_ROOT
-from launcher.torchenv import clean_env
-from launcher.workdir import venv_python
+
+from launcher.envs.torchenv import clean_env
+from launcher.envs.workdir import venv_python
 
 SUITE = REPO_ROOT / "tests" / "trainer_patches"
 

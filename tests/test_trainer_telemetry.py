@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.torchenv import clean_env
-from launcher.workdir import venv_python
+from launcher.envs.torchenv import clean_env
+from launcher.envs.workdir import venv_python
 
 REPO = Path(__file__).resolve().parent.parent
 NAME = "telemetry_tiny"

@@ -1,7 +1,7 @@
 """The stall detector and burst policy on replayed and simulated traces, with a fake clock.
 
 Pure logic: no torch, no sleeping. The simulated runs drive the real watchdog loop (log lines
-through the StepTracker, GPU samples, burst results) against launcher.stall_trace's card.
+through the StepTracker, GPU samples, burst results) against launcher.watchdog.replay's card.
 """
 
 import sys
@@ -9,13 +9,33 @@ from pathlib import Path
 
 import pytest
 
+from launcher.envs import trainer_python
+from launcher.envs.workdir import venv_python
 from launcher.errors import LauncherError
-from launcher.gpu_sources import GpuSample
-from launcher.stall_trace import Episode, Scenario, default_scenario, replay, simulate, trace_items
-from launcher.trainer_log import LogFollower, Progress, Saved, StepTracker, parse_elapsed
-from launcher.watchdog import XTX_SATURATED, BurstResult, Policy, load_config, stall_signature
-from launcher.watchdog_loop import SubprocessBurster, parse_burst_output
-from launcher.workdir import venv_python
+from launcher.runs.trainer_log import (
+    LogFollower,
+    Progress,
+    Saved,
+    StepTracker,
+    parse_elapsed,
+)
+from launcher.watchdog.gpu_sources import GpuSample
+from launcher.watchdog.loop import SubprocessBurster, parse_burst_output
+from launcher.watchdog.policy import (
+    XTX_SATURATED,
+    BurstResult,
+    Policy,
+    load_config,
+    stall_signature,
+)
+from launcher.watchdog.replay import (
+    Episode,
+    Scenario,
+    default_scenario,
+    replay,
+    simulate,
+    trace_items,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "watchdog"
 CONFIG = load_config({"enabled": True})
@@ -62,7 +82,7 @@ def test_defaults_are_the_recipe_numbers():
 
 
 def test_config_errors_say_how_to_fix_them():
-    with pytest.raises(LauncherError, match="did you mean 'cooldown_s'"):
+    with pytest.raises(LauncherError, match="did you mean `cooldown_s`"):
         load_config({"cooldown": 30})
     with pytest.raises(LauncherError, match="baseline needs power_w"):
         load_config({"baseline": {"clock_mhz": 2500, "mem_load": 30}})
@@ -278,14 +298,16 @@ def test_burst_output_parsing():
     assert not failed.ok and failed.error == "no GPU"
 
 
-def test_subprocess_burster_runs_a_fresh_process_each_time(tmp_path):
+def test_subprocess_burster_runs_a_fresh_process_each_time(tmp_path, monkeypatch):
     fake_root = tmp_path / "root"
-    (fake_root / "launcher").mkdir(parents=True)
+    (fake_root / "launcher" / "in_trainer").mkdir(parents=True)
     (fake_root / "launcher" / "__init__.py").write_text("", encoding="utf-8")
-    (fake_root / "launcher" / "burst.py").write_text(
+    (fake_root / "launcher" / "in_trainer" / "__init__.py").write_text("", encoding="utf-8")
+    (fake_root / "launcher" / "in_trainer" / "burst.py").write_text(
         "import json, os, sys\nprint(json.dumps({'ok': True, 'tflops': 5.0 + len(sys.argv), "
         "'seconds': float(sys.argv[sys.argv.index('--seconds') + 1]), 'pid': os.getpid()}))\n", encoding="utf-8")
-    burster = SubprocessBurster(Path(sys.executable), load_config({"burst_s": 0.5}), launcher_root=fake_root)
+    monkeypatch.setattr(trainer_python, "LAUNCHER_ROOT", fake_root)
+    burster = SubprocessBurster(Path(sys.executable), load_config({"burst_s": 0.5}))
     results = []
     for now in (0.0, 1.0):
         burster.start(now)
@@ -306,4 +328,4 @@ def test_venv_python_is_the_interpreter_bursts_use(tmp_path):
     config = load_config(None)
     command = SubprocessBurster(venv_python(tmp_path / "venv", windows=True), config).command()
     assert command[0].endswith(str(Path("venv") / "Scripts" / "python.exe"))
-    assert command[1:3] == ["-m", "launcher.burst"] and "18432" in command
+    assert command[1:3] == ["-m", "launcher.in_trainer.burst"] and "18432" in command

@@ -6,9 +6,9 @@ import platform
 from pathlib import Path
 
 from launcher import __version__
-from launcher.hostinfo import free_disk_gib, memory_gib
-from launcher.probe import probe_with
-from launcher.workdir import DEFAULT_WORKDIR, Workdir, venv_python
+from launcher.envs.hostinfo import free_disk_gib, memory_gib
+from launcher.envs.probe import probe_with
+from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, venv_python
 
 ALLOCATOR_VARIABLES = ("PYTORCH_HIP_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 # HIP runtimes on which Tensor.to() hangs in hsaKmtMemoryVaMap with expandable segments

@@ -6,9 +6,9 @@ series); these commands only create the file, so they work from any terminal.
 
 from pathlib import Path
 
+from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir
 from launcher.progress import say
-from launcher.runs import find_run
-from launcher.workdir import DEFAULT_WORKDIR, Workdir
+from launcher.runs.folders import find_run
 
 FLAGS = {
     "save": ("SAVE_NOW", "save a checkpoint at the next step and keep training"),

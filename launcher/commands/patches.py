@@ -5,9 +5,9 @@ from pathlib import Path
 
 import git
 
-from launcher import gitops, series
 from launcher.errors import LauncherError
-from launcher.lock import Target, find_target
+from launcher.patching import gitops, series
+from launcher.patching.lock import Target, find_target
 from launcher.progress import say, step
 
 

@@ -2,11 +2,11 @@
 
 from pathlib import Path
 
+from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, venv_python
 from launcher.errors import LauncherError
-from launcher.plotting import plot_with
 from launcher.progress import say
-from launcher.runs import find_run
-from launcher.workdir import DEFAULT_WORKDIR, Workdir, venv_python
+from launcher.runs.folders import find_run
+from launcher.runs.plotting import plot_with
 
 
 def register(subparsers) -> None:

@@ -3,13 +3,13 @@
 import dataclasses
 from pathlib import Path
 
-from launcher import gitops, series
 from launcher.commands.patches import check
+from launcher.envs.workdir import DEFAULT_WORKDIR
 from launcher.errors import LauncherError
-from launcher.lock import find_target
+from launcher.patching import gitops, series
+from launcher.patching.lock import find_target
+from launcher.patching.rebase import Rebase, write_lock_commit
 from launcher.progress import say
-from launcher.rebase import Rebase, write_lock_commit
-from launcher.workdir import DEFAULT_WORKDIR
 
 
 def register(subparsers) -> None:

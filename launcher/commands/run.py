@@ -16,18 +16,19 @@ from pathlib import Path
 
 import yaml
 
-from launcher import __version__, tiny, validate
-from launcher.checkout import read_state
+from launcher import __version__
+from launcher.envs.probe import probe_with
+from launcher.envs.torchenv import clean_env
+from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, venv_python
 from launcher.errors import LauncherError
-from launcher.presets import Preset, load_preset, render, write_config
-from launcher.probe import probe_with
+from launcher.patching.checkout import read_state
 from launcher.progress import say
-from launcher.runs import RunFolder
-from launcher.telemetry import TelemetryRecorder
-from launcher.torchenv import clean_env
-from launcher.watchdog import load_config
-from launcher.watchdog_loop import watch_run
-from launcher.workdir import DEFAULT_WORKDIR, Workdir, venv_python
+from launcher.runs import tiny, validate
+from launcher.runs.folders import RunFolder
+from launcher.runs.presets import Preset, load_preset, render, write_config
+from launcher.runs.telemetry import TelemetryRecorder
+from launcher.watchdog.loop import watch_run
+from launcher.watchdog.policy import load_config
 
 EXPANDABLE = "expandable_segments:True"
 LOCATIONS = {

@@ -2,13 +2,13 @@
 
 from pathlib import Path
 
-from launcher import checkout, gitops, series
+from launcher.envs.install import install
+from launcher.envs.torchenv import CHANNEL_CHOICES, default_python, resolve_channel
+from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir
 from launcher.errors import LauncherError
-from launcher.install import install
-from launcher.lock import find_target
+from launcher.patching import checkout, gitops, series
+from launcher.patching.lock import find_target
 from launcher.progress import say
-from launcher.torchenv import CHANNEL_CHOICES, default_python, resolve_channel
-from launcher.workdir import DEFAULT_WORKDIR, Workdir
 
 
 def register(subparsers) -> None:

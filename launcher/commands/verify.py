@@ -2,10 +2,10 @@
 
 from pathlib import Path
 
-from launcher import checkout, gitops, series
-from launcher.lock import find_target
+from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir
+from launcher.patching import checkout, gitops, series
+from launcher.patching.lock import find_target
 from launcher.progress import say
-from launcher.workdir import DEFAULT_WORKDIR, Workdir
 
 
 def register(subparsers) -> None:

@@ -10,18 +10,24 @@
 interpreter and says whether this card would call it a dud.
 """
 
-import os
-import subprocess
 from collections import Counter
 from pathlib import Path
 
+from launcher.envs.trainer_python import run_module
+from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, venv_python
 from launcher.errors import LauncherError
-from launcher.plotting import plot_with
 from launcher.progress import say
-from launcher.stall_trace import default_scenario, read_jsonl, replay, simulate, trace_items, write_jsonl
-from launcher.watchdog import WatchdogConfig, load_config
-from launcher.watchdog_loop import LAUNCHER_ROOT, SubprocessBurster, parse_burst_output
-from launcher.workdir import DEFAULT_WORKDIR, Workdir, venv_python
+from launcher.runs.plotting import plot_with
+from launcher.watchdog.loop import SubprocessBurster, parse_burst_output
+from launcher.watchdog.policy import WatchdogConfig, load_config
+from launcher.watchdog.replay import (
+    default_scenario,
+    read_jsonl,
+    replay,
+    simulate,
+    trace_items,
+    write_jsonl,
+)
 
 
 def register(subparsers) -> None:
@@ -55,7 +61,7 @@ def register(subparsers) -> None:
 def config_from(preset: str | None) -> WatchdogConfig:
     if preset is None:
         return load_config({"enabled": True})
-    from launcher.presets import load_preset
+    from launcher.runs.presets import load_preset
 
     return load_config(load_preset(preset).settings.get("watchdog"))
 
@@ -103,10 +109,9 @@ def handle_burst(args) -> int:
     python = venv_python(Workdir(args.workdir).venv)
     if not python.is_file():
         raise LauncherError(f"no trainer venv at {python}: run `python -m launcher setup` first")
-    command = SubprocessBurster(python, config).command()
-    say(f"burst: {' '.join(command)}")
-    done = subprocess.run(command, cwd=LAUNCHER_ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(LAUNCHER_ROOT)})
+    burster = SubprocessBurster(python, config)
+    say(f"burst: {' '.join(burster.command())}")
+    done = run_module(python, "burst", *burster.arguments(), capture=True)
     result = parse_burst_output(done.stdout, done.returncode, done.stderr, 0.0)
     print(done.stdout.strip(), flush=True)
     if not result.ok:

@@ -11,9 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
 from conftest import loader_model
+from safetensors.torch import load_file, save_file
 
 TINY = dict(
     in_channels=64,

@@ -1,6 +1,6 @@
 """The trainer on qtype int4_fused (issue 8 item 4): Int4Linear for the FLUX.2 block Linears.
 
-On the tiny FLUX.2 (launcher/tiny.py shapes): both loaders (streamed block by block, and
+On the tiny FLUX.2 (launcher/in_trainer/tiny_assets.py shapes): both loaders (streamed block by block, and
 the fork's whole-model path) put an Int4Linear in place of every block Linear, with the
 very weights torchao uint4 gives; the quantized cache stores and reloads those modules and
 still refuses what it cannot validate; LoRA attaches to them under the keys it uses with
@@ -21,11 +21,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
+from conftest import launcher_python, loader_model
 from safetensors.torch import load_file, save_file
 
-from conftest import launcher_python, loader_model
-from launcher.tiny import FLUX2_PARAMS
-from launcher.torchenv import clean_env
+from launcher.envs.torchenv import clean_env
+from launcher.in_trainer.tiny_assets import FLUX2_PARAMS
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCKS = ("double_blocks", "single_blocks")

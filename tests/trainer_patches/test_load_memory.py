@@ -19,10 +19,12 @@ DEVICE = torch.device("cpu", 0)
 
 @pytest.fixture(scope="module")
 def tiny_assets(trainer_on_path, tmp_path_factory):
-    from launcher import tiny
+    from launcher.in_trainer import tiny_assets
+    from launcher.runs import tiny
 
     out = tmp_path_factory.mktemp("tiny-assets")
-    return tiny.build(trainer_on_path, out, seed=0)
+    tiny_assets.build(trainer_on_path, out, seed=0)
+    return tiny.read_manifest(out, seed=0)
 
 
 @pytest.fixture(scope="module")

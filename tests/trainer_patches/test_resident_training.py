@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher import tiny
-from launcher.presets import load_preset, render, write_config
-from launcher.torchenv import clean_env
-from launcher.workdir import Workdir, venv_python
+from launcher.envs.torchenv import clean_env
+from launcher.envs.workdir import Workdir, venv_python
+from launcher.runs import tiny
+from launcher.runs.presets import load_preset, render, write_config
 
 RECORDER = Path(__file__).with_name("record_model_moves.py")
 

@@ -3,7 +3,7 @@
 import torch
 import transformers
 
-from launcher import tiny
+from launcher.in_trainer import tiny_assets as tiny
 
 
 def test_dataset_is_captioned_and_deterministic(tmp_path):

@@ -1,4 +1,4 @@
-"""What torch sees, read inside a process of the trainer's venv: `python -m launcher.probe`.
+"""What torch sees, read inside a process of the trainer's venv: `python -m launcher.in_trainer.probe`.
 
 Run in-process because a second process cannot be trusted for VRAM on ROCm/Windows
 (wall 10: it reports ~0 GB in use while the trainer holds 20 GB). Prints one JSON object.
@@ -6,10 +6,6 @@ Run in-process because a second process cannot be trusted for VRAM on ROCm/Windo
 
 import json
 import platform
-import subprocess
-from pathlib import Path
-
-from launcher.torchenv import clean_env
 
 
 def probe() -> dict:
@@ -35,20 +31,6 @@ def probe() -> dict:
             "vram_free_gib": round(free / 2**30, 2),
         })
     return info
-
-
-def probe_with(python: Path, timeout: float = 300) -> dict:
-    """Run this probe in another interpreter (the trainer venv's); {"error": ...} when it fails."""
-    try:
-        result = subprocess.run(
-            [str(python), "-m", "launcher.probe"], cwd=Path(__file__).resolve().parents[1],
-            capture_output=True, text=True, env=clean_env(), timeout=timeout,
-        )
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return {"error": f"the probe could not run: {error}"}
-    if result.returncode != 0:
-        return {"error": f"the probe failed: {result.stderr.strip()[-500:]}"}
-    return json.loads(result.stdout)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ degraded. So each burst is its own process and measures its own TFLOP/s; the wat
 result below its threshold a dud and starts another at once.
 
 Run it with the trainer's interpreter (it needs torch), from the folder above the package:
-    python -m launcher.burst --seconds 25 --device cuda
+    python -m launcher.in_trainer.burst --seconds 25 --device cuda
 It prints exactly one JSON line on stdout: {"ok": true, "tflops": ..., "iterations": ..., ...};
 on failure {"ok": false, "error": "..."} and exit code 1. Memory: m*k + k*n + m*n elements
 (~0.6 GB in bf16 at the default sizes).
@@ -25,7 +25,7 @@ import time
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m launcher.burst", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m launcher.in_trainer.burst", description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=25.0, help="measured run time (default %(default)s)")
     parser.add_argument("--device", default="cuda", help="torch device, e.g. cuda, cuda:1, cpu (default %(default)s)")
     parser.add_argument("--m", type=int, default=6144)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import git
 
-from launcher import gitops, series
 from launcher.errors import LauncherError
-from launcher.lock import Target
+from launcher.patching import gitops, series
+from launcher.patching.lock import Target
 from launcher.progress import say
 
 HUNK = re.compile(r"^@@ .* @@.*$", re.M)

@@ -8,7 +8,7 @@ of up to ~118 s/it that only board power tells apart: the core clock goes UP (~3
 Everything here is pure: `Policy.feed(item)` takes one input (a GpuSample, a trainer Progress
 or Saved, a BurstResult), `Policy.tick(now)` runs the timers, and both return the decisions as
 JSONL-ready events. No clock is read and nothing sleeps, so tests replay traces with a fake
-clock. launcher.watchdog_loop turns the "burst" events into processes.
+clock. launcher.watchdog.loop turns the "burst" events into processes.
 
 Event kinds: baseline (saturated reference learnt), stall / clear (signature starts / ends),
 hold (a stall waits for the cooldown), burst (start a burst process: trigger stall,
@@ -18,14 +18,14 @@ skip (a prophylactic burst made redundant), disabled.
 
 from __future__ import annotations
 
-import difflib
 import statistics
 from collections import deque
 from dataclasses import dataclass, field, fields
 
 from launcher.errors import LauncherError
-from launcher.gpu_sources import GpuSample
-from launcher.trainer_log import Progress, Saved
+from launcher.runs.trainer_log import Progress, Saved
+from launcher.suggest import did_you_mean
+from launcher.watchdog.gpu_sources import GpuSample
 
 XTX_SATURATED = {"clock_mhz": 2500.0, "power_w": 385.0, "mem_load": 35.0}
 """The 7900 XTX training at full speed (RECIPE.md: ~2500 MHz, ~385 W, 23-52 % memory load)."""
@@ -107,9 +107,8 @@ def load_config(block: dict | None) -> WatchdogConfig:
     known = {item.name for item in fields(WatchdogConfig)}
     for key in block:
         if key not in known:
-            close = difflib.get_close_matches(key, sorted(known), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(sorted(known))}"
-            raise LauncherError(f"unknown key {key!r} in launcher: watchdog:{hint}")
+            hint = did_you_mean(key, known) or f"; known keys: {', '.join(sorted(known))}"
+            raise LauncherError(f"unknown key `{key}` in launcher: watchdog:{hint}")
     baseline = block.get("baseline", XTX_SATURATED)
     if baseline is not None:
         missing = {"clock_mhz", "power_w", "mem_load"} - set(baseline)

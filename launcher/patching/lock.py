@@ -1,14 +1,14 @@
 """upstream.lock: which repositories are cloned, at which commit, with which series."""
 
-import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from launcher.errors import LauncherError
+from launcher.suggest import did_you_mean
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_LOCK = REPO_ROOT / "upstream.lock"
 REQUIRED_KEYS = ("name", "url", "commit", "series")
 
@@ -66,6 +66,4 @@ def find_target(name: str | None, lock_file: Path = DEFAULT_LOCK) -> Target:
         if target.name == name:
             return target
     known = [t.name for t in targets]
-    close = difflib.get_close_matches(name, known, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise LauncherError(f"unknown target {name!r} in {lock_file}; known: {', '.join(known)}.{hint}")
+    raise LauncherError(f"unknown target {name!r} in {lock_file}; known: {', '.join(known)}{did_you_mean(name, known)}")

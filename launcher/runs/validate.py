@@ -5,15 +5,15 @@ config class in toolkit/config_modules.py and the `get_conf('key'` of the train 
 so the list follows whatever commit the lock pins.
 """
 
-import difflib
 import json
 import os
 import re
 import struct
 from pathlib import Path
 
+from launcher.envs.hostinfo import free_disk_gib
 from launcher.errors import LauncherError
-from launcher.hostinfo import free_disk_gib
+from launcher.suggest import did_you_mean
 
 TRANSFORMER_FILE = "flux2-dev.safetensors"
 VAE_FILE = "ae.safetensors"
@@ -84,9 +84,7 @@ def _check(block: dict, known: set[str], where: str) -> list[str]:
     messages = []
     for key in block:
         if key not in known:
-            close = difflib.get_close_matches(key, sorted(known), n=1)
-            hint = f"; did you mean `{close[0]}`?" if close else ""
-            messages.append(f"{where}: unknown key `{key}`{hint}")
+            messages.append(f"{where}: unknown key `{key}`{did_you_mean(key, known)}")
     return messages
 
 

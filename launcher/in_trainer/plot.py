@@ -1,8 +1,8 @@
 """Loss, s/it and board power over steps, with every watchdog decision marked on the s/it curve.
 
 matplotlib lives in the trainer's venv, not the launcher's, so this runs there:
-    <venv python> -m launcher.plotting TELEMETRY.jsonl OUT.png [--events watchdog.jsonl]
-(`plot_with(python, ...)` does that from the launcher). matplotlib is imported on use only.
+    <venv python> -m launcher.in_trainer.plot TELEMETRY.jsonl OUT.png [--events watchdog.jsonl]
+(`launcher.runs.plotting.plot_with(python, ...)` does that from the launcher). matplotlib is imported on use only.
 
 Telemetry rows need `step` and any of `loss`, `s_it`, `power_w` (the run telemetry rows, or a
 watchdog trace whose `progress` / `gpu` rows carry them).
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -112,17 +111,8 @@ def plot_run(telemetry_jsonl: Path, events_jsonl: Path | None, out_png: Path) ->
     return out_png
 
 
-def plot_with(python: Path, telemetry_jsonl: Path, events_jsonl: Path | None, out_png: Path) -> int:
-    """Run plot_run in another interpreter (the trainer venv, which has matplotlib)."""
-    command = [str(python), "-m", "launcher.plotting", str(Path(telemetry_jsonl).resolve()),
-               str(Path(out_png).resolve())]
-    if events_jsonl is not None:
-        command += ["--events", str(Path(events_jsonl).resolve())]
-    return subprocess.run(command, cwd=Path(__file__).resolve().parent.parent).returncode
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launcher.plotting", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m launcher.in_trainer.plot", description=__doc__.splitlines()[0])
     parser.add_argument("telemetry", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--events", type=Path, help="watchdog.jsonl whose decisions are marked")

@@ -5,16 +5,16 @@ import json
 import subprocess
 from pathlib import Path
 
-from launcher.errors import LauncherError
-from launcher.progress import say, step
-from launcher.torchenv import (
+from launcher.envs.torchenv import (
     Channel,
     clean_env,
     constraints_text,
     installed_trio,
     trio_install_args,
 )
-from launcher.workdir import Workdir, venv_python
+from launcher.envs.workdir import Workdir, venv_python
+from launcher.errors import LauncherError
+from launcher.progress import say, step
 
 MARKER = "launcher-install.json"
 

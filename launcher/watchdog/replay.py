@@ -20,11 +20,10 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher.gpu_sources import GpuSample, GpuSource
-from launcher.trainer_log import Progress, Saved
-from launcher.watchdog import BurstResult, Policy, WatchdogConfig
-from launcher.watchdog_loop import Watchdog
-
+from launcher.runs.trainer_log import Progress, Saved
+from launcher.watchdog.gpu_sources import GpuSample, GpuSource
+from launcher.watchdog.loop import Watchdog
+from launcher.watchdog.policy import BurstResult, Policy, WatchdogConfig
 
 # --- traces ------------------------------------------------------------------------------------
 

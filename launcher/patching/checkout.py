@@ -11,11 +11,11 @@ from pathlib import Path
 import git
 from git.remote import RemoteProgress
 
-from launcher import gitops
 from launcher.errors import LauncherError
-from launcher.lock import Target
+from launcher.patching import gitops
+from launcher.patching.lock import Target
+from launcher.patching.series import Patch, read_message
 from launcher.progress import say, step
-from launcher.series import Patch, read_message
 
 BRANCH = "patched"
 

@@ -15,15 +15,15 @@ embedded tiny FLUX.2.
 """
 
 import copy
-import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from launcher.errors import LauncherError
+from launcher.suggest import did_you_mean
 
-PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
+PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 LAUNCHER_KEY = "launcher"
 LAUNCHER_DEFAULTS = {
     "tiny": False,
@@ -97,9 +97,7 @@ def load_preset(spec: str) -> Preset:
     settings = data.pop(LAUNCHER_KEY, None) or {}
     unknown = [key for key in settings if key not in LAUNCHER_DEFAULTS]
     for key in unknown:
-        close = difflib.get_close_matches(key, list(LAUNCHER_DEFAULTS), n=1)
-        hint = f"; did you mean `{close[0]}`?" if close else ""
-        raise LauncherError(f"{path}: unknown key `launcher.{key}`{hint}")
+        raise LauncherError(f"{path}: unknown key `launcher.{key}`{did_you_mean(key, LAUNCHER_DEFAULTS)}")
     settings = {**LAUNCHER_DEFAULTS, **settings}
     if settings["allocator"] not in ALLOCATORS:
         raise LauncherError(f"{path}: `launcher.allocator` must be one of {', '.join(ALLOCATORS)}")

@@ -10,9 +10,9 @@ import threading
 import time
 from pathlib import Path
 
-from launcher.gpu_sources import detect_source
 from launcher.progress import warn
-from launcher.runs import RunFolder
+from launcher.runs.folders import RunFolder
+from launcher.watchdog.gpu_sources import detect_source
 
 
 def last_rows(path: Path) -> list[dict]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import git
 
 from launcher.errors import LauncherError
-from launcher.gitops import GIT_ENV
+from launcher.patching.gitops import GIT_ENV
 
 HASH_FILE = "series.sha256"
 

@@ -6,9 +6,10 @@ checkpoints, a Mistral3 text encoder folder with its own processor and tokenizer
 image dataset), so the whole patched trainer can be exercised offline on a CPU.
 
 It runs under the TRAINER's interpreter, because the transformer and VAE are the fork's own
-Flux2 and AutoEncoder classes: `python -m launcher.tiny --trainer DIR --out DIR --seed 0`.
-Heavy imports stay inside the builders so that the launcher, in a bare interpreter, can import
-this module to read the manifest.
+Flux2 and AutoEncoder classes: `python -m launcher.in_trainer.tiny_assets --trainer DIR --out DIR
+--seed 0`. Heavy imports stay inside the builders so that the launcher, in a bare interpreter,
+can import the constants. The manifest names files relative to its own folder, so a workdir
+still works after it is moved or copied.
 
 Shapes follow the constraints of the FLUX.2 code and of 4-bit quantization:
 - the pipeline stacks Mistral hidden states 10, 20 and 30, so the encoder has 30 layers and the
@@ -23,15 +24,10 @@ Shapes follow the constraints of the FLUX.2 code and of 4-bit quantization:
 import argparse
 import json
 import random
-import subprocess
 import sys
 from pathlib import Path
 
-from launcher.errors import LauncherError
-from launcher.progress import step
-from launcher.torchenv import clean_env
-
-ASSETS_FORMAT = 1
+ASSETS_FORMAT = 2
 """Bump when the assets change shape, so existing workdirs rebuild them."""
 
 DEFAULT_SEED = 0
@@ -98,28 +94,12 @@ def read_manifest(out: Path, seed: int) -> dict | None:
     path = out / MANIFEST_NAME
     if not path.is_file():
         return None
-    manifest = json.loads(path.read_text(encoding="utf-8"))
-    if manifest.get("format") != ASSETS_FORMAT or manifest.get("seed") != seed:
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
-    return manifest
-
-
-def ensure_assets(out: Path, trainer: Path, python: Path, seed: int = DEFAULT_SEED) -> dict:
-    """Build the tiny FLUX.2 into `out` once per seed, with the trainer's interpreter; its manifest.
-
-    It runs as `-m launcher.tiny` from the folder above the launcher package, so the venv
-    imports this launcher without installing it.
-    """
-    manifest = read_manifest(out, seed)
-    if manifest is not None:
-        return manifest
-    command = [str(python), "-m", "launcher.tiny", "--trainer", str(trainer.resolve()),
-               "--out", str(out.resolve()), "--seed", str(seed)]
-    with step("building the tiny FLUX.2"):
-        result = subprocess.run(command, cwd=Path(__file__).resolve().parent.parent, env=clean_env())
-    manifest = read_manifest(out, seed)
-    if result.returncode != 0 or manifest is None:
-        raise LauncherError(f"building the tiny FLUX.2 in {out} failed (exit {result.returncode}); see above")
+    if not isinstance(manifest, dict) or manifest.get("format") != ASSETS_FORMAT or manifest.get("seed") != seed:
+        return None
     return manifest
 
 
@@ -231,7 +211,10 @@ def build_checkpoints(trainer: Path, out: Path, seed: int) -> None:
     from safetensors.torch import save_file
 
     sys.path.insert(0, str(trainer))
-    from extensions_built_in.diffusion_models.flux2.src.autoencoder import AutoEncoder, AutoEncoderParams
+    from extensions_built_in.diffusion_models.flux2.src.autoencoder import (
+        AutoEncoder,
+        AutoEncoderParams,
+    )
     from extensions_built_in.diffusion_models.flux2.src.model import Flux2, Flux2Params
 
     for path, module_class, params in (
@@ -259,13 +242,13 @@ def build(trainer: Path, out: Path, seed: int) -> dict:
     manifest = {
         "format": ASSETS_FORMAT,
         "seed": seed,
-        "name_or_path": str(out.resolve()),
-        "dataset": str((out / DATASET_DIR).resolve()),
+        "name_or_path": ".",
+        "dataset": DATASET_DIR,
         "resolution": IMAGE_SIZE,
         "model_kwargs": {
             "flux2_params": FLUX2_PARAMS,
             "ae_params": AE_PARAMS,
-            "text_encoder_path": str((out / TEXT_ENCODER_DIR).resolve()),
+            "text_encoder_path": TEXT_ENCODER_DIR,
         },
     }
     (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
@@ -273,7 +256,7 @@ def build(trainer: Path, out: Path, seed: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launcher.tiny", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m launcher.in_trainer.tiny_assets", description=__doc__.splitlines()[0])
     parser.add_argument("--trainer", type=Path, required=True, help="the trainer checkout (for Flux2/AutoEncoder)")
     parser.add_argument("--out", type=Path, required=True, help="folder for the assets")
     parser.add_argument("--seed", type=int, default=0)

@@ -11,7 +11,6 @@ thresholds would have decided.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import tempfile
 import threading
@@ -20,13 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from launcher.gpu_sources import GpuSample, GpuSource, detect_source
+from launcher.envs.trainer_python import module_command, start_module
 from launcher.progress import say, warn
-from launcher.trainer_log import LogFollower, Progress, Saved, StepTracker
-from launcher.watchdog import BurstResult, Policy, WatchdogConfig
+from launcher.runs.trainer_log import LogFollower, Progress, Saved, StepTracker
+from launcher.watchdog.gpu_sources import GpuSample, GpuSource, detect_source
+from launcher.watchdog.policy import BurstResult, Policy, WatchdogConfig
 
-LAUNCHER_ROOT = Path(__file__).resolve().parent.parent
-"""The folder above the package: the burst process imports `launcher.burst` from here."""
 EVENTS_FILE = "watchdog.jsonl"
 TRACE_FILE = "watchdog-trace.jsonl"
 LOUD_KINDS = {"stall", "burst", "dud", "not_restored", "disabled"}
@@ -59,33 +57,32 @@ def item_row(item) -> dict:
 
 
 class SubprocessBurster:
-    """Runs each burst as a fresh `python -m launcher.burst` with the trainer's interpreter."""
+    """Runs each burst as a fresh `python -m launcher.in_trainer.burst` with the trainer's interpreter."""
 
-    def __init__(self, python: Path, config: WatchdogConfig, env: dict[str, str] | None = None,
-                 launcher_root: Path = LAUNCHER_ROOT) -> None:
+    def __init__(self, python: Path, config: WatchdogConfig, env: dict[str, str] | None = None) -> None:
         self.python = Path(python)
         self.config = config
-        self.env = dict(os.environ if env is None else env)
-        self.launcher_root = launcher_root
+        self.env = env
         self._child: subprocess.Popen | None = None
         self._stderr = None
         self._started = 0.0
         self._failed: BurstResult | None = None
 
-    def command(self) -> list[str]:
+    def arguments(self) -> list[str]:
         c = self.config
-        return [str(self.python), "-m", "launcher.burst", "--seconds", str(c.burst_s), "--device", c.burst_device,
+        return ["--seconds", str(c.burst_s), "--device", c.burst_device,
                 "--m", str(c.burst_m), "--k", str(c.burst_k), "--n", str(c.burst_n), "--dtype", c.burst_dtype]
+
+    def command(self) -> list[str]:
+        return module_command(self.python, "burst", *self.arguments())
 
     def start(self, now: float) -> None:
         self.stop()
-        env = {**self.env, "PYTHONPATH": os.pathsep.join(
-            [str(self.launcher_root), *filter(None, [self.env.get("PYTHONPATH")])])}
         self._stderr = tempfile.TemporaryFile()
         self._started = now
         try:
-            self._child = subprocess.Popen(self.command(), cwd=self.launcher_root, env=env,
-                                           stdout=subprocess.PIPE, stderr=self._stderr)
+            self._child = start_module(self.python, "burst", *self.arguments(), env=self.env,
+                                       stdout=subprocess.PIPE, stderr=self._stderr)
         except OSError as error:
             self._child = None
             self._failed = BurstResult(t=now, ok=False, error=f"cannot start {self.python}: {error}")

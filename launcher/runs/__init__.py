@@ -1,0 +1,1 @@
+"""Runs: presets and their validation, run folders, telemetry, plots, the embedded tiny FLUX.2."""

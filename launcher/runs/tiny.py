@@ -1,0 +1,41 @@
+"""The embedded tiny FLUX.2, from the launcher's side: build it once per workdir and seed.
+
+The assets themselves are built by `launcher.in_trainer.tiny_assets` under the trainer's
+interpreter (it needs torch and the fork's classes); this module starts that build and reads
+its manifest, resolving the manifest's relative names against the assets folder.
+"""
+
+from pathlib import Path
+
+from launcher.envs.trainer_python import run_module
+from launcher.errors import LauncherError
+from launcher.in_trainer import tiny_assets
+from launcher.progress import step
+
+DEFAULT_SEED = tiny_assets.DEFAULT_SEED
+
+
+def read_manifest(out: Path, seed: int) -> dict | None:
+    """The manifest with absolute paths, or None when the assets are stale or absent."""
+    manifest = tiny_assets.read_manifest(out, seed)
+    if manifest is None:
+        return None
+    root = out.resolve()
+    kwargs = dict(manifest["model_kwargs"])
+    kwargs["text_encoder_path"] = str(root / kwargs["text_encoder_path"])
+    return {**manifest, "name_or_path": str(root / manifest["name_or_path"]),
+            "dataset": str(root / manifest["dataset"]), "model_kwargs": kwargs}
+
+
+def ensure_assets(out: Path, trainer: Path, python: Path, seed: int = DEFAULT_SEED) -> dict:
+    """Build the tiny FLUX.2 into `out` once per seed, with the trainer's interpreter; its manifest."""
+    manifest = read_manifest(out, seed)
+    if manifest is not None:
+        return manifest
+    with step("building the tiny FLUX.2"):
+        result = run_module(python, "tiny_assets", "--trainer", str(trainer.resolve()),
+                            "--out", str(out.resolve()), "--seed", str(seed))
+    manifest = read_manifest(out, seed)
+    if result.returncode != 0 or manifest is None:
+        raise LauncherError(f"building the tiny FLUX.2 in {out} failed (exit {result.returncode}); see above")
+    return manifest
