@@ -2,11 +2,15 @@
 
 import sys
 import time
-from contextlib import contextmanager
-
+from contextlib import contextmanager, nullcontext, redirect_stdout
 
 def say(message: str) -> None:
     print(message, flush=True)
+
+
+def quiet_stdout(active: bool = True):
+    """While active, everything printed goes to stderr, so stdout carries only a command's JSON."""
+    return redirect_stdout(sys.stderr) if active else nullcontext()
 
 
 def warn(message: str) -> None:

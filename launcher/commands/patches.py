@@ -1,28 +1,43 @@
 """`patches check` and `patches export`: the maintainer's view of the series."""
 
+import argparse
+import json
 import tempfile
 from pathlib import Path
 
 import git
 
 from launcher.errors import LauncherError
-from launcher.patching import gitops, series
+from launcher.patching import gitops, overlay, series
 from launcher.patching.lock import Target, find_target
-from launcher.progress import say, step
+from launcher.progress import quiet_stdout, say, step
+
+CHECK_EXAMPLES = """examples:
+  python -m launcher patches check                          # the first target at its locked commit
+  python -m launcher patches check --target upstream-main --ref main --json
+"""
+EXPORT_EXAMPLES = """examples:
+  python -m launcher patches export --repo .aitk/trainer    # after committing a fix in the checkout
+New files of the checkout go to overlay/ (one copy for every target); the commits above the
+overlay commit become the target's patches, with the series' comment lines kept.
+"""
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("patches", help="check or export the patch series")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
 
-    check = verbs.add_parser("check", help="apply the series in a scratch clone and report each patch")
+    check = verbs.add_parser("check", help="apply the series in a scratch clone and report each patch",
+                             epilog=CHECK_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     check.add_argument("--target", help="a target name from upstream.lock (default: the first)")
     check.add_argument("--ref", help="commit, tag or branch to apply onto (default: the locked commit)")
     check.add_argument("--url", help="repository to clone (default: the target's url)")
+    check.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     check.set_defaults(handler=run_check)
 
     export = verbs.add_parser(
-        "export", help="write the commits above the locked commit of a checkout as the series"
+        "export", help="write the commits above the locked commit of a checkout as the series",
+        epilog=EXPORT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     export.add_argument("--repo", type=Path, required=True, help="a checkout holding the series as commits")
     export.add_argument("--target", help="a target name from upstream.lock (default: the first)")
@@ -33,21 +48,28 @@ def register(subparsers) -> None:
 def run_check(args) -> int:
     gitops.require_git()
     target = find_target(args.target, args.lock)
-    return check(target, series.read_series(target.series), args.ref or target.commit, args.url or target.url)
+    return check(target, series.read_series(target.series), args.ref or target.commit, args.url or target.url,
+                 as_json=args.json)
 
 
-def check(target: Target, patches: list[series.Patch], ref: str, url: str) -> int:
+def check(target: Target, patches: list[series.Patch], ref: str, url: str, as_json: bool = False) -> int:
     """Apply `patches` onto `ref` of `url` in a scratch clone, print the table, 1 on any conflict."""
-    with tempfile.TemporaryDirectory(prefix="launcher-check-") as scratch:
+    with quiet_stdout(as_json), tempfile.TemporaryDirectory(prefix="launcher-check-") as scratch:
         with step(f"cloning {url} into a scratch folder"):
             repo = gitops.clone(url, Path(scratch) / "trainer")
         base = gitops.fetch_commit(repo, ref)
         gitops.checkout_sparse(repo, base, "check", target.exclude)
+        overlay.commit(repo, overlay.read_overlay(target.overlay))
         say(f"applying {len(patches)} patches of {target.name} onto {base[:12]}")
         rows = [_check_one(repo, patch) for patch in patches]
         repo.close()
-    _print_table(rows)
     conflicts = [name for name, status, _ in rows if status == "conflict"]
+    if as_json:
+        print(json.dumps({"ok": not conflicts, "target": target.name, "base": base, "patches": [
+            {"name": name, "result": status, "files": files.split(", ") if files else []}
+            for name, status, files in rows]}, indent=2), flush=True)
+        return 1 if conflicts else 0
+    _print_table(rows)
     if conflicts:
         say(f"{len(conflicts)} of {len(rows)} patches conflict: {', '.join(conflicts)}")
         return 1
@@ -85,7 +107,7 @@ def run_export(args) -> int:
         raise LauncherError(
             f"{args.head} in {args.repo} is not built on the locked commit {target.commit[:12]}"
         )
-    written = series.export_series(repo, target.commit, args.head, target.series)
+    written = series.export_series(repo, target.commit, args.head, target.series, target.overlay)
     for patch in written:
         say(f"  wrote {patch.path}")
     say(f"{len(written)} patches in {target.series}; hashes in {series.HASH_FILE}")

@@ -1,7 +1,7 @@
 """The patched trainer checkout: build it from the lock, and judge an existing one.
 
-A checkout is the lock's commit plus one commit per patch, in series order, on the
-branch `patched`. Commits are made with the patch's own identity and date, so the
+A checkout is the lock's commit, the overlay commit (the project's new trainer files),
+then one commit per patch, in series order, on the branch `patched`. Commits are made with the patch's own identity and date, so the
 history reads as the series and is the same on every machine.
 """
 
@@ -12,7 +12,7 @@ import git
 from git.remote import RemoteProgress
 
 from launcher.errors import LauncherError
-from launcher.patching import gitops
+from launcher.patching import gitops, overlay
 from launcher.patching.lock import Target
 from launcher.patching.series import Patch, read_message
 from launcher.progress import say, step
@@ -64,6 +64,9 @@ def build(target: Target, patches: list[Patch], dest: Path) -> git.Repo:
         gitops.checkout_sparse(repo, target.commit, BRANCH, target.exclude)
     if repo.head.commit.hexsha != target.commit:
         raise LauncherError(f"HEAD of {partial} is {repo.head.commit.hexsha}, not {target.commit}")
+    files = overlay.read_overlay(target.overlay)
+    if overlay.commit(repo, files):
+        say(f"  added the overlay: {len(files)} new trainer files")
     apply_series(repo, patches, target)
     repo.close()
     partial.rename(dest)
@@ -98,14 +101,23 @@ def problems(trainer: Path, target: Target, patches: list[Patch]) -> list[str]:
     head = repo.head.commit.hexsha
     if not repo.is_ancestor(target.commit, head):
         return [f"{trainer} is at {head[:12]}, which is not built on the locked commit {target.commit[:12]}"]
-    found = list(problems_in_history(repo, target.commit, patches))
+    found = list(problems_in_history(repo, target.commit, patches, overlay.read_overlay(target.overlay)))
     found += [f"uncommitted change: {line}" for line in gitops.worktree_changes(repo)]
     return found
 
 
-def problems_in_history(repo: git.Repo, base: str, patches: list[Patch]):
-    """Compare each commit above `base` with the tree and message its patch produces."""
+def problems_in_history(repo: git.Repo, base: str, patches: list[Patch], files: dict[str, bytes]):
+    """Compare the overlay commit and each patch's commit above `base` with what they produce."""
     commits = list(repo.iter_commits(f"{base}..HEAD", first_parent=True, reverse=True))
+    if files:
+        expected = overlay.tree(repo, base, files)
+        first = commits.pop(0) if commits and commits[0].summary == overlay.SUBJECT else None
+        if first is None:
+            yield "the overlay commit (the project's trainer modules) is missing"
+            return
+        if first.tree.hexsha != expected:
+            yield f"commit {first.hexsha[:12]} ({first.summary}) differs from the project's overlay/ folder"
+        base = expected
     trees = gitops.expected_trees(repo, base, [p.path for p in patches])
     for index, patch in enumerate(patches):
         if index >= len(commits):
@@ -129,6 +141,7 @@ def write_state(state_file: Path, target: Target, patches: list[Patch], head: st
         "commit": target.commit,
         "head": head,
         "patches": {p.name: p.sha256() for p in patches},
+        "overlay": overlay.digest(overlay.read_overlay(target.overlay)),
     }
     state_file.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
 

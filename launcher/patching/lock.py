@@ -21,6 +21,7 @@ class Target:
     series: Path  # absolute path of the series file
     exclude: list[str] = field(default_factory=list)
     requirements: str = "requirements.txt"
+    overlay: Path | None = None  # absolute path of the folder of new trainer files, if any
 
 
 def load_targets(lock_file: Path = DEFAULT_LOCK) -> list[Target]:
@@ -52,6 +53,7 @@ def load_targets(lock_file: Path = DEFAULT_LOCK) -> list[Target]:
                 series=lock_file.parent / entry["series"],
                 exclude=list(entry.get("exclude") or []),
                 requirements=entry.get("requirements", "requirements.txt"),
+                overlay=lock_file.parent / entry["overlay"] if entry.get("overlay") else None,
             )
         )
     return targets

@@ -15,7 +15,7 @@ from pathlib import Path
 import git
 
 from launcher.errors import LauncherError
-from launcher.patching import gitops, series
+from launcher.patching import gitops, overlay, series
 from launcher.patching.lock import Target
 from launcher.progress import say
 
@@ -76,6 +76,7 @@ class Rebase:
         repo = gitops.clone(url or target.url, self.checkout)
         onto_commit = gitops.fetch_commit(repo, onto)
         gitops.checkout_sparse(repo, onto_commit, "rebase", target.exclude)
+        overlay.commit(repo, overlay.read_overlay(target.overlay))
         saved = self.root / "original-patches"
         saved.mkdir()
         for patch in patches:
@@ -155,13 +156,15 @@ class Rebase:
         gitops.remove_tree(self.root)
         say(f"rebase aborted; removed {self.root}; upstream.lock and patches/ are unchanged")
 
-    def export(self, state: RebaseState, series_file: Path) -> list[series.Patch]:
+    def export(self, state: RebaseState, series_file: Path, overlay_dir: Path | None) -> list[series.Patch]:
         """Write the rebased commits as the series, keeping a record of what was dropped."""
         repo = git.Repo(self.checkout)
-        patches = series.export_series(repo, state.onto, "HEAD", series_file)
+        patches = series.export_series(repo, state.onto, "HEAD", series_file, overlay_dir)
+        kept = series_file.read_text(encoding="utf-8")
         if state.skipped:
             notes = "".join(
-                f"# dropped {name}: {why}\n" for name, why in sorted(state.skipped.items())
+                note for name, why in sorted(state.skipped.items())
+                if (note := f"# dropped {name}: {why}\n") not in kept
             )
             with series_file.open("a", encoding="utf-8", newline="\n") as handle:
                 handle.write(notes)

@@ -14,9 +14,11 @@ from pathlib import Path
 import git
 
 from launcher.errors import LauncherError
+from launcher.patching import overlay
 from launcher.patching.gitops import GIT_ENV
 
 HASH_FILE = "series.sha256"
+SERIES_HEADER = "# Applied in this order by `python -m launcher setup`, after the overlay; see WALLS.md.\n"
 
 # Options that make `git format-patch` output depend only on the commits: no commit
 # hashes, no git version signature, no abbreviations that grow with the repository,
@@ -133,15 +135,25 @@ def read_message(patch: Path) -> PatchMessage:
     return PatchMessage(fields["Author"], fields.get("Email", ""), fields.get("Date", ""), message)
 
 
-def export_series(repo: git.Repo, base: str, head: str, series_file: Path) -> list[Patch]:
+def export_series(repo: git.Repo, base: str, head: str, series_file: Path,
+                  overlay_dir: Path | None = None) -> list[Patch]:
     """Write base..head as patch files, the series file and the hashes; drop stale patches.
 
-    Only the folder's *.patch files, `series` and `series.sha256` are rewritten.
+    With an overlay folder, files that head adds to base go there instead of into patches
+    (one copy for every target), and the overlay commit itself is not exported. Only the
+    folder's *.patch files, `series` and `series.sha256` are rewritten; the series' comment
+    lines are kept.
     """
     folder = series_file.parent
     folder.mkdir(parents=True, exist_ok=True)
+    comments = _comments(series_file)
+    start, _ = overlay.split_history(repo, base, head)
+    excluded = []
+    if overlay_dir is not None:
+        overlay.export(repo, base, head, overlay_dir)
+        excluded = [f":(exclude){name}" for name in overlay.new_files(repo, base, head)]
     with tempfile.TemporaryDirectory() as scratch:
-        repo.git.format_patch(*EXPORT_OPTIONS, "-o", scratch, f"{base}..{head}")
+        repo.git.format_patch(*EXPORT_OPTIONS, "-o", scratch, f"{start}..{head}", "--", ".", *excluded)
         produced = sorted(Path(scratch).glob("*.patch"))
         for old in folder.glob("*.patch"):
             old.unlink()
@@ -149,11 +161,18 @@ def export_series(repo: git.Repo, base: str, head: str, series_file: Path) -> li
             (folder / new.name).write_bytes(new.read_bytes())
     names = [p.name for p in produced]
     series_file.write_text(
-        "# Applied in this order by `python -m launcher setup`; see WALLS.md for what each fixes.\n"
-        + "".join(f"{name}\n" for name in names),
+        SERIES_HEADER + "".join(f"{name}\n" for name in names) + "".join(comments),
         encoding="utf-8",
         newline="\n",
     )
     patches = [Patch(name, folder / name) for name in names]
     write_hashes(series_file, patches)
     return patches
+
+
+def _comments(series_file: Path) -> list[str]:
+    """The series' own comment lines (notes on dropped or unported patches), header aside."""
+    if not series_file.is_file():
+        return []
+    lines = series_file.read_text(encoding="utf-8").splitlines(keepends=True)
+    return [line for line in lines if line.lstrip().startswith("#") and not line.startswith("# Applied in this order")]

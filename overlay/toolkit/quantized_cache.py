@@ -1,0 +1,940 @@
+"""On-disk cache of a quantized transformer that can never execute code when loaded.
+
+Quantizing the FLUX.2 transformer to 4 bit takes minutes at every launch. After the
+first quantization the result is written here once and later launches load it in
+seconds.
+
+File format: a plain safetensors file (8-byte little-endian header length, JSON
+header, raw tensor bytes) written and read by this module with ordinary file reads
+(no mmap, no pickle, no torch.load). It holds the inner tensors of every quantized
+weight (packed data, scales, zero points) and every unquantized parameter/buffer.
+The header's __metadata__ carries:
+
+  aitk_qcache          JSON: format version, cache key, one entry per parameter that
+                       says how to rebuild it (plain tensor, or a torchao tensor
+                       subclass tree: class name from a fixed allow-list, its
+                       JSON-encoded attributes, its inner tensors), one entry per
+                       module the quantizer replaced (a kind from a fixed allow-list,
+                       today only int4_linear, its JSON meta and tensor names), and a
+                       sha256 per stored tensor.
+  aitk_qcache_sha256   sha256 over aitk_qcache and the tensor index, so any change to
+                       the header is detected.
+
+Loading validates everything (header, offsets, sizes, checksums, names, shapes) before
+a single tensor is assigned into the model; a bad file is reported, renamed aside
+and the caller quantizes again. Writes go to a temp file, are fsynced, then moved
+into place with os.replace.
+
+Only torchao qtypes (uint2..uint8, float8: see toolkit/util/quantize.py) and int4_fused
+(Int4Linear block Linears, torchao uint4 elsewhere) are cached.
+optimum-quanto qtypes (qint4, qfloat8, ...) are skipped: their packed layout depends
+on the device they were quantized on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+import os
+import shutil
+import struct
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+FORMAT_NAME = "aitk-quantized-cache"
+# bump when the file layout or the meaning of an entry changes: old caches go stale
+# 2: "modules" entries for replaced modules (Int4Linear)
+FORMAT_VERSION = 2
+META_KEY = "aitk_qcache"
+META_SHA_KEY = "aitk_qcache_sha256"
+CACHE_SUFFIX = ".qcache.safetensors"
+ENV_CACHE_DIR = "AITK_QUANT_CACHE_DIR"
+ENV_FORK_COMMIT = "AITK_FORK_COMMIT"
+
+_MAX_HEADER_BYTES = 256 * 1024 * 1024
+_CHUNK = 64 * 1024 * 1024
+_ALIGN = 8
+
+_DTYPES: Dict[str, torch.dtype] = {
+    "BOOL": torch.bool,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "I16": torch.int16,
+    "I32": torch.int32,
+    "I64": torch.int64,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
+for _name, _attr in (("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64")):
+    if hasattr(torch, _attr):
+        _DTYPES[_name] = getattr(torch, _attr)
+_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+class CacheError(Exception):
+    """The cache file is unusable (corrupt, truncated, or not ours)."""
+
+
+def _say(msg: str) -> None:
+    print(f"[quantized cache] {msg}", flush=True)
+
+
+# ---------------------------------------------------------------------------
+# allow-lists: the only classes a cache file can ask for
+
+
+def _torchao_classes() -> Tuple[Dict[str, type], Dict[str, type]]:
+    """(tensor subclasses, attribute value classes) a cache may name."""
+    from torchao.dtypes.affine_quantized_tensor import AffineQuantizedTensor
+    from torchao.dtypes.uintx.plain_layout import PlainAQTTensorImpl
+    from torchao.dtypes.uintx.uintx_layout import (
+        UintxAQTTensorImpl,
+        UintxLayout,
+        UintxTensor,
+    )
+    from torchao.dtypes.utils import PlainLayout
+    from torchao.quantization.quant_primitives import ZeroPointDomain
+
+    tensors = {
+        "AffineQuantizedTensor": AffineQuantizedTensor,
+        "PlainAQTTensorImpl": PlainAQTTensorImpl,
+        "UintxAQTTensorImpl": UintxAQTTensorImpl,
+        "UintxTensor": UintxTensor,
+    }
+    values = {
+        "PlainLayout": PlainLayout,
+        "UintxLayout": UintxLayout,
+        "ZeroPointDomain": ZeroPointDomain,
+    }
+    try:
+        from torchao.dtypes.floatx.float8_layout import (
+            Float8AQTTensorImpl,
+            Float8Layout,
+        )
+        from torchao.float8.inference import Float8MMConfig
+
+        tensors["Float8AQTTensorImpl"] = Float8AQTTensorImpl
+        values["Float8Layout"] = Float8Layout
+        values["Float8MMConfig"] = Float8MMConfig
+    except ImportError:
+        pass
+    return tensors, values
+
+
+def _module_kinds() -> Dict[str, type]:
+    """Module classes a quantizer puts in place of nn.Linear, by the kind name a cache uses.
+    Each provides to_tensors(prefix) -> (tensors, meta) and from_tensors(tensors, meta, prefix)."""
+    from toolkit.int4_linear import Int4Linear
+
+    return {"int4_linear": Int4Linear}
+
+
+def _encode_value(v: Any, values: Dict[str, type]) -> Any:
+    if v is None or isinstance(v, (bool, int, float, str)):
+        if isinstance(v, float) and not (v == v and abs(v) != float("inf")):
+            return {"t": "float", "v": repr(v)}
+        return v
+    if isinstance(v, torch.dtype):
+        return {"t": "dtype", "v": str(v).replace("torch.", "")}
+    if isinstance(v, torch.Size):
+        return {"t": "size", "v": [int(x) for x in v]}
+    if isinstance(v, enum.Enum):
+        name = type(v).__name__
+        if values.get(name) is not type(v):
+            raise TypeError(f"enum {type(v)!r} is not in the cache allow-list")
+        return {"t": "enum", "cls": name, "v": v.name}
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        name = type(v).__name__
+        if values.get(name) is not type(v):
+            raise TypeError(f"{type(v)!r} is not in the cache allow-list")
+        fields = {
+            f.name: _encode_value(getattr(v, f.name), values)
+            for f in dataclasses.fields(v)
+        }
+        return {"t": "obj", "cls": name, "v": fields}
+    if isinstance(v, tuple) and hasattr(v, "_fields"):
+        name = type(v).__name__
+        if values.get(name) is not type(v):
+            raise TypeError(f"{type(v)!r} is not in the cache allow-list")
+        fields = {f: _encode_value(getattr(v, f), values) for f in v._fields}
+        return {"t": "obj", "cls": name, "v": fields}
+    if isinstance(v, tuple):
+        return {"t": "tuple", "v": [_encode_value(x, values) for x in v]}
+    if isinstance(v, list):
+        return {"t": "list", "v": [_encode_value(x, values) for x in v]}
+    raise TypeError(f"cannot store attribute of type {type(v)!r} in the cache")
+
+
+def _decode_value(v: Any, values: Dict[str, type]) -> Any:
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if not isinstance(v, dict) or "t" not in v:
+        raise CacheError(f"bad attribute encoding {v!r}")
+    t = v["t"]
+    if t == "float":
+        return float(v["v"])
+    if t == "dtype":
+        dt = getattr(torch, str(v["v"]), None)
+        if not isinstance(dt, torch.dtype):
+            raise CacheError(f"unknown dtype {v['v']!r}")
+        return dt
+    if t == "size":
+        return torch.Size(_int_list(v["v"]))
+    if t in ("tuple", "list"):
+        items = [_decode_value(x, values) for x in v["v"]]
+        return tuple(items) if t == "tuple" else items
+    if t in ("enum", "obj"):
+        cls = values.get(v.get("cls"))
+        if cls is None:
+            raise CacheError(f"class {v.get('cls')!r} is not in the cache allow-list")
+        if t == "enum":
+            if not issubclass(cls, enum.Enum):
+                raise CacheError(f"{v['cls']} is not an enum")
+            try:
+                return cls[v["v"]]
+            except KeyError:
+                raise CacheError(f"unknown {v['cls']} member {v['v']!r}") from None
+        if not isinstance(v.get("v"), dict):
+            raise CacheError(f"bad fields for {v['cls']}")
+        fields = {str(k): _decode_value(x, values) for k, x in v["v"].items()}
+        try:
+            return cls(**fields)
+        except TypeError as e:
+            raise CacheError(f"cannot rebuild {v['cls']}: {e}") from None
+    raise CacheError(f"unknown attribute kind {t!r}")
+
+
+def _int_list(v: Any) -> List[int]:
+    if not isinstance(v, list) or not all(
+        isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v
+    ):
+        raise CacheError(f"bad shape {v!r}")
+    return v
+
+
+# ---------------------------------------------------------------------------
+# turning a model's parameters into (entries, tensors) and back
+
+
+def _flatten(t: torch.Tensor, base: str, tensors: Dict[str, torch.Tensor], allowed):
+    """Describe tensor `t` as a JSON tree; store its plain leaves in `tensors`."""
+    tensor_classes, values = allowed
+    cls = type(t)
+    if cls in (torch.Tensor, torch.nn.Parameter):
+        tensors[base] = t
+        return {"tensor": base}
+    name = cls.__name__
+    if tensor_classes.get(name) is not cls:
+        raise TypeError(
+            f"{base}: tensor class {cls.__module__}.{name} is not supported by the cache"
+        )
+    inner_names, attrs = t.__tensor_flatten__()
+    inner = []
+    for n in inner_names:
+        inner.append([n, _flatten(getattr(t, n), f"{base}.{n}", tensors, allowed)])
+    return {
+        "subclass": name,
+        "attrs": [_encode_value(a, values) for a in attrs],
+        "inner": inner,
+        "size": [int(x) for x in t.shape],
+        "stride": [int(x) for x in t.stride()],
+    }
+
+
+def _unflatten(node: Any, tensors: Dict[str, torch.Tensor], allowed, used: set):
+    tensor_classes, values = allowed
+    if not isinstance(node, dict):
+        raise CacheError("bad entry in cache metadata")
+    if "tensor" in node:
+        name = node["tensor"]
+        if name not in tensors:
+            raise CacheError(f"missing tensor {name!r}")
+        used.add(name)
+        return tensors[name]
+    cls = tensor_classes.get(node.get("subclass"))
+    if cls is None:
+        raise CacheError(
+            f"tensor class {node.get('subclass')!r} is not in the cache allow-list"
+        )
+    inner = node.get("inner")
+    if not isinstance(inner, list):
+        raise CacheError("bad inner tensor list")
+    inner_dict = {}
+    for item in inner:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
+            raise CacheError("bad inner tensor list")
+        inner_dict[item[0]] = _unflatten(item[1], tensors, allowed, used)
+    attrs = [_decode_value(a, values) for a in node.get("attrs", [])]
+    size = torch.Size(_int_list(node.get("size")))
+    stride = tuple(_int_list(node.get("stride")))
+    try:
+        out = cls.__tensor_unflatten__(inner_dict, attrs, size, stride)
+    except CacheError:
+        raise
+    except Exception as e:  # a wrong attribute list makes the constructor throw
+        raise CacheError(f"cannot rebuild {node.get('subclass')}: {e}") from None
+    if tuple(out.shape) != tuple(size):
+        raise CacheError(f"rebuilt {node.get('subclass')} has shape {tuple(out.shape)}, expected {tuple(size)}")
+    return out
+
+
+def _named_state(model: torch.nn.Module, swaps: Optional[Dict[str, torch.nn.Module]] = None):
+    """(name, tensor, is_param, requires_grad) for every parameter and buffer, aliases kept;
+    modules named in `swaps` count as replaced by the given ones."""
+    out = []
+    for mod_name, mod in model.named_modules(remove_duplicate=False):
+        if swaps and mod_name in swaps:
+            mod = swaps[mod_name]
+        prefix = f"{mod_name}." if mod_name else ""
+        for n, p in mod._parameters.items():
+            if p is not None:
+                out.append((prefix + n, p, True, bool(p.requires_grad)))
+        for n, b in mod._buffers.items():
+            if b is not None:
+                out.append((prefix + n, b, False, False))
+    seen = set()
+    uniq = []
+    for item in out:
+        if item[0] not in seen:
+            seen.add(item[0])
+            uniq.append(item)
+    return uniq
+
+
+def _replaced_modules(model: torch.nn.Module) -> Dict[str, Tuple[str, torch.nn.Module]]:
+    """{module name: (kind, module)} for every module a cache stores as a module entry."""
+    by_class = {cls: kind for kind, cls in _module_kinds().items()}
+    return {
+        name: (by_class[type(mod)], mod)
+        for name, mod in model.named_modules()
+        if name and type(mod) in by_class
+    }
+
+
+def _names_as_built(model: torch.nn.Module) -> set:
+    """The parameter/buffer names of `model` with every replaced module counted as the
+    nn.Linear it replaced: what a freshly built (meta) model has."""
+    replaced = _replaced_modules(model)
+    names = {n for n, _, _, _ in _named_state(model) if n.rpartition(".")[0] not in replaced}
+    for name, (_, mod) in replaced.items():
+        names.add(f"{name}.weight")
+        if getattr(mod, "bias", None) is not None:
+            names.add(f"{name}.bias")
+    return names
+
+
+def model_signature(model: torch.nn.Module) -> str:
+    """Hash of the parameter/buffer names and shapes (dtype left out: meta models are fp32)."""
+    h = hashlib.sha256()
+    for name, t, is_param, _ in sorted(_named_state(model), key=lambda x: x[0]):
+        h.update(f"{name}|{tuple(t.shape)}|{int(is_param)};".encode())
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------
+# raw file access
+
+
+def _tensor_bytes(t: torch.Tensor) -> memoryview:
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.to("cpu")
+    t = t.contiguous().reshape(-1)
+    if t.numel() == 0:
+        return memoryview(b"")
+    return memoryview(t.view(torch.uint8).numpy())
+
+
+def _header_bytes(index: Dict[str, Any]) -> bytes:
+    raw = json.dumps(index, separators=(",", ":"), sort_keys=True).encode()
+    raw += b" " * ((-(8 + len(raw))) % _ALIGN)
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def _meta_digest(meta_json: str, tensor_index: Dict[str, Any]) -> str:
+    h = hashlib.sha256(meta_json.encode())
+    h.update(json.dumps(tensor_index, separators=(",", ":"), sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def write_cache(path: Path, model: torch.nn.Module, key: Dict[str, Any]) -> int:
+    """Write `model`'s quantized state to `path` atomically. Returns bytes written."""
+    path = Path(path)
+    allowed = _torchao_classes()
+    tensors: Dict[str, torch.Tensor] = {}
+    entries: Dict[str, Any] = {}
+    modules: Dict[str, Any] = {}
+    for mod_name, (kind, mod) in _replaced_modules(model).items():
+        mod_tensors, mod_meta = mod.to_tensors(prefix=f"{mod_name}.")
+        tensors.update(mod_tensors)
+        modules[mod_name] = {"kind": kind, "meta": mod_meta, "tensors": sorted(mod_tensors)}
+    by_id: Dict[int, str] = {}
+    for name, t, is_param, rg in _named_state(model):
+        if name.rpartition(".")[0] in modules:
+            continue  # stored by its module entry
+        if id(t) in by_id:
+            entries[name] = {"alias_of": by_id[id(t)], "param": is_param}
+            continue
+        by_id[id(t)] = name
+        tree = _flatten(t, name, tensors, allowed)
+        entries[name] = {"param": is_param, "requires_grad": rg, "tree": tree}
+
+    names = sorted(tensors)
+    tensor_index: Dict[str, Any] = {}
+    offset = 0
+    for n in names:
+        t = tensors[n]
+        if t.dtype not in _DTYPE_NAMES:
+            raise TypeError(f"{n}: dtype {t.dtype} cannot be stored")
+        nbytes = t.numel() * t.element_size()
+        tensor_index[n] = {
+            "dtype": _DTYPE_NAMES[t.dtype],
+            "shape": [int(x) for x in t.shape],
+            "data_offsets": [offset, offset + nbytes],
+        }
+        offset += nbytes
+
+    def header(checksums: Dict[str, str]) -> bytes:
+        meta = {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "key": key,
+            "checksum": "sha256",
+            "checksums": checksums,
+            "entries": entries,
+            "modules": modules,
+        }
+        meta_json = json.dumps(meta, separators=(",", ":"), sort_keys=True)
+        digest = _meta_digest(meta_json, tensor_index)
+        index = dict(tensor_index)
+        index["__metadata__"] = {
+            "format": FORMAT_NAME,
+            META_KEY: meta_json,
+            META_SHA_KEY: digest,
+        }
+        return _header_bytes(index)
+
+    # the checksums are fixed-width hex: write a placeholder header, stream the data
+    # while hashing, then rewrite the header in place (same length)
+    placeholder = header({n: "0" * 64 for n in names})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.time_ns()}.tmp")
+    checksums: Dict[str, str] = {}
+    try:
+        with open(tmp, "wb") as f:
+            f.write(placeholder)
+            for n in names:
+                data = _tensor_bytes(tensors[n])
+                checksums[n] = hashlib.sha256(data).hexdigest()
+                for start in range(0, len(data), _CHUNK):
+                    f.write(data[start : start + _CHUNK])
+            final = header(checksums)
+            if len(final) != len(placeholder):
+                raise RuntimeError("cache header changed size while writing")
+            f.seek(0)
+            f.write(final)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+    return len(placeholder) + offset
+
+
+def _fsync_dir(d: Path) -> None:
+    if os.name == "nt":
+        return
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _read_header(f, file_size: int) -> Tuple[Dict[str, Any], int]:
+    if file_size < 8:
+        raise CacheError(f"file is {file_size} bytes, too short for a header")
+    (n,) = struct.unpack("<Q", f.read(8))
+    if n > _MAX_HEADER_BYTES or 8 + n > file_size:
+        raise CacheError(f"header length {n} does not fit a {file_size}-byte file")
+    raw = f.read(n)
+    if len(raw) != n:
+        raise CacheError("file ends inside the header")
+    try:
+        index = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CacheError(f"header is not valid JSON ({e})") from None
+    if not isinstance(index, dict):
+        raise CacheError("header is not a JSON object")
+    return index, 8 + n
+
+
+def read_meta(path: Path) -> Dict[str, Any]:
+    """Read and verify only the header; cheap. Raises CacheError."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        index, _ = _read_header(f, os.fstat(f.fileno()).st_size)
+    return _verify_meta(index)[0]
+
+
+def _verify_meta(index: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    md = index.get("__metadata__")
+    if not isinstance(md, dict) or md.get("format") != FORMAT_NAME:
+        raise CacheError("not a quantized-transformer cache (no aitk metadata)")
+    meta_json = md.get(META_KEY)
+    if not isinstance(meta_json, str):
+        raise CacheError("cache metadata missing")
+    tensor_index = {k: v for k, v in index.items() if k != "__metadata__"}
+    if md.get(META_SHA_KEY) != _meta_digest(meta_json, tensor_index):
+        raise CacheError("header checksum mismatch (header was modified or damaged)")
+    try:
+        meta = json.loads(meta_json)
+    except json.JSONDecodeError as e:
+        raise CacheError(f"cache metadata is not valid JSON ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        raise CacheError("cache metadata has the wrong format name")
+    if meta.get("checksum") != "sha256":
+        raise CacheError(f"unknown checksum kind {meta.get('checksum')!r}")
+    for k in ("key", "checksums", "entries"):
+        if not isinstance(meta.get(k), dict):
+            raise CacheError(f"cache metadata lacks {k!r}")
+    if not isinstance(meta.setdefault("modules", {}), dict):
+        raise CacheError("bad module list in cache metadata")
+    return meta, tensor_index
+
+
+def read_cache(path: Path) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor]]:
+    """Read the whole file with plain reads and verify every byte. Raises CacheError."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        file_size = os.fstat(f.fileno()).st_size
+        index, data_start = _read_header(f, file_size)
+        meta, tensor_index = _verify_meta(index)
+        checksums = meta["checksums"]
+        if set(checksums) != set(tensor_index):
+            raise CacheError("checksum list does not match the stored tensors")
+
+        layout = []
+        for name, info in tensor_index.items():
+            if not isinstance(info, dict):
+                raise CacheError(f"bad index entry for {name!r}")
+            dtype = _DTYPES.get(info.get("dtype"))
+            if dtype is None:
+                raise CacheError(f"{name}: unsupported dtype {info.get('dtype')!r}")
+            shape = _int_list(info.get("shape"))
+            offs = _int_list(info.get("data_offsets"))
+            if len(offs) != 2:
+                raise CacheError(f"{name}: bad data_offsets")
+            numel = 1
+            for s in shape:
+                numel *= s
+            itemsize = torch.empty((), dtype=dtype).element_size()
+            if offs[1] - offs[0] != numel * itemsize:
+                raise CacheError(
+                    f"{name}: {offs[1] - offs[0]} bytes stored, shape {shape} needs {numel * itemsize}"
+                )
+            layout.append((offs[0], offs[1], name, dtype, shape))
+        layout.sort()
+        pos = 0
+        for begin, end, name, _, _ in layout:
+            if begin != pos:
+                raise CacheError(f"{name}: data does not follow the previous tensor")
+            pos = end
+        if data_start + pos != file_size:
+            raise CacheError(
+                f"file is {file_size} bytes, header describes {data_start + pos} (truncated or padded)"
+            )
+
+        tensors: Dict[str, torch.Tensor] = {}
+        for begin, end, name, dtype, shape in layout:
+            nbytes = end - begin
+            buf = torch.empty(nbytes, dtype=torch.uint8)
+            h = hashlib.sha256()
+            if nbytes:
+                view = memoryview(buf.numpy())
+                got = 0
+                while got < nbytes:
+                    n = f.readinto(view[got : min(nbytes, got + _CHUNK)])
+                    if not n:
+                        raise CacheError(f"{name}: file ends inside the data")
+                    got += n
+                h.update(view)
+            if h.hexdigest() != checksums.get(name):
+                raise CacheError(f"{name}: data checksum mismatch")
+            tensors[name] = buf.view(dtype).reshape(shape)
+    return meta, tensors
+
+
+def rebuild_modules(
+    meta: Dict[str, Any], tensors: Dict[str, torch.Tensor], model: torch.nn.Module, used: set
+) -> Dict[str, torch.nn.Module]:
+    """Rebuild every replaced module (e.g. Int4Linear) from its tensors, checked against the
+    nn.Linear it replaces in `model` (may live on meta). Returns {name: module}; `model`
+    is not changed."""
+    kinds = _module_kinds()
+    swaps: Dict[str, torch.nn.Module] = {}
+    for name, entry in meta.get("modules", {}).items():
+        if not (isinstance(entry, dict) and isinstance(entry.get("meta"), dict)
+                and isinstance(entry.get("tensors"), list)):
+            raise CacheError(f"bad module entry for {name!r}")
+        cls = kinds.get(entry.get("kind"))
+        if cls is None:
+            raise CacheError(f"module kind {entry.get('kind')!r} is not in the cache allow-list")
+        try:
+            target = model.get_submodule(name) if name else None
+        except AttributeError:
+            target = None
+        if not isinstance(target, torch.nn.Linear):
+            raise CacheError(f"module entry {name!r} does not name a Linear of the model")
+        info = entry["meta"]
+        has_bias = target.bias is not None
+        if (info.get("in_features"), info.get("out_features"), info.get("bias")) != (
+            target.in_features, target.out_features, has_bias
+        ):
+            raise CacheError(
+                f"{name}: cached {info.get('in_features')}->{info.get('out_features')} "
+                f"bias={info.get('bias')}, model has {target.in_features}->{target.out_features} bias={has_bias}"
+            )
+        want = {f"{name}.{n}" for n in ("qweight", "scale", "zero")} | ({f"{name}.bias"} if has_bias else set())
+        if set(entry["tensors"]) != want or not want <= set(tensors):
+            raise CacheError(f"{name}: module tensors {sorted(entry['tensors'])[:5]}, expected {sorted(want)}")
+        for n in ("scale", "bias") if has_bias else ("scale",):
+            if not tensors[f"{name}.{n}"].is_floating_point():
+                raise CacheError(f"{name}.{n} is not floating point")
+        if has_bias and tuple(tensors[f"{name}.bias"].shape) != (target.out_features,):
+            raise CacheError(f"{name}.bias has shape {tuple(tensors[f'{name}.bias'].shape)}")
+        try:
+            swaps[name] = cls.from_tensors(tensors, info, prefix=f"{name}.")
+        except (ValueError, KeyError, TypeError) as e:
+            raise CacheError(f"cannot rebuild {name}: {e}") from None
+        used.update(want)
+    return swaps
+
+
+def rebuild_state(
+    meta: Dict[str, Any], tensors: Dict[str, torch.Tensor], model: torch.nn.Module
+) -> Tuple[Dict[str, Tuple[torch.Tensor, bool, bool]], Dict[str, torch.nn.Module]]:
+    """Rebuild every parameter/buffer and replaced module and check them against `model`
+    (may live on meta). Returns (state, swaps) for assign_state; `model` is not changed."""
+    allowed = _torchao_classes()
+    used: set = set()
+    swaps = rebuild_modules(meta, tensors, model, used)
+    expected = {
+        name: (t, is_param)
+        for name, t, is_param, _ in _named_state(model, swaps)
+        if name.rpartition(".")[0] not in swaps
+    }
+    entries = meta["entries"]
+    if set(entries) != set(expected):
+        missing = sorted(set(expected) - set(entries))[:5]
+        extra = sorted(set(entries) - set(expected))[:5]
+        raise CacheError(f"cache does not match the model: missing {missing}, unexpected {extra}")
+    out: Dict[str, Tuple[torch.Tensor, bool, bool]] = {}
+    aliases = {}
+    for name, entry in entries.items():
+        if not isinstance(entry, dict):
+            raise CacheError(f"bad entry for {name}")
+        if "alias_of" in entry:
+            aliases[name] = entry
+            continue
+        t = _unflatten(entry.get("tree"), tensors, allowed, used)
+        ref, is_param = expected[name]
+        if tuple(t.shape) != tuple(ref.shape):
+            raise CacheError(f"{name}: cached shape {tuple(t.shape)}, model has {tuple(ref.shape)}")
+        if bool(entry.get("param")) != is_param:
+            raise CacheError(f"{name}: parameter/buffer kind differs from the model")
+        out[name] = (t, is_param, bool(entry.get("requires_grad")))
+    for name, entry in aliases.items():
+        src = entry.get("alias_of")
+        if src not in out:
+            raise CacheError(f"{name}: alias of unknown {src!r}")
+        out[name] = out[src]
+    if used != set(tensors):
+        raise CacheError(f"unreferenced tensors in cache: {sorted(set(tensors) - used)[:5]}")
+    return out, swaps
+
+
+def assign_state(
+    model: torch.nn.Module,
+    state: Dict[str, Tuple[torch.Tensor, bool, bool]],
+    swaps: Optional[Dict[str, torch.nn.Module]] = None,
+) -> None:
+    for name, module in (swaps or {}).items():
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, leaf, module)
+    made: Dict[int, torch.nn.Parameter] = {}
+    for name, (t, is_param, rg) in state.items():
+        mod_name, _, leaf = name.rpartition(".")
+        mod = model.get_submodule(mod_name) if mod_name else model
+        if is_param:
+            p = made.get(id(t))
+            if p is None:
+                p = torch.nn.Parameter(t, requires_grad=rg and t.is_floating_point() and type(t) is torch.Tensor)
+                made[id(t)] = p
+            mod._parameters[leaf] = p
+        else:
+            mod._buffers[leaf] = t
+
+
+# ---------------------------------------------------------------------------
+# cache key
+
+
+def source_fingerprint(path: Path) -> Dict[str, Any]:
+    """size, mtime and a hash of the header bytes of the source checkpoint."""
+    path = Path(path)
+    st = path.stat()
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        first = f.read(8)
+        h.update(first)
+        n = struct.unpack("<Q", first)[0] if len(first) == 8 else 0
+        # a safetensors header; otherwise the first MiB
+        limit = n if 0 < n <= _MAX_HEADER_BYTES and 8 + n <= st.st_size else 1 << 20
+        h.update(f.read(limit))
+    return {
+        "name": path.name,
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "header_sha256": h.hexdigest(),
+    }
+
+
+def fork_commit(checkout: Optional[Path] = None) -> str:
+    """The trainer checkout's git HEAD without running git; env AITK_FORK_COMMIT, else 'unknown'."""
+    checkout = Path(checkout) if checkout else Path(__file__).resolve().parents[1]
+    try:
+        git = checkout / ".git"
+        if git.is_file():  # worktree / submodule: "gitdir: <path>"
+            line = git.read_text(encoding="utf-8").strip()
+            if line.startswith("gitdir:"):
+                git = (checkout / line[len("gitdir:"):].strip()).resolve()
+        head = (git / "HEAD").read_text(encoding="utf-8").strip()
+        if not head.startswith("ref:"):
+            if len(head) == 40:
+                return head
+        else:
+            ref = head[4:].strip()
+            common = git
+            if (git / "commondir").is_file():
+                common = (git / (git / "commondir").read_text(encoding="utf-8").strip()).resolve()
+            for base in (git, common):
+                if (base / ref).is_file():
+                    return (base / ref).read_text(encoding="utf-8").strip()
+            packed = common / "packed-refs"
+            if packed.is_file():
+                for line in packed.read_text(encoding="utf-8").splitlines():
+                    parts = line.split()
+                    if len(parts) == 2 and parts[1] == ref:
+                        return parts[0]
+    except (OSError, UnicodeDecodeError, ValueError):
+        pass
+    return os.environ.get(ENV_FORK_COMMIT) or "unknown"
+
+
+def _torchao_version() -> str:
+    try:
+        import torchao
+
+        return str(getattr(torchao, "__version__", "unknown"))
+    except ImportError:
+        return "missing"
+
+
+# ---------------------------------------------------------------------------
+# the object the model loader uses
+
+
+class QuantizedCache:
+    """Cache for one (source checkpoint, qtype) pair."""
+
+    def __init__(
+        self,
+        cache_dir: Path,
+        source_path: Path,
+        qtype: str,
+        model_signature: str,
+        extra_key: Optional[Dict[str, Any]] = None,
+    ):
+        self.source_path = Path(source_path)
+        self.qtype = str(qtype)
+        tag = hashlib.sha256(str(self.source_path.resolve()).encode()).hexdigest()[:10]
+        name = f"{self.source_path.stem}-{self.qtype}-{tag}{CACHE_SUFFIX}"
+        self.path = Path(cache_dir).expanduser().resolve() / name
+        # names a rebuilt model must have; set by cache_for_model from the meta model
+        self.expected_names: Optional[set] = None
+        self.key = {
+            "format_version": FORMAT_VERSION,
+            "source": source_fingerprint(self.source_path),
+            "qtype": self.qtype,
+            "fork_commit": fork_commit(),
+            "torchao": _torchao_version(),
+            "model_signature": model_signature,
+        }
+        if extra_key:
+            self.key.update(extra_key)
+
+    def _stale_reason(self, cached_key: Any) -> Optional[str]:
+        if not isinstance(cached_key, dict):
+            return "cache has no key"
+        diffs = []
+        for k in sorted(set(self.key) | set(cached_key)):
+            if cached_key.get(k) != self.key.get(k):
+                diffs.append(f"{k}: cached {cached_key.get(k)!r}, now {self.key.get(k)!r}")
+        return "; ".join(diffs) or None
+
+    def _set_aside(self, why: str) -> None:
+        aside = self.path.with_name(self.path.name + ".corrupt")
+        try:
+            os.replace(self.path, aside)
+            _say(f"corrupt cache {self.path}: {why}. Moved it to {aside} (safe to delete); quantizing again")
+        except OSError as e:
+            _say(f"corrupt cache {self.path}: {why}. Could not move it aside ({e}); quantizing again")
+            try:
+                self.path.unlink()
+            except OSError:
+                pass
+
+    def load_into(self, model: torch.nn.Module) -> bool:
+        """Fill `model` (built on meta) from the cache. False if there is no usable cache;
+        the model is untouched then."""
+        if not self.path.is_file():
+            _say(f"no cache at {self.path} yet; it will be written after quantizing")
+            return False
+        t0 = time.perf_counter()
+        try:
+            meta = read_meta(self.path)
+        except CacheError as e:
+            self._set_aside(str(e))
+            return False
+        except OSError as e:
+            _say(f"cannot read {self.path} ({e}); quantizing again")
+            return False
+        reason = self._stale_reason(meta.get("key"))
+        if reason:
+            _say(f"stale cache {self.path} ({reason}); quantizing again, it will be replaced")
+            return False
+        try:
+            meta, tensors = read_cache(self.path)
+            state, swaps = rebuild_state(meta, tensors, model)
+        except CacheError as e:
+            self._set_aside(str(e))
+            return False
+        except OSError as e:
+            _say(f"cannot read {self.path} ({e}); quantizing again")
+            return False
+        assign_state(model, state, swaps)
+        print(
+            f"Loaded quantized transformer from cache {self.path} "
+            f"({self.path.stat().st_size / 2**30:.2f} GiB in {time.perf_counter() - t0:.1f} s)",
+            flush=True,
+        )
+        return True
+
+    def save(self, model: torch.nn.Module) -> bool:
+        """Write the cache; a failure is reported and never stops training."""
+        t0 = time.perf_counter()
+        if self.expected_names is not None:
+            names = _names_as_built(model)
+            if names != self.expected_names:
+                odd = sorted(names ^ self.expected_names)[:3]
+                _say(
+                    f"the quantized model has parameters a freshly built model lacks (e.g. {odd}: "
+                    f"modules replaced while quantizing?); not writing a cache that could not be loaded"
+                )
+                return False
+        try:
+            need = sum(
+                t.numel() * t.element_size() for _, t, _, _ in _named_state(model)
+                if type(t) in (torch.Tensor, torch.nn.Parameter)
+            )
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            free = shutil.disk_usage(self.path.parent).free
+            # quantized weights report their unpacked size above, so this over-estimates
+            if free < need // 3 + (256 << 20):
+                _say(f"only {free / 2**30:.1f} GiB free in {self.path.parent}; not writing the cache")
+                return False
+            size = write_cache(self.path, model, self.key)
+        except Exception as e:
+            _say(f"could not write {self.path}: {type(e).__name__}: {e}; training goes on without it")
+            return False
+        _say(f"wrote {self.path} ({size / 2**30:.2f} GiB in {time.perf_counter() - t0:.1f} s)")
+        return True
+
+
+def _bool(v: Any) -> bool:
+    if isinstance(v, str):
+        return v.strip().lower() not in ("0", "false", "no", "off", "")
+    return bool(v)
+
+
+def cache_dir_for(model_kwargs: Dict[str, Any], training_folder: Optional[str]) -> Optional[Path]:
+    """model_kwargs.quantized_cache_dir, else $AITK_QUANT_CACHE_DIR, else
+    <training_folder>/../quant_cache (shared by the runs of one output folder);
+    None when none is known (the model was not built by a training process)."""
+    if model_kwargs.get("quantized_cache_dir"):
+        return Path(str(model_kwargs["quantized_cache_dir"]))
+    if os.environ.get(ENV_CACHE_DIR):
+        return Path(os.environ[ENV_CACHE_DIR])
+    if training_folder:
+        return Path(training_folder).resolve().parent / "quant_cache"
+    return None
+
+
+def cache_for_model(base_model, source_path, model: torch.nn.Module) -> Optional[QuantizedCache]:
+    """The cache for a BaseModel's transformer, or None when it is off or not possible."""
+    cfg = base_model.model_config
+    kwargs = getattr(cfg, "model_kwargs", None) or {}
+    if not cfg.quantize or not _bool(kwargs.get("quantized_cache", True)):
+        return None
+    from toolkit.util.quantize import INT4_FUSED, torchao_qtypes
+
+    qtype = cfg.qtype if isinstance(cfg.qtype, str) else getattr(cfg.qtype, "name", str(cfg.qtype))
+    if qtype not in torchao_qtypes and qtype != INT4_FUSED:
+        _say(
+            f"qtype {qtype!r} is quantized by optimum-quanto, whose packed layout depends on the "
+            f"device; no cache for it (torchao qtypes like uint4 are cached)"
+        )
+        return None
+    if getattr(cfg, "accuracy_recovery_adapter", None):
+        _say("accuracy_recovery_adapter is set: quantization attaches a LoRA; no cache")
+        return None
+    source_path = Path(source_path)
+    if not source_path.is_file():
+        _say(f"source {source_path} is not a single file; no cache")
+        return None
+    cache_dir = cache_dir_for(kwargs, getattr(base_model, "training_folder", None))
+    if cache_dir is None:
+        _say(f"no training folder known; set model_kwargs quantized_cache_dir or ${ENV_CACHE_DIR}; no cache")
+        return None
+    extra = {"dtype": str(base_model.torch_dtype).replace("torch.", "")}
+    if qtype == INT4_FUSED:
+        from toolkit import int4_linear
+
+        extra["int4_linear"] = int4_linear.FORMAT_VERSION
+    try:
+        cache = QuantizedCache(cache_dir, source_path, qtype, model_signature(model), extra)
+    except OSError as e:
+        _say(f"cannot fingerprint {source_path} ({e}); no cache")
+        return None
+    cache.expected_names = {n for n, _, _, _ in _named_state(model)}
+    return cache
