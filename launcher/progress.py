@@ -4,6 +4,7 @@ import sys
 import time
 from contextlib import contextmanager, nullcontext, redirect_stdout
 
+
 def say(message: str) -> None:
     print(message, flush=True)
 

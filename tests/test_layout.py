@@ -32,3 +32,13 @@ def test_the_checker_sees_a_foreign_import(tmp_path):
     module = tmp_path / "bad.py"
     module.write_text("import json\nimport yaml\nfrom launcher.runs import tiny\n\ndef f():\n    import torch\n")
     assert top_level_imports(module) == ["json", "yaml", "launcher.runs"]
+
+
+def test_the_trainer_side_spells_every_shared_name_the_same():
+    from launcher.runs.files import SHARED_WITH_TRAINER
+
+    root = IN_TRAINER.parents[1]
+    trainer_side = "".join(p.read_text(encoding="utf-8") for p in sorted((root / "overlay").rglob("*.py")))
+    trainer_side += "".join(p.read_text(encoding="utf-8") for p in sorted((root / "patches").rglob("*.patch")))
+    missing = [name for name in SHARED_WITH_TRAINER if f"'{name}'" not in trainer_side and f'"{name}"' not in trainer_side]
+    assert not missing, f"overlay/ and patches/ never spell {missing}"

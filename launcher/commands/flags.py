@@ -8,11 +8,12 @@ from pathlib import Path
 
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir
 from launcher.progress import say
+from launcher.runs.files import SAVE_NOW, STOP_NOW
 from launcher.runs.folders import find_run
 
 FLAGS = {
-    "save": ("SAVE_NOW", "save a checkpoint at the next step and keep training"),
-    "stop": ("STOP_NOW", "save a checkpoint at the next step and exit cleanly (resume with run --resume)"),
+    "save": (SAVE_NOW, "save a checkpoint at the next step and keep training"),
+    "stop": (STOP_NOW, "save a checkpoint at the next step and exit cleanly (resume with run --resume)"),
 }
 
 

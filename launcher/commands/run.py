@@ -23,7 +23,7 @@ from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, venv_python
 from launcher.errors import LauncherError
 from launcher.patching.checkout import read_state
 from launcher.progress import say
-from launcher.runs import tiny, validate
+from launcher.runs import files, tiny, validate
 from launcher.runs.folders import RunFolder
 from launcher.runs.presets import Preset, load_preset, render, write_config
 from launcher.runs.telemetry import TelemetryRecorder
@@ -149,11 +149,11 @@ def checked_python(workdir: Workdir) -> Path:
 def env_changes(preset: Preset, run: RunFolder, workdir: Workdir) -> dict[str, str]:
     """What `run` adds to the trainer's environment: allocator (wall 7), telemetry, the preset's env."""
     changes = {
-        "AITK_TELEMETRY": str(run.trainer_telemetry),
-        "AITK_TELEMETRY_INTERVAL": str(preset.telemetry["interval_s"]),
+        files.ENV_TELEMETRY: str(run.trainer_telemetry),
+        files.ENV_TELEMETRY_INTERVAL: str(preset.telemetry["interval_s"]),
         # One quantized-transformer cache per workdir (wall 8), shared by every run: its key
         # (checkpoint, qtype, fork commit, format) keeps runs of other models apart.
-        "AITK_QUANT_CACHE_DIR": os.environ.get("AITK_QUANT_CACHE_DIR") or str(workdir.quantized_cache),
+        files.ENV_QUANT_CACHE_DIR: os.environ.get(files.ENV_QUANT_CACHE_DIR) or str(workdir.quantized_cache),
     }
     if preset.allocator == "expandable_segments":
         changes.update(PYTORCH_HIP_ALLOC_CONF=EXPANDABLE, PYTORCH_CUDA_ALLOC_CONF=EXPANDABLE)

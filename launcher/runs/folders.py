@@ -17,8 +17,7 @@ from pathlib import Path
 import yaml
 
 from launcher.errors import LauncherError
-
-CHECKPOINT_MANIFEST = "checkpoint.json"  # written by patch 0009 when a checkpoint is complete
+from launcher.runs.files import CHECKPOINT_MANIFEST
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,20 @@
+"""The names the launcher and the patched trainer agree on.
+
+The trainer cannot import the launcher, so its side (overlay/ and the patches) spells these
+names itself; tests/test_layout.py checks that every one of them is spelled the same there.
+"""
+
+SAVE_NOW = "SAVE_NOW"
+"""Flag file in the job folder: the train loop saves a checkpoint and goes on."""
+STOP_NOW = "STOP_NOW"
+"""Flag file in the job folder: the train loop saves a checkpoint and exits."""
+CHECKPOINT_MANIFEST = "checkpoint.json"
+"""Written last by an atomic save: the checkpoint it names is complete."""
+ENV_TELEMETRY = "AITK_TELEMETRY"
+"""The JSONL file the train loop appends its in-process rows to (wall 10)."""
+ENV_TELEMETRY_INTERVAL = "AITK_TELEMETRY_INTERVAL"
+ENV_QUANT_CACHE_DIR = "AITK_QUANT_CACHE_DIR"
+"""Where the quantized transformer is cached (wall 8): one folder per workdir."""
+
+SHARED_WITH_TRAINER = (SAVE_NOW, STOP_NOW, CHECKPOINT_MANIFEST, ENV_TELEMETRY, ENV_TELEMETRY_INTERVAL,
+                       ENV_QUANT_CACHE_DIR)
