@@ -133,9 +133,12 @@ def test_ui_workflow_keeps_the_template_and_routes_the_model_through_the_lora():
     (first,) = loader["outputs"][0]["links"]
     ours = next(node for node in graph["nodes"] if node["id"] == links[first]["target_id"])
     assert ours["type"] == "LoraLoaderModelOnly" and ours["widgets_values"] == ["mine.safetensors", 1.0]
-    _, template_loader = comfy.only_node(template, "UNETLoader")
-    assert sorted(links[i]["target_id"] for i in ours["outputs"][0]["links"]) == sorted(
-        comfy.links_of(graph)[i]["target_id"] for i in template_loader["outputs"][0]["links"])
+    template_graph, template_loader = comfy.only_node(template, "UNETLoader")
+    template_links = comfy.links_of(template_graph)
+    assert sorted((links[i]["target_id"], links[i]["target_slot"]) for i in ours["outputs"][0]["links"]) == sorted(
+        (template_links[i]["target_id"], template_links[i]["target_slot"]) for i in template_loader["outputs"][0]["links"]
+    ), "the LoRA feeds exactly what the template's loader fed"
+    assert comfy.only_node(ui, "RandomNoise")[1]["widgets_values"] == [comfy.SEED, "fixed"]
     assert len(ui["nodes"]) == len(template["nodes"]) and ui["links"] and isinstance(ui["links"][0], list)
 
 

@@ -127,7 +127,7 @@ def insert_lora(ui: dict, lora_name: str) -> None:
     node = copy.deepcopy(template_lora)
     node_id = _next_id(ui, graph, "lastNodeId", "last_node_id", max(n["id"] for g in graphs(ui) for n in g["nodes"]))
     node.update(id=node_id, title="LoRA of this run", widgets_values=[lora_name, 1.0],
-                pos=[loader["pos"][0], loader["pos"][1] - 160])
+                pos=[loader["pos"][0], loader["pos"][1] - node["size"][1] - 120])  # above the loader, clear of it
     node["properties"].pop("models", None)  # a local file: nothing to download
     node["inputs"] = [{**socket, "link": None} for socket in node["inputs"]]
     model_out = next(slot for slot, out in enumerate(loader["outputs"]) if out["type"] == "MODEL")
