@@ -312,8 +312,9 @@ def test_a_lokr_network_from_the_tiny_run_is_refused(tiny_comfy, tmp_path, capsy
         run.job_dir / "tiny_flux2.safetensors").read_bytes(), "the LoRA placed before is untouched"
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def comfyui_checkout() -> str:
+    """Asked for first, so the skip comes before the tiny run is trained."""
     checkout = os.environ.get("COMFYUI_DIR")
     if not checkout:
         pytest.skip("set COMFYUI_DIR to a ComfyUI source checkout to check with ComfyUI's own code")
@@ -331,7 +332,7 @@ def in_comfyui(workdir, checkout: str, *args: str) -> dict:
     return json.loads(check.stdout.splitlines()[-1])
 
 
-def test_comfyui_loads_the_tiny_lora(tiny_comfy, comfyui_checkout):
+def test_comfyui_loads_the_tiny_lora(comfyui_checkout, tiny_comfy):
     """ComfyUI's own loader on the tiny LoRA: every key matched, every weight patched to base + B @ A."""
     run, workdir, _, result = tiny_comfy
     assert result.returncode == 0, result.stdout + result.stderr
@@ -344,7 +345,7 @@ def test_comfyui_loads_the_tiny_lora(tiny_comfy, comfyui_checkout):
     assert report["max_abs_error"] <= 1e-3 * report["max_delta"], report
 
 
-def test_comfyui_accepts_the_api_workflow(tiny_comfy, comfyui_checkout):
+def test_comfyui_accepts_the_api_workflow(comfyui_checkout, tiny_comfy):
     """What POST /prompt runs (execution.validate_prompt) accepts the API workflow once its files exist."""
     run, workdir, _, result = tiny_comfy
     assert result.returncode == 0, result.stdout + result.stderr

@@ -6,6 +6,7 @@ checkpoint, and the workflow against ComfyUI's template. A file of the same name
 content in models/loras is replaced only with --force.
 """
 
+import argparse
 import json
 from pathlib import Path
 
@@ -17,13 +18,19 @@ from launcher.progress import say, warn
 from launcher.runs import comfy, comfy_folder, lora_check
 from launcher.runs.folders import RunFolder, find_run
 
+EXAMPLES = """examples:
+  python -m launcher comfy --comfy-dir D:\\ComfyUI                  # the latest run's newest LoRA
+  python -m launcher comfy my_run --checkpoint 500 --prompt "sks dog on a beach"
+"""
 OUTPUT_PREFIX = "flux2-24gb"
 """ComfyUI's output subfolder for the images these workflows save."""
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("comfy", help="write a ComfyUI workflow for a run's LoRA; check and place the LoRA",
-                                   description=__doc__.splitlines()[0])
+    parser = subparsers.add_parser(
+        "comfy", help="write a ComfyUI workflow for a run's LoRA; check and place the LoRA",
+        description=__doc__.splitlines()[0], epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("run", nargs="?", help="run folder or run name (default: the latest run)")
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="default: .aitk")
     parser.add_argument("--comfy-dir", type=Path, help="a ComfyUI folder: copy the LoRA to models/loras, check models")
