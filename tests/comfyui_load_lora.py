@@ -33,13 +33,12 @@ def import_comfy(checkout: str) -> None:
 
 
 def load_lora(base_path: str, lora_path: str, params: dict) -> dict:
-    import torch
-
     import comfy.lora
     import comfy.model_detection
     import comfy.model_patcher
     import comfy.supported_models
     import comfy.utils
+    import torch
 
     base = comfy.utils.load_torch_file(base_path)
     unet_config = comfy.model_detection.detect_unet_config(base, "")

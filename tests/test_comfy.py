@@ -174,6 +174,15 @@ def test_comfy_writes_workflows_checks_and_places_the_lora(fake_run, comfy_dir, 
     assert launch(workdir, "--comfy-dir", str(comfy_dir)) == 0, "the same file again is fine"
 
 
+@pytest.mark.parametrize("caption, trigger, prompt", [
+    ("a photo of [trigger] on grass", "sks", "a photo of sks on grass"),
+    ("a photo of a dog", "sks", "sks a photo of a dog"),
+    ("a photo of [trigger] dog", None, "a photo of dog"),
+])
+def test_caption_prompt_puts_the_trigger_word_in_as_the_trainer_does(caption, trigger, prompt):
+    assert comfy.with_trigger(caption, trigger) == prompt
+
+
 def test_models_found_and_the_prompt_flag(fake_run, comfy_dir, capsys):
     workdir, root = fake_run
     for model in comfy.build(comfy.load_template(), "x", "p", "x").models:
@@ -291,7 +300,7 @@ def test_comfy_on_the_tiny_run(tiny_comfy):
     assert comfy.check_against_template(ui, api, comfy.load_template()) == []
     assert (folder / "models" / "loras" / "tiny_flux2.safetensors").is_file()
     dataset = Path(config["config"]["process"][0]["datasets"][0]["folder_path"])
-    first_caption = sorted(dataset.glob("*.txt"))[0].read_text().strip()
+    first_caption = min(dataset.glob("*.txt")).read_text().strip()
     assert f"prompt: {first_caption}" in result.stdout
     assert "LoRA check: tiny_flux2.safetensors:" in result.stdout and "every tensor" in result.stdout
 

@@ -306,8 +306,10 @@ def _link_problems(where: str, node: dict, links: dict[int, dict]) -> list[str]:
     """Each link a node names must exist and end at that node and slot."""
     problems = []
     for slot, socket in enumerate(node.get("inputs", [])):
-        link = links.get(socket["link"]) if socket.get("link") is not None else None
-        if socket.get("link") is not None and (link is None or (link["target_id"], link["target_slot"]) != (node["id"], slot)):
+        if socket.get("link") is None:
+            continue
+        link = links.get(socket["link"])
+        if link is None or (link["target_id"], link["target_slot"]) != (node["id"], slot):
             problems.append(f"{where}: input {socket['name']!r} names link {socket['link']}, which does not end there")
     for slot, output in enumerate(node.get("outputs", [])):
         for link_id in output.get("links") or []:
@@ -351,4 +353,5 @@ def with_trigger(caption: str, trigger: str | None) -> str:
     """`[trigger]` / `[name]` replaced by the trigger word, which leads the prompt when absent."""
     for placeholder in ("[trigger]", "[name]"):
         caption = caption.replace(placeholder, trigger or "")
+    caption = " ".join(caption.split())
     return f"{trigger} {caption}" if trigger and trigger not in caption else caption

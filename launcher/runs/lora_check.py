@@ -105,6 +105,6 @@ def _shape_problems(module: str, parts: dict[str, list[int]], linears: dict[str,
         return [f"{module}: lora_A and lora_B must both be present"]
     out_features, in_features = linears[module]
     if len(down) != 2 or len(up) != 2 or down[1] != in_features or up[0] != out_features or down[0] != up[1]:
-        return [f"{module}: lora_A {down} and lora_B {up} do not fit the Linear's weight {[out_features, in_features]} "
-                f"(expected lora_A [r, {in_features}], lora_B [{out_features}, r])"]
+        return [(f"{module}: lora_A {down} and lora_B {up} do not fit the Linear's weight {[out_features, in_features]} "
+                 f"(expected lora_A [r, {in_features}], lora_B [{out_features}, r])")]
     return []
