@@ -6,6 +6,7 @@ from pathlib import Path
 
 from launcher import __version__
 from launcher.commands import (
+    comfy,
     doctor,
     flags,
     patches,
@@ -19,7 +20,7 @@ from launcher.commands import (
 from launcher.errors import LauncherError
 from launcher.patching.lock import DEFAULT_LOCK
 
-COMMANDS = (setup, verify, patches, rebase, run, flags, plot, watchdog, doctor)
+COMMANDS = (setup, verify, patches, rebase, run, flags, plot, comfy, watchdog, doctor)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,6 +14,7 @@ from launcher.envs.workdir import Workdir
 from launcher.patching import gitops
 from launcher.patching.lock import DEFAULT_LOCK, load_targets
 from launcher.patching.series import export_series
+from launcher.runs.folders import RunFolder
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # The in-trainer suite needs torch: tests/test_trainer_patches.py runs it in the trainer venv.
@@ -166,3 +167,17 @@ def upstream_main_workdir(tmp_path_factory) -> Workdir:
     """Upstream ai-toolkit pins other requirements than the fork (transformers, diffusers, ...),
     so it gets its own venv (LAUNCHER_TEST_WORKDIR_UPSTREAM_MAIN reuses one)."""
     return installed_workdir("upstream-main", "LAUNCHER_TEST_WORKDIR_UPSTREAM_MAIN", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def trained_tiny_run(trainer_workdir, tmp_path_factory):
+    """(RunFolder, Workdir): the tiny preset trained once per session in its own output folder,
+    for tests that read a finished run (its LoRA, config and logs) rather than watch one."""
+    output = tmp_path_factory.mktemp("tiny-run")
+    result = subprocess.run(
+        [sys.executable, "-m", "launcher", "run", "tiny", "--workdir", str(trainer_workdir.root),
+         "--output", str(output)],
+        cwd=REPO_ROOT, capture_output=True, text=True,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    return RunFolder(output / "tiny_flux2", "tiny_flux2"), trainer_workdir

@@ -22,7 +22,7 @@ from launcher.envs.torchenv import clean_env
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, venv_python
 from launcher.errors import LauncherError
 from launcher.patching.checkout import read_state
-from launcher.progress import say
+from launcher.progress import say, warn
 from launcher.runs import files, tiny, validate
 from launcher.runs.folders import RunFolder
 from launcher.runs.presets import Preset, load_preset, render, write_config
@@ -111,6 +111,8 @@ def check(preset: Preset, config: dict, workdir: Workdir, run: RunFolder, full_s
     if problems:
         raise LauncherError(f"{preset.path}:\n  " + "\n  ".join(problems))
     validate.check_resolutions(config)
+    for message in validate.network_warnings(config):
+        warn(f"{preset.path}: {message}")
     for process in config["config"]["process"]:
         model = process["model"]
         if full_size:

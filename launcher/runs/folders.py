@@ -6,11 +6,13 @@
         telemetry.jsonl              one row every interval: trainer + GPU figures
         trainer-telemetry.jsonl      rows written inside the trainer (in-process VRAM, wall 10)
         watchdog.jsonl               stall watchdog decisions
+        comfyui/                     `comfy`: <LoRA name>.workflow.json (UI) and .api.json (POST /prompt)
         <name>/                      what the trainer writes: LoRA, checkpoints, optimizer state
             run.json                 launcher metadata: lock commit, patch hashes, preset, torch, GPU
             SAVE_NOW / STOP_NOW      flag files the train loop picks up
 """
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +58,10 @@ class RunFolder:
     def flag(self, name: str) -> Path:
         return self.job_dir / name
 
+    @property
+    def comfyui(self) -> Path:
+        return self.root / "comfyui"
+
     def checkpoints(self) -> list[Path]:
         """What a resume can start from, oldest first: saved LoRA files, and the manifest the
         atomic-save patch commits a checkpoint with (it exists before the files are renamed)."""
@@ -63,6 +69,28 @@ class RunFolder:
             return []
         found = [*self.job_dir.glob(f"{self.name}*.safetensors"), *self.job_dir.glob(CHECKPOINT_MANIFEST)]
         return sorted(found, key=lambda p: p.stat().st_mtime)
+
+    def saved_lora(self, step: str | None) -> Path:
+        """The LoRA file saved at `step` (a number), or the newest one for None / "latest"."""
+        saved = [path for path in self.checkpoints() if path.suffix == ".safetensors"]
+        if not saved:
+            raise LauncherError(
+                f"{self.root} has no saved LoRA yet ({self.job_dir} holds no {self.name}*.safetensors): the trainer "
+                "saves one every save_every steps and at the end; `python -m launcher save` asks for one now"
+            )
+        if step in (None, "latest"):
+            return saved[-1]
+        steps = {_saved_step(path, self.name): path for path in saved}
+        if step.isdigit() and int(step) in steps:
+            return steps[int(step)]
+        listed = ", ".join("final" if number is None else str(number) for number in steps)
+        raise LauncherError(f"no LoRA saved at step {step!r} in {self.job_dir}; saved: {listed} (or `latest`)")
+
+
+def _saved_step(path: Path, name: str) -> int | None:
+    """The step in `<name>_000000500.safetensors`; None for the final `<name>.safetensors`."""
+    match = re.fullmatch(re.escape(name) + r"_(\d+)", path.stem)
+    return int(match.group(1)) if match else None
 
 
 def find_run(runs_dir: Path, spec: str | None) -> RunFolder:

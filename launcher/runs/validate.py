@@ -193,6 +193,21 @@ def check_resolutions(config: dict) -> None:
                     )
 
 
+def network_warnings(config: dict) -> list[str]:
+    """Networks ComfyUI cannot load: they train and save without complaint, and ComfyUI then
+    skips every tensor of them with only a log line (see launcher/runs/lora_check.py)."""
+    messages = []
+    for index, process in enumerate(config["config"]["process"]):
+        kind = str((process.get("network") or {}).get("type", "lora"))  # the trainer's default is lora
+        if kind.lower() != "lora":
+            messages.append(
+                f"config.process[{index}].network.type is {kind!r}: ComfyUI's FLUX.2 loader loads only "
+                f"`lora` networks and would silently apply none of this one; use `network: {{type: lora}}` "
+                "to try the result in ComfyUI"
+            )
+    return messages
+
+
 def check_free_disk(path: Path, needed_gib: float = FREE_DISK_NEEDED_GIB) -> None:
     free = free_disk_gib(path)
     if free < needed_gib:

@@ -1,0 +1,91 @@
+"""`comfy [RUN]`: a ComfyUI workflow for the run's LoRA, a check that ComfyUI loads it, and its placement.
+
+Everything that can fail is checked before anything is written: the run and its saved LoRA,
+the ComfyUI folder, the prompt, the LoRA's tensor names and shapes against the run's base
+checkpoint, and the workflow against ComfyUI's template. A file of the same name and other
+content in models/loras is replaced only with --force.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import yaml
+
+from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir
+from launcher.errors import LauncherError
+from launcher.progress import say, warn
+from launcher.runs import comfy, comfy_folder, lora_check
+from launcher.runs.folders import RunFolder, find_run
+
+EXAMPLES = """examples:
+  python -m launcher comfy --comfy-dir D:\\ComfyUI                  # the latest run's newest LoRA
+  python -m launcher comfy my_run --checkpoint 500 --prompt "sks dog on a beach"
+"""
+OUTPUT_PREFIX = "flux2-24gb"
+"""ComfyUI's output subfolder for the images these workflows save."""
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "comfy", help="write a ComfyUI workflow for a run's LoRA; check and place the LoRA",
+        description=__doc__.splitlines()[0], epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("run", nargs="?", help="run folder or run name (default: the latest run)")
+    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="default: .aitk")
+    parser.add_argument("--comfy-dir", type=Path, help="a ComfyUI folder: copy the LoRA to models/loras, check models")
+    parser.add_argument("--checkpoint", default="latest", help="the step of the LoRA to use, or latest (default)")
+    parser.add_argument("--prompt", help="the workflow's prompt (default: the first caption of the run's dataset)")
+    placement = parser.add_mutually_exclusive_group()
+    placement.add_argument("--copy", dest="link", action="store_false", help="copy the LoRA (default)")
+    placement.add_argument("--link", dest="link", action="store_true", help="link the LoRA instead of copying it")
+    parser.add_argument("--force", action="store_true", help="replace a different file of the same name in models/loras")
+    parser.set_defaults(handler=handle, link=False)
+
+
+def handle(args) -> int:
+    run = find_run(Workdir(args.workdir.resolve()).runs, args.run)
+    config = yaml.safe_load(run.config.read_text(encoding="utf-8"))
+    lora = run.saved_lora(args.checkpoint)
+    comfy_dir = comfy_folder.check_comfy_dir(args.comfy_dir.resolve()) if args.comfy_dir else None
+    prompt = args.prompt or comfy.caption_prompt(config)
+    if not prompt:
+        raise LauncherError(f"no caption found in the dataset named by {run.config}; pass --prompt \"...\"")
+    base = lora_check.base_checkpoint(config["config"]["process"][0]["model"]["name_or_path"])
+    summary = lora_check.check_lora(lora, base)
+    say(f"LoRA check: {lora.name}: {summary.modules} Linear modules, {summary.tensors} tensors, rank "
+        f"{'/'.join(map(str, summary.ranks))}; every tensor is one ComfyUI's FLUX.2 loader matches")
+    workflow = comfy.build(comfy.load_template(), lora.name, prompt, f"{OUTPUT_PREFIX}/{lora.stem}")
+    if comfy_dir is not None:
+        placed = comfy_folder.place_lora(lora, comfy_dir, link=args.link, force=args.force)
+        say(f"LoRA in place: {placed}")
+    write_workflows(run, lora, workflow)
+    say(f"prompt: {prompt}")
+    report_models(workflow.models, comfy_dir)
+    return 0
+
+
+def write_workflows(run: RunFolder, lora: Path, workflow: comfy.Workflow) -> None:
+    run.comfyui.mkdir(parents=True, exist_ok=True)
+    ui = run.comfyui / f"{lora.stem}.workflow.json"
+    api = run.comfyui / f"{lora.stem}.api.json"
+    ui.write_text(json.dumps(workflow.ui, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    api.write_text(json.dumps(workflow.api, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    say(f"wrote {ui} (drag it onto the ComfyUI canvas)")
+    say(f"wrote {api} (API format: POST {{\"prompt\": <its content>}} to ComfyUI's /prompt)")
+
+
+def report_models(models: list[dict], comfy_dir: Path | None) -> None:
+    """Which models the workflow loads, and with a ComfyUI folder, which of them it lacks."""
+    if comfy_dir is None:
+        say("put the LoRA into ComfyUI's models/loras/ (or pass --comfy-dir); the workflow also loads:")
+        for model in models:
+            say(f"  {comfy_folder.model_location(model)}")
+        return
+    for model in models:
+        found = comfy_folder.find_model(comfy_dir, model)
+        if found:
+            say(f"  found {found}")
+        else:
+            warn(f"{comfy_dir} lacks {comfy_folder.model_location(model)}, "
+                 "unless a folder of its extra_model_paths.yaml has it")

@@ -1,0 +1,90 @@
+"""A user's ComfyUI folder: recognise it, put the LoRA into models/loras, name the models it lacks."""
+
+import hashlib
+import os
+import re
+import shutil
+from pathlib import Path
+
+from launcher.errors import LauncherError
+from launcher.progress import warn
+
+MODEL_FOLDERS = {
+    # the folder a template names -> the folders ComfyUI searches for it (the older names too)
+    "diffusion_models": ("diffusion_models", "unet"),
+    "text_encoders": ("text_encoders", "clip"),
+}
+HUGGING_FACE_FILE = re.compile(r"^https://huggingface\.co/(?P<repo>[^/]+/[^/]+)/resolve/[^/]+/(?P<file>.+)$")
+
+
+def check_comfy_dir(folder: Path) -> Path:
+    """`folder` when it is a ComfyUI folder (models/ beside main.py or custom_nodes/)."""
+    if _is_comfy_dir(folder):
+        return folder
+    hint = f"Did you mean {folder / 'ComfyUI'}? " if _is_comfy_dir(folder / "ComfyUI") else ""
+    raise LauncherError(
+        f"{folder} is not a ComfyUI folder: it has no models/ folder beside main.py or custom_nodes/. {hint}"
+        "Pass the folder that holds ComfyUI's models/ (in the portable build, the ComfyUI folder inside it; "
+        "for the desktop app, its base path)"
+    )
+
+
+def _is_comfy_dir(folder: Path) -> bool:
+    return (folder / "models").is_dir() and ((folder / "main.py").is_file() or (folder / "custom_nodes").is_dir())
+
+
+def place_lora(lora: Path, comfy_dir: Path, link: bool, force: bool) -> Path:
+    """models/loras/<name>: a copy (or a link); a different file there is replaced only with `force`."""
+    target = comfy_dir / "models" / "loras" / lora.name
+    if target.exists() or target.is_symlink():
+        if _same_content(lora, target):
+            return target
+        if not force:
+            raise LauncherError(
+                f"{target} already exists with other content; pass --force to replace it, or move it away"
+            )
+        target.unlink()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if link:
+        try:
+            target.symlink_to(lora.resolve())
+            return target
+        except OSError as error:  # Windows without Developer Mode or admin rights, FAT drives
+            warn(f"cannot link {target} to {lora} ({error}); copying instead")
+    partial = target.with_name(target.name + ".partial")
+    shutil.copyfile(lora, partial)
+    os.replace(partial, target)  # never a half-copied LoRA under the real name
+    return target
+
+
+def _same_content(lora: Path, target: Path) -> bool:
+    if not target.exists():
+        return False  # a dangling link
+    if target.resolve() == lora.resolve():
+        return True
+    return target.stat().st_size == lora.stat().st_size and _sha256(target) == _sha256(lora)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(2**20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def model_location(model: dict) -> str:
+    """Where the template's model file goes and where it comes from."""
+    source = HUGGING_FACE_FILE.match(model.get("url", ""))
+    origin = (f"Hugging Face {source['repo']}, file {source['file']}" if source
+              else model.get("url") or "the template names no source")
+    return f"models/{model['directory']}/{model['name']} (from {origin})"
+
+
+def find_model(comfy_dir: Path, model: dict) -> Path | None:
+    """The template's model file in one of the folders ComfyUI searches for it, or None."""
+    for folder in MODEL_FOLDERS.get(model["directory"], (model["directory"],)):
+        path = comfy_dir / "models" / folder / model["name"]
+        if path.is_file():
+            return path
+    return None
