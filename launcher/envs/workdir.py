@@ -4,6 +4,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.errors import LauncherError
+
 DEFAULT_WORKDIR = Path(".aitk")
 
 
@@ -39,6 +41,29 @@ class Workdir:
     def state_file(self) -> Path:
         """What setup last applied (target, commit, patch hashes)."""
         return self.root / "setup-state.json"
+
+
+    def entries(self) -> list[Path]:
+        """Everything the launcher writes directly inside the workdir."""
+        return [self.trainer, self.trainer.with_name("trainer.partial"), self.venv, self.runs, self.assets,
+                self.root / "cache", self.root / "rebase", self.state_file, self.root / "constraints.txt",
+                self.root / "trainer-qtypes.json"]
+
+    def check_is_folder(self) -> None:
+        if self.root.exists() and not self.root.is_dir():
+            raise LauncherError(f"the workdir {self.root} is a file; give a folder (--workdir), it is created if missing")
+
+    def check_contained(self) -> None:
+        """Refuse a workdir whose entries are links (or junctions) leading out of it: setup
+        would otherwise write, or remove, what they point at."""
+        self.check_is_folder()
+        root = self.root.resolve()
+        for entry in self.entries():
+            if (entry.is_symlink() or entry.exists()) and root not in entry.resolve().parents:
+                raise LauncherError(
+                    f"{entry} leads out of the workdir (to {entry.resolve()}); the launcher only writes inside "
+                    f"{self.root}. Replace the link by a real folder or file, or choose another --workdir."
+                )
 
 
 def venv_python(venv: Path, windows: bool | None = None) -> Path:
