@@ -80,14 +80,12 @@ def _webp_size(data: bytes) -> tuple[int, int]:
     if riff_size + 8 > len(data):
         raise BadImage(f"is a truncated WebP ({len(data)} of {riff_size + 8} bytes)")
     chunk, body = data[12:16], data[20:30]
-    if len(body) < 10:
-        raise BadImage("is a WebP without an image chunk")
-    if chunk == b"VP8 " and body[3:6] == b"\x9d\x01\x2a":
+    if chunk == b"VP8 " and len(body) == 10 and body[3:6] == b"\x9d\x01\x2a":
         width, height = struct.unpack("<HH", body[6:10])
         return width & 0x3FFF, height & 0x3FFF
-    if chunk == b"VP8L" and body[0] == 0x2F:
+    if chunk == b"VP8L" and len(body) >= 5 and body[0] == 0x2F:
         (bits,) = struct.unpack("<I", body[1:5])
         return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
-    if chunk == b"VP8X":
+    if chunk == b"VP8X" and len(body) == 10:
         return int.from_bytes(body[4:7], "little") + 1, int.from_bytes(body[7:10], "little") + 1
     raise BadImage(f"is a WebP with an unknown or damaged image chunk {chunk!r}")

@@ -193,7 +193,8 @@ class ListOf(Spec):
 
     @property
     def allowed(self) -> str:
-        return f"a list of {self.item.allowed}" + (f" (at least {self.min_items})" if self.min_items else "")
+        least = f" of at least {self.min_items} item{'s' if self.min_items > 1 else ''}" if self.min_items else ""
+        return f"a list{least}, each {self.item.allowed}"
 
     def check(self, value, path, vocab):
         if not isinstance(value, list) or len(value) < self.min_items:
