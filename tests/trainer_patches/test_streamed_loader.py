@@ -93,10 +93,17 @@ def test_absurd_shapes_are_rejected(streamed_safetensors, tmp_path, shape):
 
 
 def test_header_that_is_not_an_object_is_rejected(streamed_safetensors, tmp_path):
-    raw = b' {"w": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}'
-    path = write(tmp_path, "space.safetensors", struct.pack("<Q", len(raw)) + raw + b"\x00")
-    expect_header_error(streamed_safetensors, path, "must start with")
+    raw = b'[{"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}]'
+    path = write(tmp_path, "list.safetensors", struct.pack("<Q", len(raw)) + raw + b"\x00")
+    expect_header_error(streamed_safetensors, path, "top level is a JSON list")
     assert_safe_open_refuses(path)
+
+
+def test_whitespace_around_the_header_is_accepted(streamed_safetensors, tmp_path):
+    raw = b'  {"w": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}    '
+    path = write(tmp_path, "spaces.safetensors", struct.pack("<Q", len(raw)) + raw + b"\x07")
+    assert streamed_safetensors.load_file(path)["w"].tolist() == [7]
+    assert reference_accepts(path.read_bytes(), tmp_path)
 
 
 def test_deeply_nested_header_is_rejected(streamed_safetensors, tmp_path):
@@ -277,7 +284,7 @@ def parse_blob(sst, blob, name="mutant.safetensors"):
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(valid_files())
-def test_random_valid_headers_parse(streamed_safetensors, case, tmp_path):
+def test_random_valid_headers_parse(streamed_safetensors, tmp_path, case):
     header, data = case
     blob = pack(header, data)
     assert reference_accepts(blob, tmp_path), "the generator made a file safetensors refuses"
@@ -361,11 +368,34 @@ def parses_or_fails_clearly(sst, blob, folder):
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(structural_mutants())
-def test_mutated_header_fields_parse_or_fail_clearly(streamed_safetensors, blob, tmp_path):
+def test_mutated_header_fields_parse_or_fail_clearly(streamed_safetensors, tmp_path, blob):
     parses_or_fails_clearly(streamed_safetensors, blob, tmp_path)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(byte_mutants())
-def test_mutated_bytes_parse_or_fail_clearly(streamed_safetensors, blob, tmp_path):
+def test_mutated_bytes_parse_or_fail_clearly(streamed_safetensors, tmp_path, blob):
     parses_or_fails_clearly(streamed_safetensors, blob, tmp_path)
+
+
+@st.composite
+def layout_mutants(draw):
+    """A valid file with a gap before one tensor, or bytes after the last one."""
+    header, data = draw(valid_files())
+    tensors = sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"])
+    extra = draw(st.integers(1, 4))
+    if tensors and draw(st.booleans()):
+        start = header[draw(st.sampled_from(tensors))]["data_offsets"][0]
+        for name in tensors:  # everything from that offset on moves back by `extra`
+            begin, end = header[name]["data_offsets"]
+            if begin >= start:
+                header[name]["data_offsets"] = [begin + extra, end + extra]
+    return pack(header, data + bytes(extra))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(layout_mutants())
+def test_gaps_and_trailing_bytes_are_refused_like_safe_open(streamed_safetensors, tmp_path, blob):
+    assert not reference_accepts(blob, tmp_path)
+    with pytest.raises(streamed_safetensors.SafetensorsHeaderError, match="gap of|belong to no tensor"):
+        parse_blob(streamed_safetensors, blob)
