@@ -27,7 +27,8 @@ def fake_safetensors(path: Path, nbytes: int, truncate_by: int = 0) -> None:
 
 
 @pytest.fixture
-def places(tmp_path):
+def places(tmp_path, monkeypatch):
+    monkeypatch.setattr(validate, "free_disk_gib", lambda path: 500.0)  # not this machine's disk
     model = tmp_path / "model"
     fake_safetensors(model / "flux2-dev.safetensors", 64_000_000_000)
     fake_safetensors(model / "ae.safetensors", 168_000_000)

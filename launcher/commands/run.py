@@ -31,8 +31,9 @@ from launcher.runs.folders import RunFolder
 from launcher.runs.presets import Preset, load_preset, render, write_config
 from launcher.runs.presets import check as check_preset
 from launcher.runs.run_lock import run_folder_lock
-from launcher.runs.vocabulary import read_vocabulary
+from launcher.runs.schema import Vocabulary
 from launcher.runs.telemetry import TelemetryRecorder
+from launcher.runs.vocabulary import read_vocabulary
 from launcher.watchdog.loop import watch_run
 from launcher.watchdog.policy import load_config
 
@@ -63,8 +64,7 @@ def handle(args) -> int:
     preset = load_preset(args.preset)
     places = locations(args)
     run = RunFolder.inside(places.get("output") or workdir.runs, preset.name)
-    python = venv_python(workdir.venv) if venv_python(workdir.venv).is_file() else None
-    check_preset(preset, read_vocabulary(workdir.trainer, python, workdir.root, read_state(workdir.state_file).get("head")))
+    check_preset(preset, trainer_vocabulary(workdir, keep=not args.dry_run))
     if preset.tiny:
         manifest = tiny.ensure_assets(workdir.assets / "tiny", workdir.trainer, checked_python(workdir))
         config = render(preset, run.root, tiny_manifest=manifest)
@@ -88,6 +88,13 @@ def handle(args) -> int:
             code = train(python, workdir.trainer, run, env)
     (say if code == 0 else warn)(f"{describe(code)}; log: {run.log}")
     return launcher_code(code)
+
+
+def trainer_vocabulary(workdir: Workdir, keep: bool) -> Vocabulary:
+    """What the workdir's trainer accepts; `keep` remembers its qtypes in the workdir."""
+    python = venv_python(workdir.venv)
+    return read_vocabulary(workdir.trainer, python if python.is_file() else None,
+                           workdir.qtypes_cache if keep else None, read_state(workdir.state_file).get("head"))
 
 
 @contextmanager

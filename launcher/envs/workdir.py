@@ -43,11 +43,16 @@ class Workdir:
         return self.root / "setup-state.json"
 
 
+    @property
+    def qtypes_cache(self) -> Path:
+        """The qtypes the trainer accepts, asked from it once per checkout HEAD."""
+        return self.root / "trainer-qtypes.json"
+
     def entries(self) -> list[Path]:
         """Everything the launcher writes directly inside the workdir."""
         return [self.trainer, self.trainer.with_name("trainer.partial"), self.venv, self.runs, self.assets,
                 self.root / "cache", self.root / "rebase", self.state_file, self.root / "constraints.txt",
-                self.root / "trainer-qtypes.json"]
+                self.qtypes_cache]
 
     def check_is_folder(self) -> None:
         if self.root.exists() and not self.root.is_dir():

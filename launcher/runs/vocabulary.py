@@ -37,7 +37,6 @@ PROCESS_SOURCES = (
     "extensions_built_in/sd_trainer/SDTrainer.py",
 )
 PROCESS_EXTRA = {"type"}  # read by the job to pick the process class
-QTYPES_FILE = "trainer-qtypes.json"
 
 
 def _read(trainer: Path, relative: str) -> str:
@@ -88,7 +87,7 @@ def network_types(trainer: Path) -> set[str] | None:
     return names
 
 
-def read_vocabulary(trainer: Path, python: Path | None = None, cache_dir: Path | None = None,
+def read_vocabulary(trainer: Path, python: Path | None = None, qtypes_cache: Path | None = None,
                     head: str | None = None) -> Vocabulary:
     """Every table that can be read from `trainer`; qtypes only when its `python` is given."""
     if not (trainer / "toolkit").is_dir():
@@ -97,7 +96,7 @@ def read_vocabulary(trainer: Path, python: Path | None = None, cache_dir: Path |
     return Vocabulary(
         section_keys=known_keys(trainer),
         model_kwargs=model_kwargs_keys(trainer),
-        qtypes=trainer_qtypes(trainer, python, cache_dir, head) if python else None,
+        qtypes=trainer_qtypes(trainer, python, qtypes_cache, head) if python else None,
         optimizers=_found(r"lower_type\s*==\s*['\"](\w+)['\"]", optimizer),
         optimizer_prefixes=set(re.findall(r"lower_type\.startswith\(\s*['\"](\w+)['\"]", optimizer)),
         network_types=network_types(trainer),
@@ -106,9 +105,9 @@ def read_vocabulary(trainer: Path, python: Path | None = None, cache_dir: Path |
     )
 
 
-def trainer_qtypes(trainer: Path, python: Path, cache_dir: Path | None, head: str | None) -> set[str] | None:
-    """The qtypes the trainer's get_qtype accepts; kept in `cache_dir` for the checkout `head`."""
-    cached = cache_dir / QTYPES_FILE if cache_dir and head else None
+def trainer_qtypes(trainer: Path, python: Path, cache: Path | None, head: str | None) -> set[str] | None:
+    """The qtypes the trainer's get_qtype accepts; kept in the `cache` file for the checkout `head`."""
+    cached = cache if head else None
     if cached is not None and cached.is_file():
         try:
             data = json.loads(cached.read_text(encoding="utf-8"))
