@@ -97,8 +97,8 @@ def load_preset(spec: str) -> Preset:
     path = find_preset(spec)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as error:
-        raise LauncherError(f"{path} is not valid YAML: {error}") from None
+    except (yaml.YAMLError, ValueError, RecursionError) as error:  # ValueError: bad UTF-8, a 5000-digit int
+        raise LauncherError(f"{path} is not valid YAML: {type(error).__name__}: {error}") from None
     raise_problems(path, check_preset(data))
     settings = {**LAUNCHER_DEFAULTS, **(data.pop(LAUNCHER_KEY, None) or {})}
     return Preset(path=path, settings=settings, config=data)

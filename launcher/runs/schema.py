@@ -114,7 +114,8 @@ class Number(Spec):
         if isinstance(value, str) and _looks_numeric(value):
             yield problem(path, value, "text, not a number (YAML reads 1e-4 as text: write 1.0e-4)",
                           self.allowed)
-        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                isinstance(value, float) and not math.isfinite(value)):
             yield problem(path, value, "not a number", self.allowed)
         elif (self.positive and value <= 0) or (self.minimum is not None and value < self.minimum) or (
                 self.maximum is not None and value > self.maximum):
