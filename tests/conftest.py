@@ -1,8 +1,10 @@
 """Shared fixtures: fixture upstream repositories, and one real trainer workdir per run."""
 
 import os
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import git
@@ -43,6 +45,18 @@ def write_files(root: Path, files: dict[str, str]) -> None:
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
+
+
+def write_png(path: Path, width: int, height: int) -> Path:
+    """A real grey PNG built with the standard library (the launcher's venv has no PIL)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = b"".join(b"\x00" + b"\x80" * width for _ in range(height))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+    return path
 
 
 class Upstream:

@@ -1,5 +1,7 @@
 """Every bad input of setup / verify / patches gets a clear error before long work starts."""
 
+import json
+
 import pytest
 from conftest import write_files
 from test_setup import TWO_PATCHES
@@ -100,3 +102,53 @@ def test_malformed_lock(upstream, tmp_path, capsys, text):
     upstream.lock.write_text(text)
     assert run_setup(upstream, tmp_path) == 2
     assert str(upstream.lock) in capsys.readouterr().err
+
+
+def test_workdir_that_is_a_file(upstream, tmp_path, capsys):
+    (tmp_path / "wd").write_text("my notes")
+    assert run_setup(upstream, tmp_path) == 2
+    assert f"the workdir {tmp_path / 'wd'} is a file" in capsys.readouterr().err
+    assert (tmp_path / "wd").read_text() == "my notes"
+
+
+@pytest.mark.parametrize("entry", ["trainer", "trainer.partial", "venv", "setup-state.json"])
+def test_workdir_entry_that_links_out_is_refused(upstream, tmp_path, capsys, entry):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine")
+    (tmp_path / "wd").mkdir()
+    target = outside / "keep.txt" if entry.endswith(".json") else outside
+    try:
+        (tmp_path / "wd" / entry).symlink_to(target, target_is_directory=target.is_dir())
+    except OSError as error:  # Windows without the symlink privilege
+        pytest.skip(f"cannot create a link here: {error}")
+    assert run_setup(upstream, tmp_path) == 2
+    assert f"{tmp_path / 'wd' / entry} leads out of the workdir" in capsys.readouterr().err
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
+    assert (outside / "keep.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("damage", ["missing", "half-written", "not an object"])
+def test_a_missing_or_damaged_state_file_is_rewritten(upstream, tmp_path, capsys, damage):
+    assert run_setup(upstream, tmp_path) == 0
+    state = Workdir(tmp_path / "wd").state_file
+    good = json.loads(state.read_text())
+    assert run_setup(upstream, tmp_path) == 0
+    assert "rewrote" not in capsys.readouterr().out, "an intact state file is left alone"
+    if damage == "missing":
+        state.unlink()
+    elif damage == "half-written":
+        state.write_text(state.read_text()[:40])
+    else:
+        state.write_text("[1, 2]")
+    assert run_setup(upstream, tmp_path) == 0
+    assert f"rewrote {state}" in capsys.readouterr().out
+    assert json.loads(state.read_text()) == good
+
+
+def test_a_file_where_the_checkout_belongs(upstream, tmp_path, capsys):
+    (tmp_path / "wd").mkdir()
+    (tmp_path / "wd" / "trainer").write_text("not a checkout")
+    assert run_setup(upstream, tmp_path) == 2
+    assert "trainer is a file where the launcher keeps a folder" in capsys.readouterr().err
+    assert (tmp_path / "wd" / "trainer").read_text() == "not a checkout"

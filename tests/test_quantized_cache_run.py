@@ -5,6 +5,7 @@ aside and rebuilt by the next launch.
 
 import re
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -34,7 +35,8 @@ def first_loss(text: str) -> float:
 
 @pytest.fixture(scope="module")
 def cache_runs(trainer_workdir, tmp_path_factory):
-    """Three launches of the tiny preset sharing the workdir's cache; the third after corruption."""
+    """Launches of the tiny preset sharing the workdir's cache: the third after a flipped data byte,
+    the fifth after metadata nested too deep to parse (it used to crash every launch)."""
     shutil.rmtree(trainer_workdir.quantized_cache, ignore_errors=True)
     root = tmp_path_factory.mktemp("cache-runs")
     first = launch(trainer_workdir, root / "first")
@@ -46,7 +48,10 @@ def cache_runs(trainer_workdir, tmp_path_factory):
     caches[0].write_bytes(bytes(data))
     third = launch(trainer_workdir, root / "third")
     fourth = launch(trainer_workdir, root / "fourth")
-    return first, second, third, fourth, caches[0]
+    nested = b'{"__metadata__": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    caches[0].write_bytes(struct.pack("<Q", len(nested)) + nested)
+    fifth = launch(trainer_workdir, root / "fifth")
+    return first, second, third, fourth, fifth, caches[0]
 
 
 def test_first_launch_quantizes_and_writes_the_cache(cache_runs):
@@ -62,10 +67,18 @@ def test_second_launch_loads_it_with_the_same_first_loss(cache_runs):
 
 
 def test_corrupt_cache_is_reported_set_aside_and_rebuilt(cache_runs):
-    _, _, third, fourth, cache = cache_runs
+    _, _, third, fourth, _, cache = cache_runs
     assert "corrupt cache" in third and "quantizing again" in third
     assert "Loaded quantized transformer from cache" not in third
     assert "[quantized cache] wrote" in third
-    assert cache.with_name(cache.name + ".corrupt").is_file() or any(cache.parent.glob("*.corrupt"))
+    assert cache.with_name(cache.name + ".corrupt-1").is_file()
     assert "Loaded quantized transformer from cache" in fourth
     assert first_loss(fourth) == first_loss(third)
+
+
+def test_malformed_metadata_is_a_corrupt_cache_not_a_crash(cache_runs):
+    *_, fourth, fifth, cache = cache_runs
+    assert "corrupt cache" in fifth and "RecursionError" in fifth
+    assert "[quantized cache] wrote" in fifth and first_loss(fifth) == first_loss(fourth)
+    assert cache.with_name(cache.name + ".corrupt-1").is_file(), "the earlier set-aside file is kept"
+    assert cache.with_name(cache.name + ".corrupt-2").is_file()

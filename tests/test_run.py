@@ -6,7 +6,7 @@ from pathlib import Path, PureWindowsPath
 
 import pytest
 import yaml
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, write_png
 
 from launcher.cli import main
 from launcher.envs.workdir import venv_python
@@ -27,7 +27,8 @@ def fake_safetensors(path: Path, nbytes: int, truncate_by: int = 0) -> None:
 
 
 @pytest.fixture
-def places(tmp_path):
+def places(tmp_path, monkeypatch):
+    monkeypatch.setattr(validate, "free_disk_gib", lambda path: 500.0)  # not this machine's disk
     model = tmp_path / "model"
     fake_safetensors(model / "flux2-dev.safetensors", 64_000_000_000)
     fake_safetensors(model / "ae.safetensors", 168_000_000)
@@ -38,7 +39,7 @@ def places(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     for stem in ("a", "b"):
-        (data / f"{stem}.png").write_bytes(b"png")
+        write_png(data / f"{stem}.png", 128, 96)
         (data / f"{stem}.txt").write_text("a photo of sks")
     return {"model": model, "encoder": encoder, "data": data, "workdir": tmp_path / "wd"}
 
@@ -91,15 +92,19 @@ def test_unknown_key_names_the_closest_known_key(places, fork_workdir, tmp_path,
     assert main(["run", str(path), "--dry-run", "--workdir", str(fork_workdir), "--model-dir", str(places["model"]),
                  "--text-encoder", str(places["encoder"]), "--dataset", str(places["data"])]) == 2
     err = capsys.readouterr().err
-    assert "unknown key `gradient_checkpoint`; did you mean `gradient_checkpointing`?" in err
-    assert "unknown key `qtyp`; did you mean `qtype`?" in err
+    assert ("config.process[0].train.gradient_checkpoint = True: unknown key (the trainer would silently "
+            "ignore it); did you mean `gradient_checkpointing`?") in err
+    assert "config.process[0].model.qtyp = 'uint4': unknown key" in err and "did you mean `qtype`?" in err
+    assert "2 problems; nothing was started" in err
 
 
 def test_unknown_launcher_key(tmp_path, capsys):
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump({"launcher": {"alocator": "default"}, "config": {"name": "x", "process": []}}))
     assert main(["run", str(path), "--dry-run"]) == 2
-    assert "unknown key `launcher.alocator`; did you mean `allocator`?" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "launcher.alocator = 'default': unknown key (not a setting); did you mean `allocator`?" in err
+    assert "config.process = []: too few items" in err and "job is missing" in err
 
 
 def broken(places, what):
@@ -164,7 +169,7 @@ def test_resolution_must_be_a_multiple_of_16(places, tmp_path, capsys):
     assert main(["run", str(path), "--dry-run", "--workdir", str(places["workdir"]), "--model-dir", str(places["model"]),
                  "--text-encoder", str(places["encoder"]), "--dataset", str(places["data"])]) == 2
     err = capsys.readouterr().err
-    assert "500 is not a multiple of 16" in err and "use 496 or 512" in err
+    assert "config.process[0].datasets[0].resolution[0] = 500: not a multiple of 16 (use 496 or 512)" in err
 
 
 def test_too_little_disk(places, capsys, monkeypatch):

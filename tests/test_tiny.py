@@ -2,6 +2,9 @@
 
 import json
 
+import pytest
+
+from launcher.errors import LauncherError
 from launcher.in_trainer import tiny_assets as tiny
 
 
@@ -42,3 +45,15 @@ def test_manifest_paths_follow_the_folder_when_it_moves(tmp_path):
     assert manifest["name_or_path"] == str(moved.resolve())
     assert manifest["dataset"] == str(moved.resolve() / tiny.DATASET_DIR)
     assert manifest["model_kwargs"]["text_encoder_path"] == str(moved.resolve() / tiny.TEXT_ENCODER_DIR)
+
+
+def test_manifest_naming_a_path_outside_its_folder_is_refused(tmp_path):
+    from launcher.runs import tiny as runs_tiny
+
+    for escape in ("../elsewhere", str(tmp_path / "elsewhere")):
+        manifest = {"format": tiny.ASSETS_FORMAT, "seed": 0, "name_or_path": ".", "dataset": escape,
+                    "model_kwargs": {"text_encoder_path": tiny.TEXT_ENCODER_DIR}}
+        (tmp_path / "assets").mkdir(exist_ok=True)
+        (tmp_path / "assets" / tiny.MANIFEST_NAME).write_text(json.dumps(manifest), encoding="utf-8")
+        with pytest.raises(LauncherError, match="outside"):
+            runs_tiny.read_manifest(tmp_path / "assets", 0)

@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from launcher import __version__
+from launcher.atomic import write_text_atomic
 from launcher.envs.probe import probe_with
 from launcher.envs.torchenv import clean_env
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, venv_python
@@ -24,9 +25,15 @@ from launcher.errors import LauncherError
 from launcher.patching.checkout import read_state
 from launcher.progress import say, warn
 from launcher.runs import files, tiny, validate
+from launcher.runs.dataset import DEFAULT_BUCKET_TOLERANCE, DatasetCheck, check_dataset
+from launcher.runs.exit_status import describe, launcher_code
 from launcher.runs.folders import RunFolder
 from launcher.runs.presets import Preset, load_preset, render, write_config
+from launcher.runs.presets import check as check_preset
+from launcher.runs.run_lock import run_folder_lock
+from launcher.runs.schema import Vocabulary
 from launcher.runs.telemetry import TelemetryRecorder
+from launcher.runs.vocabulary import read_vocabulary
 from launcher.watchdog.loop import watch_run
 from launcher.watchdog.policy import load_config
 
@@ -53,28 +60,41 @@ def register(subparsers) -> None:
 
 def handle(args) -> int:
     workdir = Workdir(args.workdir.resolve())
+    workdir.check_is_folder()
     preset = load_preset(args.preset)
     places = locations(args)
-    run = RunFolder((places.get("output") or workdir.runs) / preset.name, preset.name)
+    run = RunFolder.inside(places.get("output") or workdir.runs, preset.name)
+    check_preset(preset, trainer_vocabulary(workdir, keep=not args.dry_run))
     if preset.tiny:
         manifest = tiny.ensure_assets(workdir.assets / "tiny", workdir.trainer, checked_python(workdir))
         config = render(preset, run.root, tiny_manifest=manifest)
     else:
         config = render(preset, run.root, places=places)
-    check(preset, config, workdir, run, full_size=not preset.tiny)
+    datasets = check(preset, config, run, full_size=not preset.tiny)
     env = trainer_env(preset, run, workdir)
     if args.dry_run:
         print(yaml.safe_dump(config, sort_keys=False), end="", flush=True)
         for name in sorted(env_changes(preset, run, workdir)):
             print(f"{name}={env[name]}", flush=True)
         return 0
-    check_resume(run, args.resume)
     python = checked_python(workdir)
-    write_config(config, run.config)
-    write_metadata(run, preset, workdir, python)
-    say(f"run folder: {run.root}")
-    with TelemetryRecorder(run, preset.telemetry), stall_watchdog(preset, run, python, env):
-        return train(python, workdir.trainer, run, env)
+    with run_folder_lock(run.root):
+        check_resume(run, args.resume)
+        write_config(config, run.config)
+        write_dataset_lists(datasets)
+        write_metadata(run, preset, workdir, python, datasets)
+        say(f"run folder: {run.root}")
+        with TelemetryRecorder(run, preset.telemetry), stall_watchdog(preset, run, python, env):
+            code = train(python, workdir.trainer, run, env)
+    (say if code == 0 else warn)(f"{describe(code)}; log: {run.log}")
+    return launcher_code(code)
+
+
+def trainer_vocabulary(workdir: Workdir, keep: bool) -> Vocabulary:
+    """What the workdir's trainer accepts; `keep` remembers its qtypes in the workdir."""
+    python = venv_python(workdir.venv)
+    return read_vocabulary(workdir.trainer, python if python.is_file() else None,
+                           workdir.qtypes_cache if keep else None, read_state(workdir.state_file).get("head"))
 
 
 @contextmanager
@@ -101,16 +121,12 @@ def locations(args) -> dict[str, Path]:
     return found
 
 
-def check(preset: Preset, config: dict, workdir: Workdir, run: RunFolder, full_size: bool) -> None:
-    """Every check that can fail before the trainer starts, so no long work is lost to a typo."""
-    problems = []
-    if (workdir.trainer / "toolkit" / "config_modules.py").is_file():
-        problems += validate.unknown_keys(config, validate.known_keys(workdir.trainer))
-    else:
-        say(f"note: no trainer checkout in {workdir.root}; config keys not checked (run setup)")
-    if problems:
-        raise LauncherError(f"{preset.path}:\n  " + "\n  ".join(problems))
-    validate.check_resolutions(config)
+def check(preset: Preset, config: dict, run: RunFolder, full_size: bool) -> list[tuple[Path, DatasetCheck]]:
+    """Every check of the files a run uses, before the trainer starts, so no long work is lost.
+
+    Returns each dataset's check with the list file it is trained from when bad files are
+    skipped (`launcher: {skip_bad_images: true}`); the rendered config then points there."""
+    datasets = []
     for message in validate.network_warnings(config):
         warn(f"{preset.path}: {message}")
     for process in config["config"]["process"]:
@@ -118,10 +134,24 @@ def check(preset: Preset, config: dict, workdir: Workdir, run: RunFolder, full_s
         if full_size:
             validate.check_model_dir(Path(model["name_or_path"]), full_size=True)
             validate.check_text_encoder(model.get("model_kwargs", {}).get("text_encoder_path", ""))
-        for dataset in process.get("datasets", []):
-            validate.check_dataset(Path(dataset["folder_path"]), dataset.get("caption_ext", "txt"))
+        for dataset in process["datasets"]:
+            result = check_dataset(Path(dataset["folder_path"]), dataset.get("caption_ext", "txt"),
+                                   dataset.get("bucket_tolerance", DEFAULT_BUCKET_TOLERANCE), preset.skip_bad_images)
+            if result.bad:
+                listed = run.dataset_list(len(datasets))
+                dataset["dataset_path"] = str(listed)
+                warn(f"skipping {len(result.bad)} of {len(result.bad) + len(result.good)} images in "
+                     f"{result.folder} (launcher.skip_bad_images); they are listed in {run.metadata}")
+                datasets.append((listed, result))
     if full_size:
         validate.check_free_disk(run.root)
+    return datasets
+
+
+def write_dataset_lists(datasets: list[tuple[Path, DatasetCheck]]) -> None:
+    """The trainer's `dataset_path` files: a JSON object keyed by the images to train on."""
+    for listed, result in datasets:
+        write_text_atomic(listed, json.dumps({str(image): {} for image in result.good}, indent=1) + "\n")
 
 
 def check_resume(run: RunFolder, resume: bool) -> None:
@@ -166,7 +196,8 @@ def trainer_env(preset: Preset, run: RunFolder, workdir: Workdir) -> dict[str, s
     return {**clean_env(), **env_changes(preset, run, workdir), "PYTHONUNBUFFERED": "1"}
 
 
-def write_metadata(run: RunFolder, preset: Preset, workdir: Workdir, python: Path) -> None:
+def write_metadata(run: RunFolder, preset: Preset, workdir: Workdir, python: Path,
+                   datasets: list[tuple[Path, DatasetCheck]]) -> None:
     """run.json beside the LoRA: enough to reproduce the run and to file a bug report."""
     state = read_state(workdir.state_file)
     metadata = {
@@ -178,9 +209,9 @@ def write_metadata(run: RunFolder, preset: Preset, workdir: Workdir, python: Pat
         "preset": str(preset.path),
         "preset_sha256": hashlib.sha256(preset.path.read_bytes()).hexdigest(),
         "torch": probe_with(python),
+        "skipped_images": [item for _, result in datasets for item in result.skipped()],
     }
-    run.job_dir.mkdir(parents=True, exist_ok=True)
-    run.metadata.write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
+    write_text_atomic(run.metadata, json.dumps(metadata, indent=2) + "\n")
 
 
 def train(python: Path, trainer: Path, run: RunFolder, env: dict[str, str]) -> int:
@@ -197,5 +228,4 @@ def train(python: Path, trainer: Path, run: RunFolder, env: dict[str, str]) -> i
                 log_file.flush()
         finally:
             code = child.wait()
-    say(f"trainer exited with code {code}; log: {run.log}")
     return code

@@ -29,6 +29,7 @@ def register(subparsers) -> None:
 def run_setup(args) -> int:
     gitops.require_git()
     workdir = Workdir(args.workdir.resolve())
+    workdir.check_contained()
     target = find_target(args.target, args.lock)
     patches = series.load_checked(target.series)
     state = checkout.read_state(workdir.state_file)
@@ -48,11 +49,15 @@ def run_setup(args) -> int:
                 f"{workdir.trainer} diff > my.patch), then move the folder aside or remove it "
                 "and run setup again, or choose another --workdir."
             )
-        say(f"{workdir.trainer} is up to date: {target.commit[:12]} + {len(patches)} patches; nothing to do")
+        say(f"{workdir.trainer} is up to date: {target.commit[:12]} + {len(patches)} patches")
+        expected = checkout.expected_state(target, patches, checkout.head(workdir.trainer))
+        if state != expected:
+            checkout.write_state(workdir.state_file, expected)
+            say(f"rewrote {workdir.state_file}, which was missing or incomplete")
     else:
         workdir.root.mkdir(parents=True, exist_ok=True)
         repo = checkout.build(target, patches, workdir.trainer)
-        checkout.write_state(workdir.state_file, target, patches, repo.head.commit.hexsha)
+        checkout.write_state(workdir.state_file, checkout.expected_state(target, patches, repo.head.commit.hexsha))
         say(f"checkout ready: {workdir.trainer} (branch {checkout.BRANCH})")
     if channel is not None:
         install(workdir, channel, args.python or default_python(), target.requirements)

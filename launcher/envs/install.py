@@ -5,6 +5,7 @@ import json
 import subprocess
 from pathlib import Path
 
+from launcher.atomic import write_text_atomic
 from launcher.envs.torchenv import (
     Channel,
     clean_env,
@@ -81,14 +82,14 @@ def install(workdir: Workdir, channel: Channel, base_python: Path, requirements_
             _pip(python, ["install", *trio_install_args(channel)])
         versions = installed_trio(python)
     constraints = workdir.root / "constraints.txt"
-    constraints.write_text(constraints_text(versions), encoding="utf-8")
+    write_text_atomic(constraints, constraints_text(versions))
     say(f"holding {', '.join(f'{k} {v}' for k, v in sorted(versions.items()))} with {constraints}")
     with step(f"installing the trainer's requirements from {requirements}"):
         _pip(python, ["install", "-r", str(requirements), "-c", str(constraints)])
     after = installed_trio(python)
     if after != versions:
         raise LauncherError(f"pip changed the torch trio from {versions} to {after}; report this with the log")
-    (workdir.venv / MARKER).write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
+    write_text_atomic(workdir.venv / MARKER, json.dumps(spec, indent=2) + "\n")
 
 
 def _pip(python: Path, args: list[str]) -> None:

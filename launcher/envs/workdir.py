@@ -4,6 +4,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.errors import LauncherError
+
 DEFAULT_WORKDIR = Path(".aitk")
 
 
@@ -39,6 +41,40 @@ class Workdir:
     def state_file(self) -> Path:
         """What setup last applied (target, commit, patch hashes)."""
         return self.root / "setup-state.json"
+
+
+    @property
+    def qtypes_cache(self) -> Path:
+        """The qtypes the trainer accepts, asked from it once per checkout HEAD."""
+        return self.root / "trainer-qtypes.json"
+
+    def folders(self) -> list[Path]:
+        """The folders the launcher makes directly inside the workdir."""
+        return [self.trainer, self.trainer.with_name("trainer.partial"), self.venv, self.runs, self.assets,
+                self.root / "cache", self.root / "rebase"]
+
+    def files(self) -> list[Path]:
+        """The files the launcher writes directly inside the workdir."""
+        return [self.state_file, self.root / "constraints.txt", self.qtypes_cache]
+
+    def check_is_folder(self) -> None:
+        if self.root.exists() and not self.root.is_dir():
+            raise LauncherError(f"the workdir {self.root} is a file; give a folder (--workdir), it is created if missing")
+
+    def check_contained(self) -> None:
+        """Refuse a workdir whose entries are links (or junctions) leading out of it, or files
+        where a folder belongs: setup would otherwise write, or remove, what they point at."""
+        self.check_is_folder()
+        root = self.root.resolve()
+        for entry in self.folders() + self.files():
+            if (entry.is_symlink() or entry.exists()) and root not in entry.resolve().parents:
+                raise LauncherError(
+                    f"{entry} leads out of the workdir (to {entry.resolve()}); the launcher only writes inside "
+                    f"{self.root}. Replace the link by a real folder or file, or choose another --workdir."
+                )
+        for entry in self.folders():
+            if entry.exists() and not entry.is_dir():
+                raise LauncherError(f"{entry} is a file where the launcher keeps a folder; move it aside and run again")
 
 
 def venv_python(venv: Path, windows: bool | None = None) -> Path:

@@ -11,6 +11,7 @@ from pathlib import Path
 import git
 from git.remote import RemoteProgress
 
+from launcher.atomic import write_text_atomic
 from launcher.errors import LauncherError
 from launcher.patching import gitops, overlay
 from launcher.patching.lock import Target
@@ -134,8 +135,17 @@ def problems_in_history(repo: git.Repo, base: str, patches: list[Patch], files: 
         yield f"commit {extra.hexsha[:12]} ({extra.summary}) is not part of the series"
 
 
-def write_state(state_file: Path, target: Target, patches: list[Patch], head: str) -> None:
-    state = {
+def head(trainer: Path) -> str:
+    repo = git.Repo(trainer)
+    try:
+        return repo.head.commit.hexsha
+    finally:
+        repo.close()
+
+
+def expected_state(target: Target, patches: list[Patch], head: str) -> dict:
+    """What setup records about a checkout it built or checked: target, commit, HEAD, patch hashes."""
+    return {
         "target": target.name,
         "url": target.url,
         "commit": target.commit,
@@ -143,11 +153,16 @@ def write_state(state_file: Path, target: Target, patches: list[Patch], head: st
         "patches": {p.name: p.sha256() for p in patches},
         "overlay": overlay.digest(overlay.read_overlay(target.overlay)),
     }
-    state_file.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
+
+
+def write_state(state_file: Path, state: dict) -> None:
+    write_text_atomic(state_file, json.dumps(state, indent=2) + "\n")
 
 
 def read_state(state_file: Path) -> dict:
+    """The recorded state; {} when the file is missing or damaged (setup then rewrites it)."""
     try:
-        return json.loads(state_file.read_text(encoding="utf-8"))
-    except (FileNotFoundError, json.JSONDecodeError):
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return {}
+    return state if isinstance(state, dict) else {}

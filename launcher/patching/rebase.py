@@ -14,6 +14,7 @@ from pathlib import Path
 
 import git
 
+from launcher.atomic import write_text_atomic
 from launcher.errors import LauncherError
 from launcher.patching import gitops, overlay, series
 from launcher.patching.lock import Target
@@ -37,7 +38,7 @@ class RebaseState:
         return cls(**json.loads(path.read_text(encoding="utf-8")))
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
+        write_text_atomic(path, json.dumps(asdict(self), indent=2) + "\n")
 
 
 class Rebase:

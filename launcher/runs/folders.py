@@ -7,6 +7,8 @@
         trainer-telemetry.jsonl      rows written inside the trainer (in-process VRAM, wall 10)
         watchdog.jsonl               stall watchdog decisions
         comfyui/                     `comfy`: <LoRA name>.workflow.json (UI) and .api.json (POST /prompt)
+        run.lock, run.lock.json      held while a trainer runs here, and who holds it
+        dataset-<n>.json             the images trained on, when bad ones are skipped
         <name>/                      what the trainer writes: LoRA, checkpoints, optimizer state
             run.json                 launcher metadata: lock commit, patch hashes, preset, torch, GPU
             SAVE_NOW / STOP_NOW      flag files the train loop picks up
@@ -26,6 +28,21 @@ from launcher.runs.files import CHECKPOINT_MANIFEST
 class RunFolder:
     root: Path
     name: str
+
+    @classmethod
+    def inside(cls, output: Path, name: str) -> "RunFolder":
+        """`output/name`, refused unless it resolves to a folder directly inside `output`."""
+        if output.exists() and not output.is_dir():
+            raise LauncherError(f"--output {output} is a file; give a folder (it is created when missing)")
+        root = (output / name).resolve()
+        if root.parent != output.resolve():
+            raise LauncherError(
+                f"the run name {name!r} (config.name) would put the run at {root}, not in {output}; "
+                "use a plain folder name, and no link in its place"
+            )
+        if root.exists() and not root.is_dir():
+            raise LauncherError(f"{root} is a file; the run folder must be a folder: move it or rename the run")
+        return cls(root, name)
 
     @property
     def job_dir(self) -> Path:
@@ -54,6 +71,10 @@ class RunFolder:
     @property
     def metadata(self) -> Path:
         return self.job_dir / "run.json"
+
+    def dataset_list(self, index: int) -> Path:
+        """The images a dataset trains on when bad files are skipped (the trainer's dataset_path)."""
+        return self.root / f"dataset-{index}.json"
 
     def flag(self, name: str) -> Path:
         return self.job_dir / name

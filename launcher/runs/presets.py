@@ -11,7 +11,8 @@ embedded tiny FLUX.2.
       platform: rocm | cuda | cpu          # what the preset was tuned for (doctor, docs)
       allocator: expandable_segments | default   # wall 7; `default` leaves PyTorch's allocator alone
       telemetry: {interval_s: 10}
-      watchdog: {enabled: false, ...}      # the stall watchdog, see launcher/watchdog.py
+      watchdog: {enabled: false, ...}      # the stall watchdog, see launcher/watchdog/policy.py
+      skip_bad_images: false   # true: train without the dataset files that fail the checks
 """
 
 import copy
@@ -20,8 +21,9 @@ from pathlib import Path
 
 import yaml
 
+from launcher.atomic import write_text_atomic
 from launcher.errors import LauncherError
-from launcher.suggest import did_you_mean
+from launcher.runs.schema import Vocabulary, check_preset
 
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 LAUNCHER_KEY = "launcher"
@@ -32,8 +34,8 @@ LAUNCHER_DEFAULTS = {
     "allocator": "expandable_segments",
     "telemetry": {"interval_s": 10},
     "watchdog": {"enabled": False},
+    "skip_bad_images": False,
 }
-ALLOCATORS = ("expandable_segments", "default")
 PLACEHOLDER = "filled-in-by-the-launcher"
 REQUIRED_PLACES = {
     "model_dir": "--model-dir (or $FLUX2_MODEL_DIR): the folder holding flux2-dev.safetensors and ae.safetensors",
@@ -75,6 +77,10 @@ class Preset:
     def watchdog(self) -> dict:
         return self.settings["watchdog"]
 
+    @property
+    def skip_bad_images(self) -> bool:
+        return bool(self.settings["skip_bad_images"])
+
 
 def find_preset(spec: str) -> Path:
     """A preset file from a path, or from a bare name in the shipped presets folder."""
@@ -87,21 +93,26 @@ def find_preset(spec: str) -> Path:
 
 
 def load_preset(spec: str) -> Preset:
+    """Read and check a preset against the schema; what needs the trainer is checked by `check`."""
     path = find_preset(spec)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as error:
-        raise LauncherError(f"{path} is not valid YAML: {error}") from None
-    if not isinstance(data, dict) or "config" not in data or "name" not in data.get("config", {}):
-        raise LauncherError(f"{path} is not a trainer config: it needs config.name and config.process")
-    settings = data.pop(LAUNCHER_KEY, None) or {}
-    unknown = [key for key in settings if key not in LAUNCHER_DEFAULTS]
-    for key in unknown:
-        raise LauncherError(f"{path}: unknown key `launcher.{key}`{did_you_mean(key, LAUNCHER_DEFAULTS)}")
-    settings = {**LAUNCHER_DEFAULTS, **settings}
-    if settings["allocator"] not in ALLOCATORS:
-        raise LauncherError(f"{path}: `launcher.allocator` must be one of {', '.join(ALLOCATORS)}")
+    except (yaml.YAMLError, ValueError, RecursionError) as error:  # ValueError: bad UTF-8, a 5000-digit int
+        raise LauncherError(f"{path} is not valid YAML: {type(error).__name__}: {error}") from None
+    raise_problems(path, check_preset(data))
+    settings = {**LAUNCHER_DEFAULTS, **(data.pop(LAUNCHER_KEY, None) or {})}
     return Preset(path=path, settings=settings, config=data)
+
+
+def check(preset: Preset, vocabulary: Vocabulary) -> None:
+    """The whole schema, with the values only the trainer knows (qtypes, optimizers, keys)."""
+    raise_problems(preset.path, check_preset({**preset.config, LAUNCHER_KEY: preset.settings}, vocabulary))
+
+
+def raise_problems(path: Path, problems: list[str]) -> None:
+    if problems:
+        count = f"{len(problems)} problems" if len(problems) > 1 else "a problem"
+        raise LauncherError(f"{path} has {count}; nothing was started:\n  " + "\n  ".join(problems))
 
 
 def render(preset: Preset, run_dir: Path, tiny_manifest: dict | None = None, places: dict | None = None) -> dict:
@@ -142,6 +153,5 @@ def fill_tiny(process: dict, manifest: dict) -> None:
 
 
 def write_config(config: dict, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    write_text_atomic(path, yaml.safe_dump(config, sort_keys=False))
     return path

@@ -22,9 +22,18 @@ def read_manifest(out: Path, seed: int) -> dict | None:
         return None
     root = out.resolve()
     kwargs = dict(manifest["model_kwargs"])
-    kwargs["text_encoder_path"] = str(root / kwargs["text_encoder_path"])
-    return {**manifest, "name_or_path": str(root / manifest["name_or_path"]),
-            "dataset": str(root / manifest["dataset"]), "model_kwargs": kwargs}
+    kwargs["text_encoder_path"] = inside(root, kwargs["text_encoder_path"])
+    return {**manifest, "name_or_path": inside(root, manifest["name_or_path"]),
+            "dataset": inside(root, manifest["dataset"]), "model_kwargs": kwargs}
+
+
+def inside(root: Path, name: str) -> str:
+    """A manifest entry as an absolute path; it must stay in the assets folder."""
+    path = (root / name).resolve()
+    if path != root and root not in path.parents:
+        raise LauncherError(f"{root / tiny_assets.MANIFEST_NAME} names {name!r}, outside {root}; "
+                            f"delete {root} and run again to rebuild the tiny FLUX.2")
+    return str(path)
 
 
 def ensure_assets(out: Path, trainer: Path, python: Path, seed: int = DEFAULT_SEED) -> dict:

@@ -1,95 +1,41 @@
-"""Checks on a rendered run, before anything heavy starts; each failure says how to fix it.
-
-Known config keys are read from the trainer's own source (the `kwargs.get('key'` of each
-config class in toolkit/config_modules.py and the `get_conf('key'` of the train processes),
-so the list follows whatever commit the lock pins.
-"""
+"""Checks on the files a rendered run points at, before anything heavy starts; each failure
+says how to fix it. (The preset itself is checked by launcher/runs/schema.py, the dataset by
+launcher/runs/dataset.py.)"""
 
 import json
 import os
-import re
 import struct
 from pathlib import Path
 
 from launcher.envs.hostinfo import free_disk_gib
 from launcher.errors import LauncherError
-from launcher.suggest import did_you_mean
 
 TRANSFORMER_FILE = "flux2-dev.safetensors"
 VAE_FILE = "ae.safetensors"
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp"}
 MAX_HEADER_BYTES = 100 * 2**20
 # The quantized transformer cache (~18 GB for the 32B model) plus latents and checkpoints.
 FULL_MODEL_BYTES = 30 * 2**30
 FREE_DISK_NEEDED_GIB = 25
 
-SECTION_CLASSES = {
-    "model": "ModelConfig",
-    "train": "TrainConfig",
-    "network": "NetworkConfig",
-    "save": "SaveConfig",
-    "sample": "SampleConfig",
-    "logging": "LoggingConfig",
-    "datasets": "DatasetConfig",
-}
-PROCESS_SOURCES = (
-    "jobs/process/BaseProcess.py",
-    "jobs/process/BaseTrainProcess.py",
-    "jobs/process/BaseSDTrainProcess.py",
-    "extensions_built_in/sd_trainer/SDTrainer.py",
-)
-PROCESS_EXTRA = {"type"}  # read by the job to pick the process class
-
-
-def known_keys(trainer: Path) -> dict[str, set[str]]:
-    """{section: keys the trainer reads}; section "process" is the process level."""
-    source = (trainer / "toolkit" / "config_modules.py").read_text(encoding="utf-8")
-    classes = {
-        match.group(1): match.start() for match in re.finditer(r"^class (\w+)", source, re.M)
-    }
-    bounds = sorted(classes.values()) + [len(source)]
-    keys: dict[str, set[str]] = {}
-    for section, name in SECTION_CLASSES.items():
-        start = classes[name]
-        body = source[start : bounds[bounds.index(start) + 1]]
-        keys[section] = set(re.findall(r"kwargs\.get\(\s*['\"](\w+)['\"]", body))
-    process: set[str] = set(PROCESS_EXTRA)
-    for relative in PROCESS_SOURCES:
-        path = trainer / relative
-        if path.is_file():
-            text = path.read_text(encoding="utf-8")
-            process |= set(re.findall(r"get_conf\(\s*['\"](\w+)", text))
-    keys["process"] = process
-    return keys
-
-
-def unknown_keys(config: dict, known: dict[str, set[str]]) -> list[str]:
-    """Messages for keys the trainer would silently ignore, each with the closest known key."""
-    messages = []
-    for index, process in enumerate(config["config"]["process"]):
-        where = f"config.process[{index}]"
-        messages += _check(process, known["process"], where)
-        for section, section_keys in known.items():
-            value = process.get(section)
-            if section == "process" or value is None:
-                continue
-            for item_index, item in enumerate(value if isinstance(value, list) else [value]):
-                label = f"{where}.{section}" + (f"[{item_index}]" if isinstance(value, list) else "")
-                if isinstance(item, dict):
-                    messages += _check(item, section_keys, label)
-    return messages
-
-
-def _check(block: dict, known: set[str], where: str) -> list[str]:
-    messages = []
-    for key in block:
-        if key not in known:
-            messages.append(f"{where}: unknown key `{key}`{did_you_mean(key, known)}")
-    return messages
-
 
 def safetensors_header(path: Path) -> dict:
-    """The JSON header of a .safetensors file, checked against the file's size."""
+    """The JSON header of a .safetensors file, checked against the file's size.
+
+    The file is untrusted: whatever its bytes, the only exception is a LauncherError naming it.
+    """
+    try:
+        return _checked_header(path)
+    except LauncherError:
+        raise
+    except OSError as error:
+        raise LauncherError(f"{path} cannot be read ({error.strerror or error})") from None
+    except (ValueError, RecursionError, struct.error) as error:  # json, UTF-8, nesting too deep
+        raise LauncherError(
+            f"{path}: unreadable safetensors header ({type(error).__name__}: {error}); download it again"
+        ) from None
+
+
+def _checked_header(path: Path) -> dict:
     size = path.stat().st_size
     with path.open("rb") as handle:
         prefix = handle.read(8)
@@ -101,19 +47,41 @@ def safetensors_header(path: Path) -> dict:
                 f"{path}: header length {length} does not fit the file ({size} bytes); the file is "
                 "truncated or not a safetensors file: download it again"
             )
-        try:
-            header = json.loads(handle.read(length))
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise LauncherError(f"{path}: unreadable safetensors header ({error}); download it again") from None
-    ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
-    if not ends:
-        raise LauncherError(f"{path} holds no tensors")
-    if 8 + length + max(ends) != size:
+        header = json.loads(handle.read(length).decode("utf-8"))
+    if not isinstance(header, dict):
+        raise LauncherError(f"{path}: the safetensors header is not a JSON object; download it again")
+    described = 8 + length + _data_size(path, header)
+    if described != size:
         raise LauncherError(
-            f"{path}: the header describes {8 + length + max(ends)} bytes but the file has {size}; "
+            f"{path}: the header describes {described} bytes but the file has {size}; "
             "it is truncated or still downloading: finish or repeat the download"
         )
     return header
+
+
+def _data_size(path: Path, header: dict) -> int:
+    """Bytes of tensor data the header describes; its ranges must follow each other from 0."""
+    ranges = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2
+                and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+                and 0 <= offsets[0] <= offsets[1]):
+            raise LauncherError(f"{path}: tensor {name!r} has no valid data_offsets in its header; download it again")
+        ranges.append((offsets[0], offsets[1], name))
+    if not ranges:
+        raise LauncherError(f"{path} holds no tensors")
+    position = 0
+    for begin, end, name in sorted(ranges):
+        if begin != position:
+            raise LauncherError(
+                f"{path}: tensor {name!r} starts at byte {begin} of the data, not {position} where the "
+                "previous one ends; the file is damaged: download it again"
+            )
+        position = end
+    return position
 
 
 def check_model_dir(model_dir: Path, full_size: bool) -> None:
@@ -164,33 +132,6 @@ def _hub_cached(repo_id: str) -> bool:
     hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub")
     snapshots = hub / f"models--{repo_id.replace('/', '--')}" / "snapshots"
     return any(snapshots.glob("*/config.json"))
-
-
-def check_dataset(folder: Path, caption_ext: str) -> int:
-    """Number of captioned images; errors name the folder and the first uncaptioned images."""
-    if not folder.is_dir():
-        raise LauncherError(f"dataset folder {folder} does not exist; pass --dataset (or FLUX2_DATASET)")
-    images = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-    if not images:
-        raise LauncherError(f"dataset folder {folder} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
-    uncaptioned = [p.name for p in images if not p.with_suffix(f".{caption_ext}").is_file()]
-    if uncaptioned:
-        raise LauncherError(
-            f"{len(uncaptioned)} of {len(images)} images in {folder} have no .{caption_ext} caption, e.g. "
-            f"{', '.join(uncaptioned[:3])}; write one caption file per image with the same name"
-        )
-    return len(images)
-
-
-def check_resolutions(config: dict) -> None:
-    for process in config["config"]["process"]:
-        for dataset in process.get("datasets", []):
-            for resolution in dataset.get("resolution", []):
-                if int(resolution) % 16:
-                    raise LauncherError(
-                        f"dataset resolution {resolution} is not a multiple of 16 (FLUX.2 packs 16x16 pixel "
-                        f"patches); use {int(resolution) // 16 * 16} or {int(resolution) // 16 * 16 + 16}"
-                    )
 
 
 def network_warnings(config: dict) -> list[str]:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
 import json
 import os
@@ -82,6 +83,36 @@ _DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
 
 class CacheError(Exception):
     """The cache file is unusable (corrupt, truncated, or not ours)."""
+
+
+def _corrupt_on_error(what: str):
+    """Any exception but a read error while interpreting `what` means a corrupt cache.
+
+    The file is untrusted input: a header nested deeper than the JSON parser can follow
+    (RecursionError), an attribute of the wrong type (TypeError), a constructor that
+    refuses its arguments... each is a CacheError, so the loader sets the file aside
+    and quantizes again instead of crashing at every launch. The model is not touched
+    before these checks pass, so nothing is half-loaded."""
+
+    def wrap(function):
+        @functools.wraps(function)
+        def checked(*args, **kwargs):
+            try:
+                return function(*args, **kwargs)
+            except (CacheError, OSError):
+                raise
+            except Exception as e:
+                raise CacheError(f"malformed {what} ({type(e).__name__}: {e})") from None
+
+        return checked
+
+    return wrap
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    """repr() cut to a readable length: metadata values come from an untrusted file."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _say(msg: str) -> None:
@@ -488,6 +519,7 @@ def _read_header(f, file_size: int) -> Tuple[Dict[str, Any], int]:
     return index, 8 + n
 
 
+@_corrupt_on_error("cache header")
 def read_meta(path: Path) -> Dict[str, Any]:
     """Read and verify only the header; cheap. Raises CacheError."""
     path = Path(path)
@@ -522,6 +554,7 @@ def _verify_meta(index: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]
     return meta, tensor_index
 
 
+@_corrupt_on_error("cache file")
 def read_cache(path: Path) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor]]:
     """Read the whole file with plain reads and verify every byte. Raises CacheError."""
     path = Path(path)
@@ -630,6 +663,7 @@ def rebuild_modules(
     return swaps
 
 
+@_corrupt_on_error("cache metadata")
 def rebuild_state(
     meta: Dict[str, Any], tensors: Dict[str, torch.Tensor], model: torch.nn.Module
 ) -> Tuple[Dict[str, Tuple[torch.Tensor, bool, bool]], Dict[str, torch.nn.Module]]:
@@ -793,17 +827,25 @@ class QuantizedCache:
         if extra_key:
             self.key.update(extra_key)
 
+    @_corrupt_on_error("cache key")
     def _stale_reason(self, cached_key: Any) -> Optional[str]:
         if not isinstance(cached_key, dict):
             return "cache has no key"
         diffs = []
         for k in sorted(set(self.key) | set(cached_key)):
             if cached_key.get(k) != self.key.get(k):
-                diffs.append(f"{k}: cached {cached_key.get(k)!r}, now {self.key.get(k)!r}")
+                diffs.append(f"{k}: cached {_short(cached_key.get(k))}, now {_short(self.key.get(k))}")
         return "; ".join(diffs) or None
 
+    def aside_path(self) -> Path:
+        """Where the next corrupt file goes: <name>.corrupt-1, -2, ...; none is overwritten."""
+        number = 1
+        while self.path.with_name(f"{self.path.name}.corrupt-{number}").exists():
+            number += 1
+        return self.path.with_name(f"{self.path.name}.corrupt-{number}")
+
     def _set_aside(self, why: str) -> None:
-        aside = self.path.with_name(self.path.name + ".corrupt")
+        aside = self.aside_path()
         try:
             os.replace(self.path, aside)
             _say(f"corrupt cache {self.path}: {why}. Moved it to {aside} (safe to delete); quantizing again")
@@ -816,24 +858,17 @@ class QuantizedCache:
 
     def load_into(self, model: torch.nn.Module) -> bool:
         """Fill `model` (built on meta) from the cache. False if there is no usable cache;
-        the model is untouched then."""
+        the model is untouched then, and a corrupt file has been set aside."""
         if not self.path.is_file():
             _say(f"no cache at {self.path} yet; it will be written after quantizing")
             return False
         t0 = time.perf_counter()
         try:
             meta = read_meta(self.path)
-        except CacheError as e:
-            self._set_aside(str(e))
-            return False
-        except OSError as e:
-            _say(f"cannot read {self.path} ({e}); quantizing again")
-            return False
-        reason = self._stale_reason(meta.get("key"))
-        if reason:
-            _say(f"stale cache {self.path} ({reason}); quantizing again, it will be replaced")
-            return False
-        try:
+            reason = self._stale_reason(meta.get("key"))
+            if reason:
+                _say(f"stale cache {self.path} ({reason}); quantizing again, it will be replaced")
+                return False
             meta, tensors = read_cache(self.path)
             state, swaps = rebuild_state(meta, tensors, model)
         except CacheError as e:

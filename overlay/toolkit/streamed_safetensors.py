@@ -82,8 +82,18 @@ def _no_duplicates(pairs):
     return result
 
 
+MAX_DIM = 2**63 - 1  # torch sizes are int64
+MAX_ELEMENTS = 2**63 - 1
+
+
 def parse_header(raw: bytes, data_size: int, source: str = "<memory>") -> Header:
-    """Validate header JSON bytes against a data section of data_size bytes."""
+    """Validate header JSON bytes against a data section of data_size bytes.
+
+    Refuses everything safetensors.safe_open refuses: the header must be a JSON object,
+    every tensor's byte range must follow the
+    previous one with no gap, the ranges must cover the data section exactly (no
+    uncovered trailing bytes), and shapes must describe a countable number of elements.
+    """
 
     def fail(problem: str):
         raise SafetensorsHeaderError(f"{source}: malformed safetensors header: {problem}")
@@ -105,49 +115,67 @@ def parse_header(raw: bytes, data_size: int, source: str = "<memory>") -> Header
     ):
         fail("__metadata__ must be an object of strings")
 
-    entries: Dict[str, TensorEntry] = {}
-    for name, info in doc.items():
-        where = f"tensor {name!r}"
-        if not isinstance(info, dict):
-            fail(f"{where}: entry is not an object")
-        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-        if not isinstance(dtype, str) or dtype not in _DTYPES:
-            fail(f"{where}: unknown dtype {dtype!r}")
-        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
-            fail(f"{where}: shape {shape!r} is not a list of non-negative integers")
-        if (
-            not isinstance(offsets, list)
-            or len(offsets) != 2
-            or not all(_is_int(o) for o in offsets)
-        ):
-            fail(f"{where}: data_offsets {offsets!r} is not a pair of integers")
-        begin, end = offsets
-        if not 0 <= begin <= end <= data_size:
-            fail(
-                f"{where}: data_offsets [{begin}, {end}] outside the data section "
-                f"of {data_size} bytes (file truncated?)"
-            )
-        numel = 1
-        for d in shape:
-            numel *= d
-        expected = numel * _DTYPES[dtype][1]
-        if expected != end - begin:
-            fail(
-                f"{where}: shape {shape} x {dtype} needs {expected} bytes "
-                f"but data_offsets cover {end - begin}"
-            )
-        entries[name] = TensorEntry(name, dtype, tuple(shape), begin, end)
+    entries = {name: _parse_entry(name, info, data_size, fail) for name, info in doc.items()}
+    _check_layout(entries, data_size, fail)
+    return Header(entries, metadata, 8 + len(raw))
 
-    previous: Optional[TensorEntry] = None
+
+def _parse_entry(name: str, info, data_size: int, fail) -> TensorEntry:
+    """One tensor's entry: a known dtype, a sane shape, in-bounds offsets that match the size."""
+    where = f"tensor {name!r}"
+    if not isinstance(info, dict):
+        fail(f"{where}: entry is not an object")
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in _DTYPES:
+        fail(f"{where}: unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+        fail(f"{where}: shape {shape!r} is not a list of non-negative integers")
+    numel = 1
+    for d in shape:
+        numel *= d
+        if d > MAX_DIM or numel > MAX_ELEMENTS:
+            fail(f"{where}: shape {shape} is absurd (more than 2**63 elements)")
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(_is_int(o) for o in offsets)
+    ):
+        fail(f"{where}: data_offsets {offsets!r} is not a pair of integers")
+    begin, end = offsets
+    if not 0 <= begin <= end <= data_size:
+        fail(
+            f"{where}: data_offsets [{begin}, {end}] outside the data section "
+            f"of {data_size} bytes (file truncated?)"
+        )
+    expected = numel * _DTYPES[dtype][1]
+    if expected != end - begin:
+        fail(
+            f"{where}: shape {shape} x {dtype} needs {expected} bytes "
+            f"but data_offsets cover {end - begin}"
+        )
+    return TensorEntry(name, dtype, tuple(shape), begin, end)
+
+
+def _check_layout(entries: Dict[str, TensorEntry], data_size: int, fail) -> None:
+    """Byte ranges in offset order must tile the data section: no overlap, no gap, no tail."""
+    position, previous = 0, None
     for entry in sorted(entries.values(), key=lambda e: (e.begin, e.end)):
-        if previous is not None and entry.begin < previous.end:
+        if entry.begin < position:
             fail(
                 f"tensor {entry.name!r}: data_offsets [{entry.begin}, {entry.end}] "
                 f"overlap tensor {previous.name!r} [{previous.begin}, {previous.end}]"
             )
-        if entry.end > entry.begin:
-            previous = entry
-    return Header(entries, metadata, 8 + len(raw))
+        if entry.begin > position:
+            fail(
+                f"tensor {entry.name!r}: a gap of {entry.begin - position} bytes before its "
+                f"data_offsets [{entry.begin}, {entry.end}] (the data before ends at {position})"
+            )
+        position, previous = entry.end, entry
+    if position != data_size:
+        fail(
+            f"the tensors cover {position} of the {data_size} data bytes; the last "
+            f"{data_size - position} bytes belong to no tensor (padded file or lost header entries)"
+        )
 
 
 def read_header(f, file_size: int, source: str) -> Header:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 TINY = dict(
@@ -217,7 +219,7 @@ def _expect_corrupt(qc, tiny, cache, capsys, *fragments):
     assert LOADED not in out
     assert_untouched(model)  # never half-loaded
     assert not cache.path.exists()
-    assert cache.path.with_name(cache.path.name + ".corrupt").is_file()
+    assert cache.path.with_name(cache.path.name + ".corrupt-1").is_file()
     # the caller quantizes again and rewrites; that one loads
     assert cache.save(tiny.model)
     assert make_cache(qc, tiny, cache.path.parent).load_into(tiny.meta_model())
@@ -276,6 +278,149 @@ def test_unknown_tensor_class_in_metadata_is_rejected(qc, tiny, saved, capsys):
     meta["entries"]["img_in.weight"]["tree"]["subclass"] = "os.system"
     with pytest.raises(qc.CacheError, match="allow-list"):
         qc.rebuild_state(meta, tensors, tiny.meta_model())
+
+
+# -- malformed metadata: any of it is a corrupt cache, never an exception ---------------------------
+
+
+def rewrite_meta(qc, path, change):
+    """Apply `change` to the cache's metadata and re-sign the header, so that the damage gets
+    past the header checksum and reaches the metadata parser."""
+    blob = path.read_bytes()
+    (n,) = struct.unpack("<Q", blob[:8])
+    index = json.loads(blob[8 : 8 + n])
+    meta = json.loads(index["__metadata__"][qc.META_KEY])
+    meta_json = change(meta)
+    if not isinstance(meta_json, str):
+        meta_json = json.dumps(meta_json, separators=(",", ":"), sort_keys=True)
+    tensor_index = {k: v for k, v in index.items() if k != "__metadata__"}
+    index["__metadata__"][qc.META_KEY] = meta_json
+    index["__metadata__"][qc.META_SHA_KEY] = qc._meta_digest(meta_json, tensor_index)
+    path.write_bytes(qc._header_bytes(index) + blob[8 + n :])
+
+
+def deep_json(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("where", ["header", "metadata"])
+def test_deeply_nested_json_is_a_corrupt_cache(qc, tiny, saved, capsys, where):
+    if where == "header":
+        raw = b'{"__metadata__": ' + deep_json(100_000).encode() + b"}"
+        saved.path.write_bytes(struct.pack("<Q", len(raw)) + raw)
+    else:
+        rewrite_meta(qc, saved.path, lambda meta: deep_json(100_000))
+    _expect_corrupt(qc, tiny, saved, capsys, "RecursionError")
+
+
+@pytest.mark.parametrize("change", [
+    lambda meta: meta["entries"]["img_in.weight"]["tree"].update(subclass=["AffineQuantizedTensor"]),
+    lambda meta: meta["entries"]["img_in.weight"]["tree"].update(inner=[[["tensor_impl"], {}]]),
+    lambda meta: meta["entries"]["img_in.weight"].update(tree={"tensor": {"name": 1}}),
+    lambda meta: meta["entries"]["img_in.weight"]["tree"]["attrs"].append({"t": "enum", "cls": "ZeroPointDomain", "v": [1]}),
+    lambda meta: meta["entries"]["img_in.weight"]["tree"]["attrs"].append({"t": "float", "v": None}),
+    lambda meta: meta["entries"]["img_in.weight"]["tree"].update(size="128"),
+    lambda meta: meta.update(entries={"img_in.weight": []}),
+    lambda meta: meta["checksums"].update({next(iter(meta["checksums"])): 7}),
+    lambda meta: meta.update(key=["not", "a", "dict"]),
+], ids=["unhashable class name", "unhashable inner name", "tensor name not a string", "enum member a list",
+        "float from null", "size a string", "entry a list", "checksum a number", "key a list"])
+def test_ill_typed_metadata_is_a_corrupt_cache(qc, tiny, saved, capsys, change):
+    def apply(meta):
+        change(meta)
+        return meta
+
+    rewrite_meta(qc, saved.path, apply)
+    _expect_corrupt(qc, tiny, saved, capsys)
+
+
+def test_every_set_aside_file_is_kept_numbered(qc, tiny, saved, capsys):
+    for number in (1, 2, 3):
+        saved.path.write_bytes(b"garbage " * number)
+        assert not make_cache(qc, tiny, saved.path.parent).load_into(tiny.meta_model())
+        aside = saved.path.with_name(f"{saved.path.name}.corrupt-{number}")
+        assert aside.read_bytes() == b"garbage " * number
+        assert f"Moved it to {aside}" in capsys.readouterr().out
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+def _paths(node, prefix=()):
+    yield prefix
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _paths(value, prefix + (key,))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _paths(value, prefix + (index,))
+
+
+@st.composite
+def metadata_changes(draw, meta):
+    """A list of (path, action, value) edits to a valid cache's metadata."""
+    paths = list(_paths(meta))
+    edits = []
+    for _ in range(draw(st.integers(1, 3))):
+        path = draw(st.sampled_from(paths))
+        edits.append((path, draw(st.sampled_from(["replace", "delete", "add"])), draw(json_values)))
+    return edits
+
+
+def apply_edits(meta, edits):
+    for path, action, value in edits:
+        if not path:
+            return value
+        parent = meta
+        try:
+            for step in path[:-1]:
+                parent = parent[step]
+            if action == "replace":
+                parent[path[-1]] = value
+            elif action == "delete":
+                del parent[path[-1]]
+            elif isinstance(parent, dict):
+                parent[f"extra{len(parent)}"] = value
+            else:
+                parent.append(value)
+        except (KeyError, IndexError, TypeError):
+            continue  # an earlier edit removed this path
+    return meta
+
+
+@pytest.fixture(scope="module")
+def pristine(qc, tiny, tmp_path_factory):
+    """The bytes and metadata of one good cache, for the property test to damage."""
+    cache = make_cache(qc, tiny, tmp_path_factory.mktemp("pristine"))
+    assert cache.save(tiny.model)
+    return cache.path.read_bytes(), qc.read_meta(cache.path)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_metadata_parser_property(qc, tiny, pristine, tmp_path_factory, data):
+    """Whatever the metadata says: the loader returns, the model is untouched unless it loaded,
+    and a cache it refused is set aside (or, for a key that differs, kept as stale)."""
+    blob, meta = pristine
+    edits = data.draw(metadata_changes(meta))
+    folder = tmp_path_factory.mktemp("mutant")
+    cache = make_cache(qc, tiny, folder)
+    cache.path.write_bytes(blob)
+    rewrite_meta(qc, cache.path, lambda m: apply_edits(m, edits))
+    model = tiny.meta_model()
+    try:
+        loaded = cache.load_into(model)
+    except Exception as error:  # the property: nothing escapes
+        pytest.fail(f"load_into raised {type(error).__name__}: {error} for edits {edits}")
+    if not loaded:
+        assert_untouched(model)
+        aside = cache.path.with_name(cache.path.name + ".corrupt-1")
+        assert aside.is_file() or cache.path.is_file(), "a refused cache is set aside or kept as stale"
+        assert not (aside.is_file() and cache.path.exists())
 
 
 # -- no code execution ----------------------------------------------------------------

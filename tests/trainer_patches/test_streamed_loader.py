@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from safetensors import safe_open
 from safetensors.torch import load_file as reference_load_file
 from safetensors.torch import save_file
 
@@ -57,6 +58,65 @@ def test_truncated_inside_header_is_rejected(streamed_safetensors, tmp_path):
 def test_file_shorter_than_length_prefix(streamed_safetensors, tmp_path):
     path = write(tmp_path, "tiny.safetensors", b"\x01\x02")
     expect_header_error(streamed_safetensors, path, "too short")
+
+
+def test_gap_between_tensors_is_rejected(streamed_safetensors, tmp_path):
+    header = {
+        "first": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+        "second": {"dtype": "F32", "shape": [2], "data_offsets": [12, 20]},
+    }
+    path = write(tmp_path, "gap.safetensors", pack(header, bytes(20)))
+    expect_header_error(streamed_safetensors, path, "'second'", "gap of 4 bytes")
+    assert_safe_open_refuses(path)
+
+
+def test_uncovered_trailing_bytes_are_rejected(streamed_safetensors, tmp_path):
+    header = {"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}
+    path = write(tmp_path, "tail.safetensors", pack(header, bytes(8 + 5)))
+    expect_header_error(streamed_safetensors, path, "5 bytes belong to no tensor")
+    assert_safe_open_refuses(path)
+
+
+def test_data_not_starting_at_zero_is_rejected(streamed_safetensors, tmp_path):
+    header = {"w": {"dtype": "U8", "shape": [2], "data_offsets": [3, 5]}}
+    path = write(tmp_path, "late.safetensors", pack(header, bytes(5)))
+    expect_header_error(streamed_safetensors, path, "'w'", "gap of 3 bytes")
+    assert_safe_open_refuses(path)
+
+
+@pytest.mark.parametrize("shape", [[2**64, 0], [0, 2**70], [2**40, 2**40, 0]])
+def test_absurd_shapes_are_rejected(streamed_safetensors, tmp_path, shape):
+    header = {"w": {"dtype": "F32", "shape": shape, "data_offsets": [0, 0]}}
+    path = write(tmp_path, "absurd.safetensors", pack(header))
+    expect_header_error(streamed_safetensors, path, "'w'", "absurd")
+    assert_safe_open_refuses(path)
+
+
+def test_header_that_is_not_an_object_is_rejected(streamed_safetensors, tmp_path):
+    raw = b'[{"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}]'
+    path = write(tmp_path, "list.safetensors", struct.pack("<Q", len(raw)) + raw + b"\x00")
+    expect_header_error(streamed_safetensors, path, "top level is a JSON list")
+    assert_safe_open_refuses(path)
+
+
+def test_whitespace_around_the_header_is_accepted(streamed_safetensors, tmp_path):
+    raw = b'  {"w": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}    '
+    path = write(tmp_path, "spaces.safetensors", struct.pack("<Q", len(raw)) + raw + b"\x07")
+    assert streamed_safetensors.load_file(path)["w"].tolist() == [7]
+    assert reference_accepts(path.read_bytes(), tmp_path)
+
+
+def test_deeply_nested_header_is_rejected(streamed_safetensors, tmp_path):
+    raw = b'{"w": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    path = write(tmp_path, "deep.safetensors", struct.pack("<Q", len(raw)) + raw)
+    expect_header_error(streamed_safetensors, path, "JSON")
+
+
+def assert_safe_open_refuses(path):
+    """The reference reader refuses the same file (the streamed reader is no more lenient)."""
+    with pytest.raises(Exception):
+        with safe_open(str(path), framework="pt") as reference:
+            reference.keys()
 
 
 def test_overlapping_offsets_are_rejected(streamed_safetensors, tmp_path):
@@ -176,7 +236,6 @@ entries = st.lists(
     st.tuples(
         st.sampled_from(sorted(ITEMSIZE)),
         st.lists(st.integers(0, 5), max_size=3),
-        st.integers(0, 3),  # gap before the tensor
     ),
     max_size=6,
 )
@@ -187,38 +246,33 @@ def valid_files(draw):
     chosen = draw(st.lists(names, unique=True, max_size=6))
     specs = draw(entries)[: len(chosen)]
     header, offset = {}, 0
-    for name, (dtype, shape, gap) in zip(chosen, specs):
+    for name, (dtype, shape) in zip(chosen, specs):
         numel = 1
         for d in shape:
             numel *= d
-        begin = offset + gap
+        begin = offset
         end = begin + numel * ITEMSIZE[dtype]
         header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
         offset = end
     if draw(st.booleans()):
         header["__metadata__"] = {"k": draw(st.text(max_size=5))}
-    slack = draw(st.integers(0, 4))
     items = list(header.items())
     order = draw(st.permutations(range(len(items))))
     header = dict(items[i] for i in order)
-    return header, bytes(offset + slack)
+    return header, bytes(offset)
 
 
 def check_consistent(parsed, file_size):
-    """What a successful parse promises: every range is sane and in bounds."""
-    ranges = []
-    for entry in parsed.entries.values():
+    """What a successful parse promises: the ranges tile the data section exactly."""
+    position = 0
+    for entry in sorted(parsed.entries.values(), key=lambda e: (e.begin, e.end)):
         numel = 1
         for d in entry.shape:
             numel *= d
         assert entry.end - entry.begin == numel * ITEMSIZE_ALL[entry.dtype]
-        assert 0 <= entry.begin <= entry.end
-        assert parsed.data_start + entry.end <= file_size
-        if entry.end > entry.begin:
-            ranges.append((entry.begin, entry.end))
-    ranges.sort()
-    for (_, end), (begin, _) in zip(ranges, ranges[1:]):
-        assert begin >= end
+        assert entry.begin == position <= entry.end
+        position = entry.end
+    assert parsed.data_start + position == file_size
 
 
 ITEMSIZE_ALL = dict(ITEMSIZE, U16=2, U32=4, U64=8, F8_E4M3=1, F8_E5M2=1)
@@ -230,9 +284,10 @@ def parse_blob(sst, blob, name="mutant.safetensors"):
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(valid_files())
-def test_random_valid_headers_parse(streamed_safetensors, case):
+def test_random_valid_headers_parse(streamed_safetensors, tmp_path, case):
     header, data = case
     blob = pack(header, data)
+    assert reference_accepts(blob, tmp_path), "the generator made a file safetensors refuses"
     parsed = parse_blob(streamed_safetensors, blob)
     expected = {k: v for k, v in header.items() if k != "__metadata__"}
     assert set(parsed.entries) == set(expected)
@@ -286,7 +341,19 @@ def byte_mutants(draw):
     return bytes(blob)
 
 
-def parses_or_fails_clearly(sst, blob):
+def reference_accepts(blob, folder) -> bool:
+    """Whether safetensors' own safe_open opens these bytes."""
+    path = folder / "reference.safetensors"
+    path.write_bytes(blob)
+    try:
+        with safe_open(str(path), framework="pt") as reference:
+            reference.keys()
+    except Exception:
+        return False
+    return True
+
+
+def parses_or_fails_clearly(sst, blob, folder):
     try:
         parsed = parse_blob(sst, blob)
     except sst.SafetensorsHeaderError as e:
@@ -294,17 +361,41 @@ def parses_or_fails_clearly(sst, blob):
         return
     # any other exception type propagates and fails the test
     check_consistent(parsed, len(blob))
+    assert reference_accepts(blob, folder), "the streamed reader accepted a file safe_open refuses"
     again = parse_blob(sst, blob)
     assert again == parsed
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(structural_mutants())
-def test_mutated_header_fields_parse_or_fail_clearly(streamed_safetensors, blob):
-    parses_or_fails_clearly(streamed_safetensors, blob)
+def test_mutated_header_fields_parse_or_fail_clearly(streamed_safetensors, tmp_path, blob):
+    parses_or_fails_clearly(streamed_safetensors, blob, tmp_path)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(byte_mutants())
-def test_mutated_bytes_parse_or_fail_clearly(streamed_safetensors, blob):
-    parses_or_fails_clearly(streamed_safetensors, blob)
+def test_mutated_bytes_parse_or_fail_clearly(streamed_safetensors, tmp_path, blob):
+    parses_or_fails_clearly(streamed_safetensors, blob, tmp_path)
+
+
+@st.composite
+def layout_mutants(draw):
+    """A valid file with a gap before one tensor, or bytes after the last one."""
+    header, data = draw(valid_files())
+    tensors = sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"])
+    extra = draw(st.integers(1, 4))
+    if tensors and draw(st.booleans()):
+        start = header[draw(st.sampled_from(tensors))]["data_offsets"][0]
+        for name in tensors:  # everything from that offset on moves back by `extra`
+            begin, end = header[name]["data_offsets"]
+            if begin >= start:
+                header[name]["data_offsets"] = [begin + extra, end + extra]
+    return pack(header, data + bytes(extra))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(layout_mutants())
+def test_gaps_and_trailing_bytes_are_refused_like_safe_open(streamed_safetensors, tmp_path, blob):
+    assert not reference_accepts(blob, tmp_path)
+    with pytest.raises(streamed_safetensors.SafetensorsHeaderError, match="gap of|belong to no tensor"):
+        parse_blob(streamed_safetensors, blob)

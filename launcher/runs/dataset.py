@@ -1,0 +1,101 @@
+"""The dataset, checked before the model loads: every image readable and big enough, every
+caption UTF-8 text.
+
+The trainer walks the dataset folder (subfolders included, `_controls` left out) for .jpg,
+.jpeg, .png and .webp files and reads `<image>.<caption_ext>` as UTF-8. A file it cannot use
+today either crashes it after minutes of loading, or is dropped without a word. Here each bad
+file is named with the reason. With `launcher: {skip_bad_images: true}` the run trains on the
+good files only: they are listed in a dataset file in the run folder (the trainer's
+`dataset_path`, a JSON object keyed by image path) and the skipped ones go into run.json.
+"""
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launcher.errors import LauncherError
+from launcher.runs.images import BadImage, image_size
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")  # the trainer's image_extensions
+DEFAULT_BUCKET_TOLERANCE = 64  # DatasetConfig's default: buckets are multiples of this
+SHOWN = 10
+
+
+@dataclass
+class DatasetCheck:
+    folder: Path
+    good: list[Path] = field(default_factory=list)
+    bad: list[tuple[Path, str]] = field(default_factory=list)
+
+    def skipped(self) -> list[dict]:
+        return [{"file": str(path), "reason": reason} for path, reason in self.bad]
+
+
+def dataset_images(folder: Path) -> list[Path]:
+    """The images the trainer would train on, in a stable order."""
+    found = []
+    for root, _, files in os.walk(folder):
+        if Path(root).name == "_controls":
+            continue
+        found += [Path(root) / name for name in files if name.lower().endswith(IMAGE_SUFFIXES)]
+    return sorted(found)
+
+
+def caption_path(image: Path, caption_ext: str) -> Path:
+    return image.with_name(image.stem + "." + caption_ext.lstrip("."))
+
+
+def problem_with(image: Path, caption_ext: str, minimum: int) -> str | None:
+    """Why the trainer cannot use this image and its caption, or None."""
+    try:
+        width, height = image_size(image)
+    except BadImage as error:
+        return str(error)
+    if min(width, height) < minimum:
+        return (f"is {width}x{height} px; both sides must be at least {minimum} px "
+                f"(the dataset's bucket_tolerance) to fit a training bucket")
+    caption = caption_path(image, caption_ext)
+    try:
+        caption.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        return f"has no caption file {caption.name}"
+    except OSError as error:
+        return f"has a caption {caption.name} that cannot be read ({error.strerror or error})"
+    except UnicodeDecodeError as error:
+        return (f"has a caption {caption.name} that is not UTF-8 text (byte {error.start}); "
+                "save it as UTF-8")
+    return None
+
+
+def check_dataset(folder: Path, caption_ext: str = "txt", minimum: int = DEFAULT_BUCKET_TOLERANCE,
+                  skip_bad: bool = False) -> DatasetCheck:
+    """Check every image and caption; raise with the bad files unless `skip_bad` leaves good ones."""
+    if not folder.is_dir():
+        raise LauncherError(f"dataset folder {folder} does not exist; pass --dataset (or FLUX2_DATASET)")
+    images = dataset_images(folder)
+    if not images:
+        raise LauncherError(f"dataset folder {folder} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+    result = DatasetCheck(folder)
+    for image in images:
+        reason = problem_with(image, caption_ext, minimum)
+        if reason is None:
+            result.good.append(image)
+        else:
+            result.bad.append((image, reason))
+    if result.bad and (not skip_bad or not result.good):
+        raise LauncherError(bad_files_message(result, skip_bad))
+    return result
+
+
+def bad_files_message(result: DatasetCheck, skip_bad: bool) -> str:
+    lines = [f"  {path.relative_to(result.folder)} {reason}" for path, reason in result.bad[:SHOWN]]
+    if len(result.bad) > SHOWN:
+        lines.append(f"  ... and {len(result.bad) - SHOWN} more")
+    total = len(result.bad) + len(result.good)
+    if skip_bad:
+        advice = "No usable image is left; fix the files above."
+    else:
+        advice = ("Fix or remove these files, or add `launcher: {skip_bad_images: true}` to the preset to "
+                  "train without them (run.json then lists what was skipped).")
+    return (f"{len(result.bad)} of {total} images in the dataset {result.folder} cannot be used:\n"
+            + "\n".join(lines) + "\n" + advice)

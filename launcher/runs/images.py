@@ -1,0 +1,91 @@
+"""Image sizes from file headers, in the bare interpreter (the launcher has no PIL).
+
+Enough of each format is walked to tell a real image from a renamed text file or a
+truncated download before the trainer starts: PNG chunks with their CRCs up to IEND, JPEG
+segments up to the frame header plus the end-of-image marker, WebP's RIFF size and frame
+header. The format comes from the bytes, not the file name, as in the trainer's PIL.
+"""
+
+import struct
+import zlib
+from pathlib import Path
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# JPEG start-of-frame markers (C4 DHT, C8 JPG and CC DAC share the range but are not frames)
+JPEG_FRAMES = set(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+class BadImage(ValueError):
+    """The file is not an image the trainer can open; the message says why."""
+
+
+def image_size(path: Path) -> tuple[int, int]:
+    """(width, height) of a PNG, JPEG or WebP file; BadImage when it is not one or is damaged."""
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise BadImage(f"cannot be read ({error.strerror or error})") from None
+    if data.startswith(PNG_SIGNATURE):
+        return _png_size(data)
+    if data.startswith(b"\xff\xd8"):
+        return _jpeg_size(data)
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return _webp_size(data)
+    raise BadImage(f"is not a PNG, JPEG or WebP image (it starts with {data[:8]!r})")
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    position, size = 8, None
+    while True:
+        if position + 12 > len(data):
+            raise BadImage("is a truncated PNG (it ends before its IEND chunk)")
+        length, kind = struct.unpack(">I4s", data[position : position + 8])
+        end = position + 12 + length
+        if end > len(data):
+            raise BadImage(f"is a truncated PNG (chunk {kind!r} runs past the end of the file)")
+        (crc,) = struct.unpack(">I", data[end - 4 : end])
+        if zlib.crc32(data[position + 4 : end - 4]) != crc:
+            raise BadImage(f"is a damaged PNG (chunk {kind!r} fails its CRC check)")
+        if kind == b"IHDR":
+            size = struct.unpack(">II", data[position + 8 : position + 16])
+        if kind == b"IEND":
+            if size is None:
+                raise BadImage("is a PNG without an IHDR chunk")
+            return size
+        position = end
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int]:
+    position, size = 2, None
+    while size is None:
+        if position + 4 > len(data) or data[position] != 0xFF:
+            raise BadImage("is a truncated or damaged JPEG (no frame header)")
+        marker = data[position + 1]
+        if marker == 0xFF:  # a fill byte before the marker
+            position += 1
+            continue
+        if marker in JPEG_FRAMES:
+            if position + 9 > len(data):
+                raise BadImage("is a truncated JPEG (frame header cut off)")
+            height, width = struct.unpack(">HH", data[position + 5 : position + 9])
+            size = (width, height)
+        position += 2 + struct.unpack(">H", data[position + 2 : position + 4])[0]
+    if data.rfind(b"\xff\xd9") < position:
+        raise BadImage("is a truncated JPEG (no end-of-image marker: the download stopped early?)")
+    return size
+
+
+def _webp_size(data: bytes) -> tuple[int, int]:
+    (riff_size,) = struct.unpack("<I", data[4:8])
+    if riff_size + 8 > len(data):
+        raise BadImage(f"is a truncated WebP ({len(data)} of {riff_size + 8} bytes)")
+    chunk, body = data[12:16], data[20:30]
+    if chunk == b"VP8 " and len(body) == 10 and body[3:6] == b"\x9d\x01\x2a":
+        width, height = struct.unpack("<HH", body[6:10])
+        return width & 0x3FFF, height & 0x3FFF
+    if chunk == b"VP8L" and len(body) >= 5 and body[0] == 0x2F:
+        (bits,) = struct.unpack("<I", body[1:5])
+        return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+    if chunk == b"VP8X" and len(body) == 10:
+        return int.from_bytes(body[4:7], "little") + 1, int.from_bytes(body[7:10], "little") + 1
+    raise BadImage(f"is a WebP with an unknown or damaged image chunk {chunk!r}")

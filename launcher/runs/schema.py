@@ -1,0 +1,360 @@
+"""One schema for a preset: the `launcher:` block and the trainer keys the presets use.
+
+Each key has a type, a range or a set of allowed values; blocks nest (`model_kwargs`,
+`launcher.watchdog`). A preset is checked before anything heavy starts and every problem is
+reported at once, each as
+
+    config.process[0].train.steps = 'ten': not an integer; allowed: an integer >= 1
+
+naming the key path, the value, what is allowed and, for an unknown key or value, the
+closest known one. Values the trainer decides (qtypes, optimizers, network types, dtypes,
+the keys each section reads) come from a `Vocabulary` read from the trainer itself
+(launcher/runs/vocabulary.py); without a trainer checkout those parts are not checked.
+
+A small declarative table, not a validation library: the messages above are the point, and
+jsonschema or pydantic would need the same amount of code again to phrase their errors this
+way, plus dependencies (compiled ones for pydantic) in a launcher that needs only PyYAML and
+GitPython.
+"""
+
+import math
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields
+
+from launcher.suggest import did_you_mean
+from launcher.watchdog.gpu_sources import SOURCES
+from launcher.watchdog.policy import WatchdogConfig
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """What the trainer accepts, read from its checkout; None = not known, not checked."""
+
+    section_keys: dict[str, set[str]] | None = None
+    """{section: keys the trainer reads}; "process" is the process level."""
+    model_kwargs: set[str] | None = None
+    qtypes: set[str] | None = None
+    optimizers: set[str] | None = None
+    optimizer_prefixes: set[str] = field(default_factory=set)
+    network_types: set[str] | None = None
+    dtypes: set[str] | None = None
+    jobs: set[str] | None = None
+
+
+def short(value) -> str:
+    """A value as the message shows it: repr, cut to a readable length."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def problem(path: str, value, what: str, allowed: str, known=()) -> str:
+    hint = did_you_mean(value, known) if isinstance(value, str) and known else ""
+    return f"{path} = {short(value)}: {what}; allowed: {allowed}{hint}"
+
+
+class Spec:
+    """One node of the schema: `check` yields a message per problem under `path`."""
+
+    allowed = "anything"
+
+    def check(self, value, path: str, vocab: Vocabulary) -> Iterator[str]:
+        yield from ()
+
+
+class Anything(Spec):
+    pass
+
+
+@dataclass(frozen=True)
+class Boolean(Spec):
+    allowed = "true or false"
+
+    def check(self, value, path, vocab):
+        if not isinstance(value, bool):
+            yield problem(path, value, "not true/false", self.allowed)
+
+
+@dataclass(frozen=True)
+class Integer(Spec):
+    minimum: int | None = None
+    multiple_of: int | None = None
+
+    @property
+    def allowed(self) -> str:
+        words = "an integer" if self.minimum is None else f"an integer >= {self.minimum}"
+        return words + (f", a multiple of {self.multiple_of}" if self.multiple_of else "")
+
+    def check(self, value, path, vocab):
+        if isinstance(value, bool) or not isinstance(value, int):
+            yield problem(path, value, "not an integer", self.allowed)
+        elif self.minimum is not None and value < self.minimum:
+            yield problem(path, value, "too small", self.allowed)
+        elif self.multiple_of and value % self.multiple_of:
+            below = value // self.multiple_of * self.multiple_of
+            yield problem(path, value, f"not a multiple of {self.multiple_of} (use {below} or "
+                          f"{below + self.multiple_of})", self.allowed)
+
+
+@dataclass(frozen=True)
+class Number(Spec):
+    minimum: float | None = None
+    maximum: float | None = None
+    positive: bool = False
+
+    @property
+    def allowed(self) -> str:
+        if self.positive:
+            return "a number > 0"
+        if self.minimum is not None and self.maximum is not None:
+            return f"a number from {self.minimum} to {self.maximum}"
+        return "a number" if self.minimum is None else f"a number >= {self.minimum}"
+
+    def check(self, value, path, vocab):
+        if isinstance(value, str) and _looks_numeric(value):
+            yield problem(path, value, "text, not a number (YAML reads 1e-4 as text: write 1.0e-4)",
+                          self.allowed)
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                isinstance(value, float) and not math.isfinite(value)):
+            yield problem(path, value, "not a number", self.allowed)
+        elif (self.positive and value <= 0) or (self.minimum is not None and value < self.minimum) or (
+                self.maximum is not None and value > self.maximum):
+            yield problem(path, value, "out of range", self.allowed)
+
+
+def _looks_numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Text(Spec):
+    choices: tuple[str, ...] | Callable[[Vocabulary], set[str] | None] | None = None
+    """Allowed values: fixed, or read from the trainer's vocabulary (None there: unchecked)."""
+    prefixes: Callable[[Vocabulary], set[str]] | None = None
+    """Values starting with one of these are allowed too (optimizer families)."""
+    fold_case: bool = False
+
+    def check(self, value, path, vocab):
+        choices = self.choices(vocab) if callable(self.choices) else self.choices
+        prefixes = self.prefixes(vocab) if self.prefixes else set()
+        allowed = " | ".join(sorted(choices)) + "".join(f" | {p}..." for p in sorted(prefixes)) \
+            if choices else "text"
+        if not isinstance(value, str) or not value:
+            yield problem(path, value, "not a non-empty text", allowed)
+            return
+        word = value.lower() if self.fold_case else value
+        if choices and word not in choices and not any(word.startswith(p) for p in prefixes):
+            yield problem(path, value, "not one of the allowed values", allowed, choices)
+
+
+@dataclass(frozen=True)
+class PlainName(Spec):
+    """A file or folder name the launcher creates: no separators, no `..`, portable on Windows."""
+
+    allowed = "a plain folder name (letters, digits, . _ - and spaces; no / \\ : or ..)"
+    FORBIDDEN = re.compile(r'[<>:"/\\|?*\x00-\x1f]')
+
+    def check(self, value, path, vocab):
+        if not isinstance(value, str) or not value.strip():
+            yield problem(path, value, "not a name", self.allowed)
+        elif self.FORBIDDEN.search(value) or value.strip(". ") == "" or value != value.rstrip(". "):
+            yield problem(path, value, "would not stay one folder inside the output folder", self.allowed)
+
+
+@dataclass(frozen=True)
+class Nullable(Spec):
+    inner: Spec
+
+    @property
+    def allowed(self) -> str:
+        return f"null or {self.inner.allowed}"
+
+    def check(self, value, path, vocab):
+        if value is not None:
+            yield from self.inner.check(value, path, vocab)
+
+
+@dataclass(frozen=True)
+class Scalar(Spec):
+    allowed = "text, a number or true/false"
+
+    def check(self, value, path, vocab):
+        if not isinstance(value, (str, int, float, bool)):
+            yield problem(path, value, "not a single value", self.allowed)
+
+
+@dataclass(frozen=True)
+class ListOf(Spec):
+    item: Spec
+    min_items: int = 0
+
+    @property
+    def allowed(self) -> str:
+        least = f" of at least {self.min_items} item{'s' if self.min_items > 1 else ''}" if self.min_items else ""
+        return f"a list{least}, each {self.item.allowed}"
+
+    def check(self, value, path, vocab):
+        if not isinstance(value, list) or len(value) < self.min_items:
+            yield problem(path, value, "not a list" if not isinstance(value, list) else "too few items",
+                          self.allowed)
+            return
+        for index, item in enumerate(value):
+            yield from self.item.check(item, f"{path}[{index}]", vocab)
+
+
+@dataclass(frozen=True)
+class OneOrList(Spec):
+    """A single value or a list of them (dataset resolutions)."""
+
+    item: Spec
+
+    @property
+    def allowed(self) -> str:
+        return f"{self.item.allowed}, or a list of them"
+
+    def check(self, value, path, vocab):
+        yield from ListOf(self.item, 1).check(value if isinstance(value, list) else [value], path, vocab)
+
+
+@dataclass(frozen=True)
+class Block(Spec):
+    """A mapping with typed keys; other keys are refused unless `extra` admits them."""
+
+    keys: dict[str, Spec] = field(default_factory=dict)
+    extra: str | Spec | None = None
+    """None: closed; a Spec: any other key, with that value type; a section name: the other
+    keys the trainer reads in that section (unchecked without a trainer checkout)."""
+    required: tuple[str, ...] = ()
+
+    allowed = "a mapping (key: value lines)"
+
+    def check(self, value, path, vocab):
+        if not isinstance(value, dict):
+            yield problem(path, value, "not a mapping", self.allowed)
+            return
+        for key in self.required:
+            if key not in value:
+                yield f"{path}.{key} is missing; it is required"
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            spec = self.keys.get(key) or self._extra_spec(key, vocab)
+            if spec is None:
+                yield self._unknown(key, item, where, vocab)
+            else:
+                yield from spec.check(item, where, vocab)
+
+    def _known(self, vocab: Vocabulary) -> set[str] | None:
+        if isinstance(self.extra, str):
+            known = (vocab.model_kwargs if self.extra == "model_kwargs"
+                     else (vocab.section_keys or {}).get(self.extra))
+            return None if known is None else set(known) | set(self.keys)
+        return set(self.keys)
+
+    def _extra_spec(self, key, vocab: Vocabulary) -> Spec | None:
+        if isinstance(self.extra, Spec):
+            return self.extra
+        known = self._known(vocab)
+        return Anything() if known is None or key in known else None
+
+    def _unknown(self, key, item, where: str, vocab: Vocabulary) -> str:
+        known = self._known(vocab) or set()
+        who = "the trainer would silently ignore it" if isinstance(self.extra, str) else "not a setting"
+        return f"{where} = {short(item)}: unknown key ({who}){did_you_mean(str(key), known)}"
+
+
+def watchdog_block() -> Block:
+    """`launcher.watchdog`: the keys and types of WatchdogConfig, non-negative numbers."""
+    by_type = {"bool": Boolean(), "int": Integer(minimum=0), "float": Number(minimum=0),
+               "str": Text(), "float | None": Nullable(Number(minimum=0)),
+               "dict | None": Nullable(Block({name: Number(minimum=0) for name in ("clock_mhz", "power_w", "mem_load")},
+                                             required=("clock_mhz", "power_w", "mem_load")))}
+    keys = {item.name: by_type[str(item.type)] for item in fields(WatchdogConfig)}
+    keys["source"] = Text(("auto", *SOURCES))
+    keys["interval_s"] = Number(positive=True)
+    keys["samples"] = Integer(minimum=1)
+    return Block(keys)
+
+
+RESOLUTION = Integer(minimum=16, multiple_of=16)
+QTYPE = Text(lambda v: v.qtypes)
+DTYPE = Text(lambda v: v.dtypes)
+
+
+def launcher_block() -> Block:
+    return Block({
+        "tiny": Boolean(),
+        "env": Block(extra=Scalar()),
+        "platform": Text(("rocm", "cuda", "cpu")),
+        "allocator": Text(("expandable_segments", "default")),
+        "telemetry": Block({"interval_s": Number(positive=True)}),
+        "watchdog": watchdog_block(),
+        "skip_bad_images": Boolean(),
+    })
+
+
+MODEL_KWARGS = Block({
+    "text_encoder_path": Text(),
+    "streamed_loader": Boolean(),
+    "quantize_device": Text(("cpu", "gpu")),
+    "quantized_cache": Boolean(),
+    "quantized_cache_dir": Text(),
+    "flux2_params": Block(extra=Anything()),
+    "ae_params": Block(extra=Anything()),
+    "allow_unquantized_block_linears": Boolean(),
+    "resident_after_te_cache": Boolean(),
+}, extra="model_kwargs")
+
+PROCESS = Block({
+    "type": Text(),
+    "training_seed": Integer(minimum=0),
+    "training_folder": Text(),
+    "network": Block({
+        "type": Text(lambda v: v.network_types, fold_case=True),
+        "linear": Integer(minimum=1), "linear_alpha": Number(positive=True),
+        "conv": Integer(minimum=1), "conv_alpha": Number(positive=True),
+    }, extra="network"),
+    "save": Block({"dtype": DTYPE, "save_every": Integer(minimum=1),
+                   "max_step_saves_to_keep": Integer(minimum=1)}, extra="save"),
+    "datasets": ListOf(Block({
+        "folder_path": Text(), "caption_ext": Text(), "cache_latents_to_disk": Boolean(),
+        "caption_dropout_rate": Number(minimum=0, maximum=1), "resolution": OneOrList(RESOLUTION),
+        "bucket_tolerance": Integer(minimum=1),
+    }, extra="datasets"), min_items=1),
+    "train": Block({
+        "batch_size": Integer(minimum=1), "steps": Integer(minimum=1),
+        "gradient_accumulation": Integer(minimum=1), "gradient_accumulation_steps": Integer(minimum=1),
+        "lr": Number(positive=True), "dtype": DTYPE,
+        "optimizer": Text(lambda v: v.optimizers, lambda v: v.optimizer_prefixes, fold_case=True),
+        **{flag: Boolean() for flag in ("train_unet", "train_text_encoder", "gradient_checkpointing",
+                                        "cache_text_embeddings", "disable_sampling")},
+    }, extra="train"),
+    "model": Block({
+        "name_or_path": Text(), "arch": Text(), "qtype": QTYPE, "qtype_te": QTYPE,
+        **{flag: Boolean() for flag in ("quantize", "quantize_te", "low_vram", "layer_offloading")},
+        "model_kwargs": MODEL_KWARGS,
+    }, extra="model"),
+    "sample": Block({"sample_every": Integer(minimum=1), "sample_steps": Integer(minimum=1),
+                     "width": RESOLUTION, "height": RESOLUTION, "prompts": ListOf(Text())}, extra="sample"),
+    "logging": Block(extra="logging"),
+}, extra="process", required=("datasets", "train", "model"))
+
+
+def preset_schema() -> Block:
+    return Block({
+        "job": Text(lambda v: v.jobs),
+        "config": Block({"name": PlainName(), "process": ListOf(PROCESS, min_items=1)},
+                        extra=Anything(), required=("name", "process")),
+        "meta": Block(extra=Anything()),
+        "launcher": launcher_block(),
+    }, required=("job", "config"))
+
+
+def check_preset(data, vocab: Vocabulary = Vocabulary()) -> list[str]:
+    """Every problem of a parsed preset, as messages; empty when it is fine."""
+    if not isinstance(data, dict):
+        return [f"the preset is {short(data)}, not a mapping; it needs `job:`, `config:` and optionally `launcher:`"]
+    return list(preset_schema().check(data, "", vocab))

@@ -1,0 +1,53 @@
+"""What the trainer accepts, read from the real checkout and asked from its venv."""
+
+import json
+
+import pytest
+import yaml
+
+from launcher.cli import main
+from launcher.envs.workdir import venv_python
+from launcher.patching.checkout import read_state
+from launcher.runs import vocabulary
+from launcher.runs.presets import PRESETS_DIR
+
+
+def test_tables_read_from_the_fork_source(trainer_checkout):
+    found = vocabulary.read_vocabulary(trainer_checkout)
+    assert {"adamw", "adamw8bit", "lion8bit"} <= found.optimizers and "prodigy" in found.optimizer_prefixes
+    assert {"lora", "lokr"} <= found.network_types
+    assert {"bf16", "fp16", "float32"} <= found.dtypes
+    assert "extension" in found.jobs
+    assert {"streamed_loader", "quantize_device", "text_encoder_path", "flux2_params"} <= found.model_kwargs
+    assert {"qtype", "quantize", "model_kwargs"} <= found.section_keys["model"]
+    assert found.qtypes is None, "qtypes need the trainer's interpreter"
+
+
+def test_qtypes_come_from_the_trainers_get_qtype_once_per_head(trainer_workdir, tmp_path, monkeypatch):
+    python = venv_python(trainer_workdir.venv)
+    cache = tmp_path / "qtypes.json"
+    qtypes = vocabulary.trainer_qtypes(trainer_workdir.trainer, python, cache, "abc")
+    assert {"uint4", "uint3", "float8", "int4_fused", "qint4", "qint8"} <= qtypes
+    assert "int3" not in qtypes and "QLinear" not in qtypes
+    assert json.loads(cache.read_text()) == {"head": "abc", "qtypes": sorted(qtypes)}
+
+    def no_trainer(*args, **kwargs):
+        raise AssertionError("the trainer was asked again")
+
+    monkeypatch.setattr(vocabulary, "run_module", no_trainer)
+    assert vocabulary.trainer_qtypes(trainer_workdir.trainer, python, cache, "abc") == qtypes
+    with pytest.raises(AssertionError, match="asked again"):
+        vocabulary.trainer_qtypes(trainer_workdir.trainer, python, cache, "another head")
+
+
+def test_an_unknown_qtype_is_refused_before_anything_loads(trainer_workdir, tmp_path, capsys):
+    preset = yaml.safe_load((PRESETS_DIR / "tiny.yaml").read_text())
+    preset["config"]["process"][0]["model"]["qtype"] = "int3"
+    path = tmp_path / "int3.yaml"
+    path.write_text(yaml.safe_dump(preset))
+    assert read_state(trainer_workdir.state_file).get("head")
+    assert main(["run", str(path), "--workdir", str(trainer_workdir.root), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "config.process[0].model.qtype = 'int3': not one of the allowed values" in err
+    assert "int4_fused" in err and "did you mean `uint3`?" in err
+    assert not (tmp_path / "out").exists()
