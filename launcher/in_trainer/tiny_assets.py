@@ -103,20 +103,20 @@ def read_manifest(out: Path, seed: int) -> dict | None:
     return manifest
 
 
-def build_dataset(out: Path, seed: int) -> Path:
+def build_dataset(out: Path, seed: int, size: int = IMAGE_SIZE, count: int = IMAGE_COUNT) -> Path:
     """Solid shapes on plain backgrounds, each PNG with a matching .txt caption."""
     from PIL import Image, ImageDraw
 
     folder = out / DATASET_DIR
     folder.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
-    for index in range(IMAGE_COUNT):
+    for index in range(count):
         color = rng.choice(sorted(COLORS))
         background = rng.choice(sorted(BACKGROUNDS))
         shape = rng.choice(["square", "circle"])
-        image = Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), BACKGROUNDS[background])
-        left, top = rng.randrange(0, IMAGE_SIZE // 2), rng.randrange(0, IMAGE_SIZE // 2)
-        box = (left, top, left + IMAGE_SIZE // 2, top + IMAGE_SIZE // 2)
+        image = Image.new("RGB", (size, size), BACKGROUNDS[background])
+        left, top = rng.randrange(0, size // 2), rng.randrange(0, size // 2)
+        box = (left, top, left + size // 2, top + size // 2)
         draw = ImageDraw.Draw(image)
         (draw.rectangle if shape == "square" else draw.ellipse)(box, fill=COLORS[color])
         image.save(folder / f"image_{index:03d}.png")
@@ -147,8 +147,11 @@ def build_tokenizer():
     )
 
 
-def build_text_encoder(out: Path, seed: int) -> Path:
-    """A 30-layer, 64-wide Mistral3 with a Pixtral processor, saved as a from_pretrained folder."""
+def build_text_encoder(out: Path, seed: int, **sizes) -> Path:
+    """A 30-layer, 64-wide Mistral3 with a Pixtral processor, saved as a from_pretrained folder.
+
+    `sizes` override the text model's shape (the full-size benchmark keeps the real width and
+    depth with a narrow MLP)."""
     import torch
     from transformers import (
         Mistral3Config,
@@ -170,15 +173,18 @@ def build_text_encoder(out: Path, seed: int) -> Path:
         spatial_merge_size=2,
         chat_template=CHAT_TEMPLATE,
     )
+    shape = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": TE_HIDDEN,
+        "intermediate_size": 2 * TE_HIDDEN,
+        "num_hidden_layers": TE_LAYERS,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": TE_HIDDEN // 2,
+        "max_position_embeddings": 1024,
+    }
     text_config = MistralConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=TE_HIDDEN,
-        intermediate_size=2 * TE_HIDDEN,
-        num_hidden_layers=TE_LAYERS,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=TE_HIDDEN // 2,
-        max_position_embeddings=1024,
+        **{**shape, **sizes},
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
