@@ -117,7 +117,8 @@ def check(preset: Preset, config: dict, workdir: Workdir, run: RunFolder, full_s
         model = process["model"]
         if full_size:
             validate.check_model_dir(Path(model["name_or_path"]), full_size=True)
-            validate.check_text_encoder(model.get("model_kwargs", {}).get("text_encoder_path", ""))
+            validate.check_text_encoder(model.get("model_kwargs", {}).get("text_encoder_path", ""),
+                                        Path(os.environ.get(files.ENV_TEXT_CACHE_DIR) or workdir.text_cache))
         for dataset in process.get("datasets", []):
             validate.check_dataset(Path(dataset["folder_path"]), dataset.get("caption_ext", "txt"))
     if full_size:
@@ -156,6 +157,8 @@ def env_changes(preset: Preset, run: RunFolder, workdir: Workdir) -> dict[str, s
         # One quantized-transformer cache per workdir (wall 8), shared by every run: its key
         # (checkpoint, qtype, fork commit, format) keeps runs of other models apart.
         files.ENV_QUANT_CACHE_DIR: os.environ.get(files.ENV_QUANT_CACHE_DIR) or str(workdir.quantized_cache),
+        # The text phase's prompt embeddings, keyed by encoder and template (walls 3-4).
+        files.ENV_TEXT_CACHE_DIR: os.environ.get(files.ENV_TEXT_CACHE_DIR) or str(workdir.text_cache),
     }
     if preset.allocator == "expandable_segments":
         changes.update(PYTORCH_HIP_ALLOC_CONF=EXPANDABLE, PYTORCH_CUDA_ALLOC_CONF=EXPANDABLE)
