@@ -99,10 +99,24 @@ def dataset_captions(dataset_configs, sd) -> List[str]:
                 item = FileItemDTO(sd=sd, path=path, dataset_config=config, dataloader_transforms=None,
                                    size_database={}, dataset_root=root, encode_control_in_text_embeddings=False)
                 item.load_caption(caption_dict)
-                captions.append(item.get_text_embedding_info_dict()["caption"])
+                captions += item_texts(item, config)
         return captions
     finally:
         random.setstate(state)
+
+
+def item_texts(item, config) -> List[str]:
+    """What the dataset's cache encodes for one file: its caption and, where the trainer caches
+    them too (upstream ai-toolkit), the caption-dropout and output-preservation variants."""
+    texts = [item.get_text_embedding_info_dict()["caption"]]
+    preserving = getattr(config, "diff_output_preservation", False)
+    if preserving and getattr(item, "caption_dop", None) is not None:
+        texts.append(item.caption_dop)
+    if config.caption_dropout_rate > 0 and hasattr(item, "get_dropout_caption"):
+        texts.append(item.get_dropout_caption())
+        if preserving and hasattr(item, "get_dop_dropout_caption"):
+            texts.append(item.get_dop_dropout_caption())
+    return texts
 
 
 def sample_prompts(sample_config) -> List[str]:
