@@ -189,6 +189,15 @@ def _check_shards(folder: Path, shards, needed: List[str], weight_files: Dict[st
     return headers
 
 
+@dataclass(frozen=True)
+class LayerInputs:
+    """What every decoder layer gets besides the hidden states."""
+
+    batches: List[Tuple[slice, Optional[torch.Tensor]]]  # rows of a micro-batch, its causal mask
+    positions: torch.Tensor
+    rotary: Tuple[torch.Tensor, torch.Tensor]  # cos, sin
+
+
 class StreamedTextEncoder:
     """Hidden states of the Mistral encoder, computed one decoder layer at a time."""
 
@@ -228,24 +237,28 @@ class StreamedTextEncoder:
     def _run(self, files, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         wanted = sorted(set(self.template.hidden_layers))
         hidden = self._embed(files, input_ids)
-        batches = self._micro_batches(hidden, attention_mask)
+        inputs = self._layer_inputs(hidden, attention_mask)
         kept = {0: hidden.to("cpu", copy=True)} if 0 in wanted else {}
         for index in range(wanted[-1]):
             self.log(f" - text encoder layer {index + 1}/{wanted[-1]}")
             layer = self._layer(files, index)
-            for rows, mask in batches:
-                hidden[rows] = layer(hidden[rows], attention_mask=mask, position_ids=self._positions,
-                                     position_embeddings=self._rotary)
+            for rows, mask in inputs.batches:
+                hidden[rows] = layer(hidden[rows], attention_mask=mask, position_ids=inputs.positions,
+                                     position_embeddings=inputs.rotary)
             del layer
             if index + 1 in wanted:
                 kept[index + 1] = (self._final_norm(files, hidden) if index + 1 == self.encoder.num_layers
-                                     else hidden.to("cpu", copy=True))
+                                   else hidden.to("cpu", copy=True))
         return torch.cat([kept[k] for k in self.template.hidden_layers], dim=-1)
 
     def _tensors(self, files, names: Sequence[str]) -> Dict[str, torch.Tensor]:
-        out = {}
+        """Named tensors in self.dtype, read shard by shard in file order."""
+        by_shard: Dict[Path, List[str]] = {}
         for name in names:
-            out[name] = files[self.encoder.weight_files[name]].read(name).to(self.dtype)
+            by_shard.setdefault(self.encoder.weight_files[name], []).append(name)
+        out = {}
+        for shard, shard_names in by_shard.items():
+            out.update({n: t.to(self.dtype) for n, t in files[shard].read_many(shard_names).items()})
         return out
 
     def _embed(self, files, input_ids: torch.Tensor) -> torch.Tensor:
@@ -255,26 +268,24 @@ class StreamedTextEncoder:
         rows = files[self.encoder.weight_files[name]].read_rows(name, used.tolist()).to(self.dtype)
         return rows.to(self.device)[inverse.to(self.device)]
 
-    def _micro_batches(self, hidden: torch.Tensor, attention_mask: torch.Tensor):
-        """(rows, mask) per micro-batch, with the masks and rotary tables MistralModel builds."""
+    def _layer_inputs(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> "LayerInputs":
+        """Positions, rotary tables and one causal mask per micro-batch, as MistralModel builds them."""
         from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
         from transformers.models.mistral.modeling_mistral import MistralRotaryEmbedding
 
         config = self.encoder.text_config
-        length = hidden.shape[1]
-        cache_position = torch.arange(length, device=self.device)
-        self._positions = cache_position.unsqueeze(0)
+        cache_position = torch.arange(hidden.shape[1], device=self.device)
+        positions = cache_position.unsqueeze(0)
         # the fork moves the whole encoder, rotary buffer included, to the compute dtype
         rotary = MistralRotaryEmbedding(config=config, device=self.device).to(dtype=self.dtype)
-        self._rotary = rotary(hidden, self._positions)
         make_mask = create_causal_mask if config.sliding_window is None else create_sliding_window_causal_mask
         batches = []
         for start in range(0, hidden.shape[0], self.micro_batch):
             rows = slice(start, start + self.micro_batch)
             mask = make_mask(config=config, input_embeds=hidden[rows], attention_mask=attention_mask[rows].to(self.device),
-                             cache_position=cache_position, past_key_values=None, position_ids=self._positions)
+                             cache_position=cache_position, past_key_values=None, position_ids=positions)
             batches.append((rows, mask))
-        return batches
+        return LayerInputs(batches, positions, rotary(hidden, positions))
 
     def _layer(self, files, index: int) -> torch.nn.Module:
         from transformers.models.mistral.modeling_mistral import MistralDecoderLayer
