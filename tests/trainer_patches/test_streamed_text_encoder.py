@@ -162,7 +162,7 @@ print(rss("VmHWM:") - before)
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads the peak from /proc/self/status")
 def test_host_ram_peak_does_not_grow_with_depth(trainer_checkout, tiny_text_encoder, tmp_path):
-    hidden, intermediate = 1024, 4096
+    hidden, intermediate = 1024, 8192
     layer_bytes = 2 * (2 * hidden * hidden + 2 * hidden * hidden // 4 + 3 * hidden * intermediate)
     peaks = {}
     for depth in (6, 12):
@@ -173,6 +173,7 @@ def test_host_ram_peak_does_not_grow_with_depth(trainer_checkout, tiny_text_enco
         peaks[depth] = int(out.stdout.split()[-1])
     print(f"peak above baseline: depth 6 {peaks[6] / 2**20:.1f} MiB, depth 12 {peaks[12] / 2**20:.1f} MiB, "
           f"one layer {layer_bytes / 2**20:.1f} MiB")
-    # a whole-model load would add 6 layers (~180 MiB); streamed, the peak stays near one layer
-    assert peaks[12] - peaks[6] < layer_bytes / 2
-    assert peaks[12] < 3 * layer_bytes
+    # a whole-model load would add 6 layers (~330 MiB); streamed, the peak stays near one layer
+    # (the allocator's reuse of freed layers moves it by a few MiB from run to run)
+    assert peaks[12] - peaks[6] < layer_bytes
+    assert max(peaks.values()) < 3 * layer_bytes
