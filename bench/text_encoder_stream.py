@@ -18,6 +18,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -143,7 +144,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trainer", required=True, help="a patched trainer checkout (for toolkit/)")
     parser.add_argument("--tokenizer-from", required=True, help="a Mistral3 folder whose tokenizer files to copy")
-    parser.add_argument("--work", default="/tmp/text-encoder-stream", help="where the random encoder is written")
+    parser.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "text-encoder-stream"),
+                        help="where the random encoder is written")
     parser.add_argument("--out", help="also write the JSON result here")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--layers", type=int, default=8)
