@@ -32,7 +32,9 @@ def keys_used_by_shipped_presets() -> dict[str, set[str]]:
 # What a trainer checkout and venv would report (the real tables: test_vocabulary.py).
 TRAINER = Vocabulary(
     section_keys=keys_used_by_shipped_presets(),
-    model_kwargs={"streamed_loader", "quantize_device", "text_encoder_path"},
+    model_kwargs={key for path in SHIPPED
+                  for process in yaml.safe_load(path.read_text(encoding="utf-8"))["config"]["process"]
+                  for key in process["model"].get("model_kwargs", {})},
     qtypes={"uint4", "uint3", "uint8", "int4_fused", "qint4", "float8"},
     optimizers={"adamw", "adamw8bit", "adam"}, optimizer_prefixes={"prodigy"},
     network_types={"lora", "lokr"}, dtypes={"bf16", "fp16", "float32"}, jobs={"extension", "train"},

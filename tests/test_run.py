@@ -36,6 +36,10 @@ def places(tmp_path, monkeypatch):
     encoder.mkdir()
     for name in ("config.json", "tokenizer.json", "processor_config.json"):
         (encoder / name).write_text("{}")
+    shards = {"a.weight": "model-00001-of-00002.safetensors", "b.weight": "model-00002-of-00002.safetensors"}
+    (encoder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": shards}))
+    for shard in shards.values():
+        fake_safetensors(encoder / shard, 1_000_000)
     data = tmp_path / "data"
     data.mkdir()
     for stem in ("a", "b"):
@@ -66,6 +70,7 @@ def test_dry_run_of_every_shipped_preset(places, fork_workdir, capsys, preset):
     out = capsys.readouterr().out
     config = yaml.safe_load(out[: out.index("\nAITK_")])
     assert f"AITK_QUANT_CACHE_DIR={fork_workdir / 'cache' / 'quantized'}" in out
+    assert f"AITK_TEXT_CACHE_DIR={fork_workdir / 'cache' / 'text'}" in out
     process = config["config"]["process"][0]
     assert process["model"]["name_or_path"] == str(places["model"])
     assert process["model"]["model_kwargs"]["text_encoder_path"] == str(places["encoder"])
@@ -122,6 +127,10 @@ def broken(places, what):
         (places["encoder"] / "processor_config.json").unlink()
     elif what == "encoder not cached":
         places["encoder"] = Path("someone/not-downloaded")
+    elif what == "encoder shard missing":
+        (places["encoder"] / "model-00002-of-00002.safetensors").unlink()
+    elif what == "encoder shard truncated":
+        fake_safetensors(places["encoder"] / "model-00001-of-00002.safetensors", 1_000_000, truncate_by=10)
     elif what == "uncaptioned image":
         (places["data"] / "b.txt").unlink()
     elif what == "empty dataset":
@@ -137,6 +146,8 @@ def broken(places, what):
     ("garbage vae", "ae.safetensors: header length"),
     ("encoder without processor", "lacks processor_config.json"),
     ("encoder not cached", "neither a local folder nor in the Hugging Face cache"),
+    ("encoder shard missing", "lacks 1 of the 2 weight shards its index names (model-00002-of-00002"),
+    ("encoder shard truncated", "model-00001-of-00002.safetensors: the header describes"),
     ("uncaptioned image", "1 of 2 images"),
     ("empty dataset", "holds no images"),
 ])
@@ -145,6 +156,22 @@ def test_each_bad_input_is_refused_with_how_to_fix(places, capsys, monkeypatch, 
     broken(places, what)
     assert dry_run(places) == 2
     assert message in capsys.readouterr().err
+
+
+def test_an_encoder_folder_gone_is_accepted_when_the_text_cache_remembers_it(places, capsys, monkeypatch):
+    monkeypatch.delenv("AITK_TEXT_CACHE_DIR", raising=False)
+    monkeypatch.setattr(validate, "free_disk_gib", lambda path: 1000.0)  # disk is not what this checks
+    record = places["workdir"] / "cache" / "text" / "encoder-0123456789abcdef.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"path": str(places["encoder"].resolve()), "identity": "x", "hidden_size": 5120}))
+    for path in places["encoder"].iterdir():
+        path.unlink()
+    places["encoder"].rmdir()
+    assert dry_run(places) == 0
+    assert "the text phase will use the embeddings cached from it" in capsys.readouterr().out
+    record.unlink()
+    assert dry_run(places) == 2
+    assert "neither a local folder nor in the Hugging Face cache" in capsys.readouterr().err
 
 
 def test_missing_locations_name_the_flag_and_variable(capsys, monkeypatch):

@@ -70,7 +70,7 @@ def handle(args) -> int:
         config = render(preset, run.root, tiny_manifest=manifest)
     else:
         config = render(preset, run.root, places=places)
-    datasets = check(preset, config, run, full_size=not preset.tiny)
+    datasets = check(preset, config, workdir, run, full_size=not preset.tiny)
     env = trainer_env(preset, run, workdir)
     if args.dry_run:
         print(yaml.safe_dump(config, sort_keys=False), end="", flush=True)
@@ -121,7 +121,8 @@ def locations(args) -> dict[str, Path]:
     return found
 
 
-def check(preset: Preset, config: dict, run: RunFolder, full_size: bool) -> list[tuple[Path, DatasetCheck]]:
+def check(preset: Preset, config: dict, workdir: Workdir, run: RunFolder,
+          full_size: bool) -> list[tuple[Path, DatasetCheck]]:
     """Every check of the files a run uses, before the trainer starts, so no long work is lost.
 
     Returns each dataset's check with the list file it is trained from when bad files are
@@ -133,7 +134,8 @@ def check(preset: Preset, config: dict, run: RunFolder, full_size: bool) -> list
         model = process["model"]
         if full_size:
             validate.check_model_dir(Path(model["name_or_path"]), full_size=True)
-            validate.check_text_encoder(model.get("model_kwargs", {}).get("text_encoder_path", ""))
+            validate.check_text_encoder(model.get("model_kwargs", {}).get("text_encoder_path", ""),
+                                        Path(os.environ.get(files.ENV_TEXT_CACHE_DIR) or workdir.text_cache))
         for dataset in process["datasets"]:
             result = check_dataset(Path(dataset["folder_path"]), dataset.get("caption_ext", "txt"),
                                    dataset.get("bucket_tolerance", DEFAULT_BUCKET_TOLERANCE), preset.skip_bad_images)
@@ -186,6 +188,8 @@ def env_changes(preset: Preset, run: RunFolder, workdir: Workdir) -> dict[str, s
         # One quantized-transformer cache per workdir (wall 8), shared by every run: its key
         # (checkpoint, qtype, fork commit, format) keeps runs of other models apart.
         files.ENV_QUANT_CACHE_DIR: os.environ.get(files.ENV_QUANT_CACHE_DIR) or str(workdir.quantized_cache),
+        # The text phase's prompt embeddings, keyed by encoder and template (walls 3-4).
+        files.ENV_TEXT_CACHE_DIR: os.environ.get(files.ENV_TEXT_CACHE_DIR) or str(workdir.text_cache),
     }
     if preset.allocator == "expandable_segments":
         changes.update(PYTORCH_HIP_ALLOC_CONF=EXPANDABLE, PYTORCH_CUDA_ALLOC_CONF=EXPANDABLE)

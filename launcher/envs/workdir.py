@@ -38,6 +38,11 @@ class Workdir:
         return self.root / "cache" / "quantized"
 
     @property
+    def text_cache(self) -> Path:
+        """Prompt embeddings of the text phase (walls 3-4), reused by every run of this workdir."""
+        return self.root / "cache" / "text"
+
+    @property
     def state_file(self) -> Path:
         """What setup last applied (target, commit, patch hashes)."""
         return self.root / "setup-state.json"

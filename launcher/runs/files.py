@@ -15,6 +15,10 @@ ENV_TELEMETRY = "AITK_TELEMETRY"
 ENV_TELEMETRY_INTERVAL = "AITK_TELEMETRY_INTERVAL"
 ENV_QUANT_CACHE_DIR = "AITK_QUANT_CACHE_DIR"
 """Where the quantized transformer is cached (wall 8): one folder per workdir."""
+ENV_TEXT_CACHE_DIR = "AITK_TEXT_CACHE_DIR"
+"""Where the text phase caches prompt embeddings (walls 3-4): one folder per workdir."""
+TEXT_ENCODER_RECORD = "encoder-{}.json"
+"""In the text cache: the identity last seen at an encoder folder; {} is a hash of its path."""
 
 SHARED_WITH_TRAINER = (SAVE_NOW, STOP_NOW, CHECKPOINT_MANIFEST, ENV_TELEMETRY, ENV_TELEMETRY_INTERVAL,
-                       ENV_QUANT_CACHE_DIR)
+                       ENV_QUANT_CACHE_DIR, ENV_TEXT_CACHE_DIR)

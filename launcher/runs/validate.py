@@ -9,6 +9,8 @@ from pathlib import Path
 
 from launcher.envs.hostinfo import free_disk_gib
 from launcher.errors import LauncherError
+from launcher.progress import say
+from launcher.runs.files import TEXT_ENCODER_RECORD
 
 TRANSFORMER_FILE = "flux2-dev.safetensors"
 VAE_FILE = "ae.safetensors"
@@ -104,8 +106,9 @@ def check_model_dir(model_dir: Path, full_size: bool) -> None:
         )
 
 
-def check_text_encoder(path_or_id: str) -> None:
-    """A local folder with model and processor files, or a hub id already in the local cache."""
+def check_text_encoder(path_or_id: str, text_cache: Path | None = None) -> None:
+    """A local folder with config, processor and complete weight shards, or a hub id already in the
+    local cache, or a folder gone whose prompts the text phase may all have cached (`text_cache`)."""
     local = Path(path_or_id)
     if local.is_dir():
         missing = [name for name in ("config.json",) if not (local / name).is_file()]
@@ -118,14 +121,52 @@ def check_text_encoder(path_or_id: str) -> None:
                 f"text encoder folder {local} lacks {', '.join(missing)}; it must hold the Mistral3 model "
                 "and its processor (a snapshot of mistralai/Mistral-Small-3.1-24B-Instruct-2503)"
             )
+        check_weight_shards(local)
         return
     if "/" in path_or_id and not local.exists() and _hub_cached(path_or_id):
+        return
+    if text_cache is not None and _remembered(text_cache, local):
+        say(f"note: text encoder folder {local} not found; the text phase will use the embeddings cached "
+            f"from it in {text_cache}, and stops with a clear error if a prompt is not there")
         return
     raise LauncherError(
         f"text encoder {path_or_id!r} is neither a local folder nor in the Hugging Face cache; pass "
         "--text-encoder (or FLUX2_TEXT_ENCODER) with a local snapshot of "
         "mistralai/Mistral-Small-3.1-24B-Instruct-2503"
     )
+
+
+def check_weight_shards(folder: Path) -> None:
+    """Every shard the index names is present and as long as its header says."""
+    index = folder / "model.safetensors.index.json"
+    if not index.is_file():
+        if not (folder / "model.safetensors").is_file():
+            raise LauncherError(f"text encoder folder {folder} holds neither model.safetensors.index.json nor "
+                                "model.safetensors; download the model's safetensors weights into it")
+        safetensors_header(folder / "model.safetensors")
+        return
+    try:
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+    except (ValueError, KeyError, TypeError) as error:
+        raise LauncherError(f"{index} is not a safetensors index ({error}); download it again") from None
+    absent = [name for name in shards if not (folder / name).is_file()]
+    if absent:
+        raise LauncherError(f"text encoder folder {folder} lacks {len(absent)} of the {len(shards)} weight shards "
+                            f"its index names ({', '.join(absent[:3])}); download them again")
+    for name in shards:
+        safetensors_header(folder / name)
+
+
+def _remembered(text_cache: Path, folder: Path) -> bool:
+    """Whether the text phase recorded an encoder at this folder (files.TEXT_ENCODER_RECORD)."""
+    wanted = str(folder.resolve())
+    for record in text_cache.glob(TEXT_ENCODER_RECORD.format("*")):
+        try:
+            if json.loads(record.read_text(encoding="utf-8")).get("path") == wanted:
+                return True
+        except (OSError, ValueError, AttributeError):
+            continue
+    return False
 
 
 def _hub_cached(repo_id: str) -> bool:

@@ -57,6 +57,17 @@ def trainer_on_path(trainer_checkout):
     sys.path.remove(path)
 
 
+@pytest.fixture(scope="session")
+def tiny_text_encoder(trainer_checkout, tmp_path_factory) -> Path:
+    """The embedded tiny FLUX.2's Mistral3 folder, built once per session."""
+    from launcher.in_trainer import tiny_assets
+    from launcher.runs import tiny
+
+    out = tmp_path_factory.mktemp("tiny-assets")
+    tiny_assets.build(trainer_checkout, out, seed=0)
+    return Path(tiny.read_manifest(out, seed=0)["model_kwargs"]["text_encoder_path"])
+
+
 def launcher_python() -> str:
     """The launcher's own interpreter (GitPython and friends live there, not in the trainer venv);
     the bridge, tests/test_trainer_patches.py, passes it in LAUNCHER_PYTHON."""
@@ -90,7 +101,10 @@ def load_transformer(monkeypatch):
     class StopTE:
         @staticmethod
         def from_pretrained(*args, **kwargs):
-            seen.append(sys._getframe(1).f_locals["transformer"])
+            frame = sys._getframe(1)
+            while "transformer" not in frame.f_locals:  # load_model, above load_text_encoder
+                frame = frame.f_back
+            seen.append(frame.f_locals["transformer"])
             raise StopAtTextEncoder
 
     def load(flux2_module, model_config, training_folder):

@@ -5,6 +5,8 @@ record_model_moves.py) and records every move of the transformer to that device.
 patch, no move happens while the text encoder is loaded, and the model is made resident right
 after the encoder is unloaded, before the first step. `resident_after_te_cache: false` restores
 the fork's placement, which the same recorder sees moving the model early: the check can fail.
+These runs load the whole encoder (streamed_text_encoder: false); with the text phase no
+encoder is ever loaded and the model goes to the device while loading.
 """
 
 import json
@@ -21,12 +23,15 @@ from launcher.runs.presets import load_preset, render, write_config
 RECORDER = Path(__file__).with_name("record_model_moves.py")
 
 
-def record_moves(workdir, tmp_path: Path, resident: bool) -> tuple[list[dict], str]:
+def record_moves(workdir, tmp_path: Path, resident: bool, text_phase: bool = False) -> tuple[list[dict], str]:
     python = venv_python(workdir.venv)
     preset = load_preset("tiny")
     config = render(preset, tmp_path / "run", tiny_manifest=tiny.ensure_assets(workdir.assets / "tiny", workdir.trainer, python))
     process = config["config"]["process"][0]
     process["train"]["steps"] = 1
+    # wall 9 is about the whole encoder sharing the device; the text phase (walls 3-4) avoids that
+    process["model"]["model_kwargs"]["streamed_text_encoder"] = text_phase
+    process["model"]["model_kwargs"]["text_embedding_cache_dir"] = str(tmp_path / "text-cache")
     process["model"]["model_kwargs"]["resident_after_te_cache"] = resident
     config_path = write_config(config, tmp_path / "run" / "config.yaml")
     events_path = tmp_path / "events.json"
@@ -66,3 +71,13 @@ def test_model_moves_to_the_device_only_after_the_text_encoder_unloads(workdir, 
         # the fork's own placement: moved in load_model, run() and accelerate's prepare_model
         assert {"load_model", "run", "prepare_model"} <= set(early), early
         assert "hook_before_train_loop" not in resident_moves, after
+
+
+def test_after_the_text_phase_the_model_is_resident_before_the_first_step(workdir, tmp_path):
+    events, log = record_moves(workdir, tmp_path, resident=True, text_phase=True)
+    before, after = split_at_unload(events)
+    first_step = [e["event"] for e in after].index("train_step")
+    moves = [e["caller"] for e in before + after[:first_step] if e["event"] == "model_to_device"]
+    assert "load_model" in moves, events  # no encoder shares the device: nothing to park it for
+    assert "Loading Mistral" not in log and "low_vram: text encoder unloaded" not in log
+    assert log.index("text phase: done") < log.index("Loading transformer")

@@ -1,0 +1,60 @@
+"""Walls 3-4 end to end: the text phase embeds every prompt before the transformer loads, and a
+relaunch with every prompt cached trains with the text encoder folder moved away, giving the
+same first-step loss and the same LoRA (same `training_seed`, same embeddings).
+"""
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_tiny_training import safetensors_tensors
+
+REPO = Path(__file__).resolve().parent.parent
+PRESET = REPO / "presets" / "tiny.yaml"
+FIRST_LOSS = re.compile(r"loss: ([0-9.eE+-]+)")
+LORA = Path("tiny_flux2") / "tiny_flux2" / "tiny_flux2.safetensors"
+
+
+def launch(workdir, output: Path) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "launcher", "run", str(PRESET), "--workdir", str(workdir.root), "--output", str(output)],
+        cwd=REPO, capture_output=True,
+    )
+    text = result.stdout.decode(errors="replace")
+    assert result.returncode == 0, text[-4000:]
+    return text
+
+
+@pytest.fixture(scope="module")
+def runs(trainer_workdir, tmp_path_factory):
+    """A first launch with an empty text cache, then one with the encoder folder moved away."""
+    shutil.rmtree(trainer_workdir.text_cache, ignore_errors=True)
+    root = tmp_path_factory.mktemp("text-phase-runs")
+    first = launch(trainer_workdir, root / "first")
+    encoder = trainer_workdir.assets / "tiny" / "text_encoder"
+    away = root / "text_encoder-moved-away"
+    shutil.move(encoder, away)
+    try:
+        second = launch(trainer_workdir, root / "second")
+    finally:
+        shutil.move(away, encoder)
+    return first, second, root
+
+
+def test_first_launch_streams_the_encoder_before_the_transformer(runs, trainer_workdir):
+    first, _, _ = runs
+    assert re.search(r"text phase: \d+ prompt\(s\), 0 cached", first)
+    assert first.index("text phase: done") < first.index("Loading transformer")
+    assert "Loading Mistral" not in first and "Quantizing Mistral" not in first
+    assert list(trainer_workdir.text_cache.glob("*.temb.safetensors"))
+
+
+def test_relaunch_without_the_encoder_folder_trains_the_same(runs):
+    first, second, root = runs
+    assert "every prompt is cached; the text encoder is not opened" in second
+    assert "Loading Mistral" not in second
+    assert FIRST_LOSS.search(first).group(1) == FIRST_LOSS.search(second).group(1)
+    assert safetensors_tensors(root / "first" / LORA) == safetensors_tensors(root / "second" / LORA)
