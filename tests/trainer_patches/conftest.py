@@ -8,6 +8,7 @@ modules by path keeps these tests independent of the trainer's import-time side 
 import importlib.util
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -29,8 +30,8 @@ def trainer_checkout() -> Path:
     return checkout
 
 
-# the tests pytest_collection_modifyitems deselected, for the summary
-OTHER_TARGET = pytest.StashKey[list]()
+# {file: number of tests deselected for want of it}, for the summary
+OTHER_TARGET = pytest.StashKey[Counter]()
 
 
 def pytest_configure(config):
@@ -54,12 +55,12 @@ def pytest_collection_modifyitems(config, items):
     if other_target:
         config.hook.pytest_deselected(items=other_target)
         items[:] = keep
-        config.stash[OTHER_TARGET] = [(i.nodeid, i.get_closest_marker("trainer_has").args[0]) for i in other_target]
+        config.stash[OTHER_TARGET] = Counter(i.get_closest_marker("trainer_has").args[0] for i in other_target)
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    for nodeid, path in config.stash.get(OTHER_TARGET, []):
-        terminalreporter.write_line(f"DESELECTED {nodeid}: this trainer has no {path}")
+    for path, count in sorted(config.stash.get(OTHER_TARGET, {}).items()):
+        terminalreporter.write_line(f"deselected {count} tests that need {path}: this trainer has none")
 
 
 def load_by_path(checkout: Path, relative: str, name: str):
@@ -129,7 +130,11 @@ def load_transformer(monkeypatch):
     class StopTE:
         @staticmethod
         def from_pretrained(*args, **kwargs):
-            seen.append(sys._getframe(1).f_locals["transformer"])
+            # load_model's local; upstream loads the text encoder in a method of its own
+            frame = sys._getframe(1)
+            while "transformer" not in frame.f_locals:
+                frame = frame.f_back
+            seen.append(frame.f_locals["transformer"])
             raise StopAtTextEncoder
 
     def load(flux2_module, model_config, training_folder):
