@@ -158,7 +158,7 @@ def _ostris_api():
     try:
         return importlib.import_module(_OSTRIS_MODULE)
     except ModuleNotFoundError as e:
-        if e.name not in (_OSTRIS_MODULE, "toolkit.util", "toolkit"):
+        if e.name != _OSTRIS_MODULE:
             raise  # the module exists but one of its own imports is missing
         return None
 
