@@ -10,13 +10,18 @@ header, raw tensor bytes) written and read by this module with ordinary file rea
 weight (packed data, scales, zero points) and every unquantized parameter/buffer.
 The header's __metadata__ carries:
 
-  aitk_qcache          JSON: format version, cache key, one entry per parameter that
-                       says how to rebuild it (plain tensor, or a torchao tensor
-                       subclass tree: class name from a fixed allow-list, its
-                       JSON-encoded attributes, its inner tensors), one entry per
-                       module the quantizer replaced (a kind from a fixed allow-list,
-                       today only int4_linear, its JSON meta and tensor names), and a
-                       sha256 per stored tensor.
+  aitk_qcache          JSON: format version, cache key, and
+                         entries  one per parameter/buffer: how to rebuild it (plain
+                                  tensor, or a torchao tensor subclass tree: class name
+                                  from a fixed allow-list, its JSON-encoded attributes,
+                                  its inner tensors);
+                         modules  one per module the quantizer put in place of an
+                                  nn.Linear (a kind from a fixed allow-list, today only
+                                  int4_linear, its JSON meta and tensor names);
+                         ostris   one per OstrisLinear (the upstream trainer's own
+                                  backends, toolkit/util/ostris_quant.py): qtype, weight
+                                  dtype, buffer names and scalar attributes;
+                       and a sha256 per stored tensor.
   aitk_qcache_sha256   sha256 over aitk_qcache and the tensor index, so any change to
                        the header is detected.
 
@@ -25,8 +30,10 @@ a single tensor is assigned into the model; a bad file is reported, renamed asid
 and the caller quantizes again. Writes go to a temp file, are fsynced, then moved
 into place with os.replace.
 
-Only torchao qtypes (uint2..uint8, float8: see toolkit/util/quantize.py) and int4_fused
-(Int4Linear block Linears, torchao uint4 elsewhere) are cached.
+One file serves both trainers: the AMD fork (torchao uint2..uint8 and float8, and
+int4_fused: Int4Linear block Linears) and upstream ai-toolkit (torchao int8/float8,
+and uint2..uint8, orbit, ... as OstrisLinear). The OstrisLinear code is imported only
+when a model or a cache has such modules, so the fork, which has none, never needs it.
 optimum-quanto qtypes (qint4, qfloat8, ...) are skipped: their packed layout depends
 on the device they were quantized on.
 """
@@ -39,18 +46,20 @@ import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import struct
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
 FORMAT_NAME = "aitk-quantized-cache"
 # bump when the file layout or the meaning of an entry changes: old caches go stale
 # 2: "modules" entries for replaced modules (Int4Linear)
-FORMAT_VERSION = 2
+# 3: one layout for both trainers: "modules" and "ostris" (OstrisLinear records) always present
+FORMAT_VERSION = 3
 META_KEY = "aitk_qcache"
 META_SHA_KEY = "aitk_qcache_sha256"
 CACHE_SUFFIX = ".qcache.safetensors"
@@ -167,6 +176,22 @@ def _module_kinds() -> Dict[str, type]:
     from toolkit.int4_linear import Int4Linear
 
     return {"int4_linear": Int4Linear}
+
+
+_OSTRIS_MODULE = "toolkit.util.ostris_quant"
+
+
+def _ostris_api():
+    """The trainer's OstrisLinear module, or None where the trainer has none (the AMD fork).
+    Imported on demand: only upstream ai-toolkit has it, and only its qtypes need it."""
+    import importlib
+
+    try:
+        return importlib.import_module(_OSTRIS_MODULE)
+    except ModuleNotFoundError as e:
+        if e.name != _OSTRIS_MODULE:
+            raise  # the module exists but one of its own imports is missing
+        return None
 
 
 def _encode_value(v: Any, values: Dict[str, type]) -> Any:
@@ -351,15 +376,51 @@ def _replaced_modules(model: torch.nn.Module) -> Dict[str, Tuple[str, torch.nn.M
     }
 
 
+def _ostris_modules(model: torch.nn.Module) -> Dict[str, torch.nn.Module]:
+    """{name: module} of every OstrisLinear: a Linear whose weight became backend buffers
+    in place (class swap). Found by its marker, so no import is needed to look."""
+    return {n: m for n, m in model.named_modules() if getattr(m, "is_ostris_quantized", False)}
+
+
+# OstrisLinear attributes that are the module's own, never restored from a record
+_OSTRIS_FIXED = ("training", "in_features", "out_features", "ostris_quantizer", "ostris_orig_dtype")
+_OSTRIS_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _ostris_entry(module: torch.nn.Module) -> Dict[str, Any]:
+    """What rebuilds an OstrisLinear from its buffers: qtype, weight dtype, scalar attributes."""
+    qtype = getattr(module.ostris_quantizer, "qtype", None)
+    if qtype is None:
+        raise TypeError(f"{type(module.ostris_quantizer).__name__} has no qtype recorded")
+    attrs = {
+        k: v for k, v in vars(module).items()
+        if not k.startswith("_") and k not in _OSTRIS_FIXED and isinstance(v, (bool, int, float, str))
+    }
+    return {
+        "qtype": qtype,
+        "dtype": str(module.ostris_orig_dtype).replace("torch.", ""),
+        "buffers": sorted(n for n, b in module._buffers.items() if b is not None),
+        "attrs": attrs,
+    }
+
+
 def _names_as_built(model: torch.nn.Module) -> set:
-    """The parameter/buffer names of `model` with every replaced module counted as the
-    nn.Linear it replaced: what a freshly built (meta) model has."""
+    """The parameter/buffer names of `model` as a freshly built (meta) model has them:
+    a replaced module counts as the nn.Linear it replaced, an OstrisLinear's buffers as
+    its weight."""
     replaced = _replaced_modules(model)
-    names = {n for n, _, _, _ in _named_state(model) if n.rpartition(".")[0] not in replaced}
+    ostris = _ostris_modules(model)
+    names = set()
+    for n, _, _, _ in _named_state(model):
+        owner, _, leaf = n.rpartition(".")
+        if owner in replaced or (owner in ostris and leaf in ostris[owner]._buffers):
+            continue  # counted below as the Linear's weight (and bias)
+        names.add(n)
     for name, (_, mod) in replaced.items():
         names.add(f"{name}.weight")
         if getattr(mod, "bias", None) is not None:
             names.add(f"{name}.bias")
+    names.update(f"{name}.weight" for name in ostris)
     return names
 
 
@@ -397,9 +458,8 @@ def _meta_digest(meta_json: str, tensor_index: Dict[str, Any]) -> str:
     return h.hexdigest()
 
 
-def write_cache(path: Path, model: torch.nn.Module, key: Dict[str, Any]) -> int:
-    """Write `model`'s quantized state to `path` atomically. Returns bytes written."""
-    path = Path(path)
+def _collect_state(model: torch.nn.Module) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor]]:
+    """(the aitk_qcache sections, the plain tensors to store) for `model`."""
     allowed = _torchao_classes()
     tensors: Dict[str, torch.Tensor] = {}
     entries: Dict[str, Any] = {}
@@ -418,45 +478,59 @@ def write_cache(path: Path, model: torch.nn.Module, key: Dict[str, Any]) -> int:
         by_id[id(t)] = name
         tree = _flatten(t, name, tensors, allowed)
         entries[name] = {"param": is_param, "requires_grad": rg, "tree": tree}
+    ostris = {n: _ostris_entry(m) for n, m in _ostris_modules(model).items()}
+    return {"entries": entries, "modules": modules, "ostris": ostris}, tensors
 
-    names = sorted(tensors)
-    tensor_index: Dict[str, Any] = {}
+
+def _tensor_index(tensors: Dict[str, torch.Tensor]) -> Tuple[Dict[str, Any], int]:
+    """The safetensors index (dtype, shape, offsets) in name order, and the data size."""
+    index: Dict[str, Any] = {}
     offset = 0
-    for n in names:
+    for n in sorted(tensors):
         t = tensors[n]
         if t.dtype not in _DTYPE_NAMES:
             raise TypeError(f"{n}: dtype {t.dtype} cannot be stored")
         nbytes = t.numel() * t.element_size()
-        tensor_index[n] = {
+        index[n] = {
             "dtype": _DTYPE_NAMES[t.dtype],
             "shape": [int(x) for x in t.shape],
             "data_offsets": [offset, offset + nbytes],
         }
         offset += nbytes
+    return index, offset
 
-    def header(checksums: Dict[str, str]) -> bytes:
-        meta = {
-            "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
-            "key": key,
-            "checksum": "sha256",
-            "checksums": checksums,
-            "entries": entries,
-            "modules": modules,
-        }
-        meta_json = json.dumps(meta, separators=(",", ":"), sort_keys=True)
-        digest = _meta_digest(meta_json, tensor_index)
-        index = dict(tensor_index)
-        index["__metadata__"] = {
-            "format": FORMAT_NAME,
-            META_KEY: meta_json,
-            META_SHA_KEY: digest,
-        }
-        return _header_bytes(index)
 
-    # the checksums are fixed-width hex: write a placeholder header, stream the data
-    # while hashing, then rewrite the header in place (same length)
-    placeholder = header({n: "0" * 64 for n in names})
+def _header(key: Dict[str, Any], sections: Dict[str, Any], tensor_index: Dict[str, Any],
+            checksums: Dict[str, str]) -> bytes:
+    """The complete file header: tensor index plus the signed aitk_qcache metadata."""
+    meta = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "key": key,
+        "checksum": "sha256",
+        "checksums": checksums,
+        **sections,
+    }
+    meta_json = json.dumps(meta, separators=(",", ":"), sort_keys=True)
+    index = dict(tensor_index)
+    index["__metadata__"] = {
+        "format": FORMAT_NAME,
+        META_KEY: meta_json,
+        META_SHA_KEY: _meta_digest(meta_json, tensor_index),
+    }
+    return _header_bytes(index)
+
+
+def write_cache(path: Path, model: torch.nn.Module, key: Dict[str, Any]) -> int:
+    """Write `model`'s quantized state to `path` atomically. Returns bytes written.
+
+    The checksums are fixed-width hex: a placeholder header is written, the data is
+    streamed while hashing, then the header is rewritten in place (same length)."""
+    path = Path(path)
+    sections, tensors = _collect_state(model)
+    tensor_index, data_size = _tensor_index(tensors)
+    names = list(tensor_index)
+    placeholder = _header(key, sections, tensor_index, {n: "0" * 64 for n in names})
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.time_ns()}.tmp")
     checksums: Dict[str, str] = {}
@@ -468,7 +542,7 @@ def write_cache(path: Path, model: torch.nn.Module, key: Dict[str, Any]) -> int:
                 checksums[n] = hashlib.sha256(data).hexdigest()
                 for start in range(0, len(data), _CHUNK):
                     f.write(data[start : start + _CHUNK])
-            final = header(checksums)
+            final = _header(key, sections, tensor_index, checksums)
             if len(final) != len(placeholder):
                 raise RuntimeError("cache header changed size while writing")
             f.seek(0)
@@ -483,7 +557,7 @@ def write_cache(path: Path, model: torch.nn.Module, key: Dict[str, Any]) -> int:
             pass
         raise
     _fsync_dir(path.parent)
-    return len(placeholder) + offset
+    return len(placeholder) + data_size
 
 
 def _fsync_dir(d: Path) -> None:
@@ -502,6 +576,7 @@ def _fsync_dir(d: Path) -> None:
 
 
 def _read_header(f, file_size: int) -> Tuple[Dict[str, Any], int]:
+    """The safetensors header as a dict, and where the data starts."""
     if file_size < 8:
         raise CacheError(f"file is {file_size} bytes, too short for a header")
     (n,) = struct.unpack("<Q", f.read(8))
@@ -529,6 +604,8 @@ def read_meta(path: Path) -> Dict[str, Any]:
 
 
 def _verify_meta(index: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(aitk_qcache, tensor index) once the header checksum holds. Only what every format
+    version has is checked here, so an old cache reads as stale, not as corrupt."""
     md = index.get("__metadata__")
     if not isinstance(md, dict) or md.get("format") != FORMAT_NAME:
         raise CacheError("not a quantized-transformer cache (no aitk metadata)")
@@ -549,9 +626,70 @@ def _verify_meta(index: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]
     for k in ("key", "checksums", "entries"):
         if not isinstance(meta.get(k), dict):
             raise CacheError(f"cache metadata lacks {k!r}")
-    if not isinstance(meta.setdefault("modules", {}), dict):
-        raise CacheError("bad module list in cache metadata")
     return meta, tensor_index
+
+
+def _check_sections(meta: Dict[str, Any]) -> None:
+    """The sections of this format version are there (called once the key matched)."""
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise CacheError(f"format version {meta.get('format_version')!r}, this trainer reads {FORMAT_VERSION}")
+    for k in ("modules", "ostris"):
+        if not isinstance(meta.get(k), dict):
+            raise CacheError(f"cache metadata lacks {k!r}")
+
+
+def _tensor_layout(tensor_index: Dict[str, Any], data_start: int, file_size: int) -> List[tuple]:
+    """(begin, end, name, dtype, shape) of every tensor in file order, checked to tile the
+    bytes after the header exactly."""
+    layout = []
+    for name, info in tensor_index.items():
+        if not isinstance(info, dict):
+            raise CacheError(f"bad index entry for {name!r}")
+        dtype = _DTYPES.get(info.get("dtype"))
+        if dtype is None:
+            raise CacheError(f"{name}: unsupported dtype {info.get('dtype')!r}")
+        shape = _int_list(info.get("shape"))
+        offs = _int_list(info.get("data_offsets"))
+        if len(offs) != 2:
+            raise CacheError(f"{name}: bad data_offsets")
+        numel = 1
+        for s in shape:
+            numel *= s
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if offs[1] - offs[0] != numel * itemsize:
+            raise CacheError(f"{name}: {offs[1] - offs[0]} bytes stored, shape {shape} needs {numel * itemsize}")
+        layout.append((offs[0], offs[1], name, dtype, shape))
+    layout.sort()
+    pos = 0
+    for begin, end, name, _, _ in layout:
+        if begin != pos:
+            raise CacheError(f"{name}: data does not follow the previous tensor")
+        pos = end
+    if data_start + pos != file_size:
+        raise CacheError(f"file is {file_size} bytes, header describes {data_start + pos} (truncated or padded)")
+    return layout
+
+
+def _read_tensors(f, layout, checksums: Dict[str, str]) -> Dict[str, torch.Tensor]:
+    """Read every tensor with plain reads, each checked against its sha256."""
+    tensors: Dict[str, torch.Tensor] = {}
+    for begin, end, name, dtype, shape in layout:
+        nbytes = end - begin
+        buf = torch.empty(nbytes, dtype=torch.uint8)
+        h = hashlib.sha256()
+        if nbytes:
+            view = memoryview(buf.numpy())
+            got = 0
+            while got < nbytes:
+                n = f.readinto(view[got : min(nbytes, got + _CHUNK)])
+                if not n:
+                    raise CacheError(f"{name}: file ends inside the data")
+                got += n
+            h.update(view)
+        if h.hexdigest() != checksums.get(name):
+            raise CacheError(f"{name}: data checksum mismatch")
+        tensors[name] = buf.view(dtype).reshape(shape)
+    return tensors
 
 
 @_corrupt_on_error("cache file")
@@ -562,58 +700,12 @@ def read_cache(path: Path) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor]]:
         file_size = os.fstat(f.fileno()).st_size
         index, data_start = _read_header(f, file_size)
         meta, tensor_index = _verify_meta(index)
+        _check_sections(meta)
         checksums = meta["checksums"]
         if set(checksums) != set(tensor_index):
             raise CacheError("checksum list does not match the stored tensors")
-
-        layout = []
-        for name, info in tensor_index.items():
-            if not isinstance(info, dict):
-                raise CacheError(f"bad index entry for {name!r}")
-            dtype = _DTYPES.get(info.get("dtype"))
-            if dtype is None:
-                raise CacheError(f"{name}: unsupported dtype {info.get('dtype')!r}")
-            shape = _int_list(info.get("shape"))
-            offs = _int_list(info.get("data_offsets"))
-            if len(offs) != 2:
-                raise CacheError(f"{name}: bad data_offsets")
-            numel = 1
-            for s in shape:
-                numel *= s
-            itemsize = torch.empty((), dtype=dtype).element_size()
-            if offs[1] - offs[0] != numel * itemsize:
-                raise CacheError(
-                    f"{name}: {offs[1] - offs[0]} bytes stored, shape {shape} needs {numel * itemsize}"
-                )
-            layout.append((offs[0], offs[1], name, dtype, shape))
-        layout.sort()
-        pos = 0
-        for begin, end, name, _, _ in layout:
-            if begin != pos:
-                raise CacheError(f"{name}: data does not follow the previous tensor")
-            pos = end
-        if data_start + pos != file_size:
-            raise CacheError(
-                f"file is {file_size} bytes, header describes {data_start + pos} (truncated or padded)"
-            )
-
-        tensors: Dict[str, torch.Tensor] = {}
-        for begin, end, name, dtype, shape in layout:
-            nbytes = end - begin
-            buf = torch.empty(nbytes, dtype=torch.uint8)
-            h = hashlib.sha256()
-            if nbytes:
-                view = memoryview(buf.numpy())
-                got = 0
-                while got < nbytes:
-                    n = f.readinto(view[got : min(nbytes, got + _CHUNK)])
-                    if not n:
-                        raise CacheError(f"{name}: file ends inside the data")
-                    got += n
-                h.update(view)
-            if h.hexdigest() != checksums.get(name):
-                raise CacheError(f"{name}: data checksum mismatch")
-            tensors[name] = buf.view(dtype).reshape(shape)
+        layout = _tensor_layout(tensor_index, data_start, file_size)
+        tensors = _read_tensors(f, layout, checksums)
     return meta, tensors
 
 
@@ -625,7 +717,7 @@ def rebuild_modules(
     is not changed."""
     kinds = _module_kinds()
     swaps: Dict[str, torch.nn.Module] = {}
-    for name, entry in meta.get("modules", {}).items():
+    for name, entry in meta["modules"].items():
         if not (isinstance(entry, dict) and isinstance(entry.get("meta"), dict)
                 and isinstance(entry.get("tensors"), list)):
             raise CacheError(f"bad module entry for {name!r}")
@@ -663,20 +755,89 @@ def rebuild_modules(
     return swaps
 
 
-@_corrupt_on_error("cache metadata")
-def rebuild_state(
-    meta: Dict[str, Any], tensors: Dict[str, torch.Tensor], model: torch.nn.Module
-) -> Tuple[Dict[str, Tuple[torch.Tensor, bool, bool]], Dict[str, torch.nn.Module]]:
-    """Rebuild every parameter/buffer and replaced module and check them against `model`
-    (may live on meta). Returns (state, swaps) for assign_state; `model` is not changed."""
-    allowed = _torchao_classes()
-    used: set = set()
-    swaps = rebuild_modules(meta, tensors, model, used)
+def _check_ostris(meta: Dict[str, Any], model: torch.nn.Module, swaps: Dict[str, torch.nn.Module]) -> Dict[str, Any]:
+    """Validate the cache's OstrisLinear records against `model` before anything changes;
+    returns them. A trainer without OstrisLinear cannot use a cache that has some."""
+    records = meta["ostris"]
+    if not records:
+        return records
+    api = _ostris_api()
+    if api is None:
+        first = next(iter(records.values()))
+        qtype = first.get("qtype") if isinstance(first, dict) else None
+        raise CacheError(
+            f"the cache holds OstrisLinear modules (qtype {qtype!r}), but this trainer has no "
+            f"{_OSTRIS_MODULE}; it was written by another ai-toolkit"
+        )
+    qtype = meta["key"].get("qtype")
+    for mod_name, rec in records.items():
+        if mod_name in swaps:
+            raise CacheError(f"{mod_name}: both a module entry and an ostris record")
+        _check_ostris_record(api, mod_name, rec, model, qtype)
+    return records
+
+
+def _check_ostris_record(api, mod_name: str, rec: Any, model: torch.nn.Module, qtype: Optional[str]) -> None:
+    """One record: names a plain Linear of the model, this cache's qtype, a float dtype,
+    and only buffer/attribute names that cannot shadow the module's own."""
+    if not isinstance(rec, dict) or not mod_name:
+        raise CacheError(f"bad ostris record for {mod_name!r}")
+    try:
+        mod = model.get_submodule(mod_name)
+    except AttributeError:
+        raise CacheError(f"{mod_name}: no such module in the model") from None
+    if not isinstance(mod, torch.nn.Linear) or getattr(mod, "is_ostris_quantized", False):
+        raise CacheError(f"{mod_name}: not a plain Linear in the freshly built model")
+    if rec.get("qtype") != qtype or api.get_ostris_quantizer(str(rec.get("qtype"))) is None:
+        raise CacheError(f"{mod_name}: qtype {rec.get('qtype')!r} is not this cache's {qtype!r}")
+    if rec.get("dtype") not in _OSTRIS_DTYPES:
+        raise CacheError(f"{mod_name}: weight dtype {rec.get('dtype')!r} not allowed")
+    buffers, attrs = rec.get("buffers"), rec.get("attrs")
+    if not isinstance(buffers, list) or not isinstance(attrs, dict):
+        raise CacheError(f"{mod_name}: bad buffer or attribute list")
+    for name in list(buffers) + list(attrs):
+        if (not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", name)
+                or name in _OSTRIS_FIXED or hasattr(api.OstrisLinear, name)):
+            raise CacheError(f"{mod_name}: attribute name {name!r} not allowed")
+    if not all(isinstance(v, (bool, int, float, str)) for v in attrs.values()):
+        raise CacheError(f"{mod_name}: attribute values must be scalars")
+
+
+def _expected_state(
+    model: torch.nn.Module, swaps: Dict[str, torch.nn.Module], ostris: Dict[str, Any]
+) -> Dict[str, Tuple[Optional[torch.Tensor], bool]]:
+    """{name: (reference tensor or None, is_param)} the cache's entries must cover: the
+    model's own, less what module entries store, with each OstrisLinear's weight as its
+    backend buffers (their shapes are the backend's business)."""
     expected = {
         name: (t, is_param)
         for name, t, is_param, _ in _named_state(model, swaps)
         if name.rpartition(".")[0] not in swaps
     }
+    for mod_name, rec in ostris.items():
+        expected.pop(f"{mod_name}.weight", None)
+        for buf in rec["buffers"]:
+            expected[f"{mod_name}.{buf}"] = (None, False)
+    return expected
+
+
+class Rebuilt(NamedTuple):
+    """What rebuild_state checked and assign_state puts in place."""
+
+    state: Dict[str, Tuple[torch.Tensor, bool, bool]]  # name -> (tensor, is_param, requires_grad)
+    swaps: Dict[str, torch.nn.Module]  # module name -> replacement (Int4Linear)
+    ostris: Dict[str, Any]  # module name -> OstrisLinear record
+
+
+@_corrupt_on_error("cache metadata")
+def rebuild_state(meta: Dict[str, Any], tensors: Dict[str, torch.Tensor], model: torch.nn.Module) -> Rebuilt:
+    """Rebuild every parameter/buffer and replaced module and check them against `model`
+    (may live on meta). Returns what assign_state needs; `model` is not changed."""
+    allowed = _torchao_classes()
+    used: set = set()
+    swaps = rebuild_modules(meta, tensors, model, used)
+    ostris = _check_ostris(meta, model, swaps)
+    expected = _expected_state(model, swaps, ostris)
     entries = meta["entries"]
     if set(entries) != set(expected):
         missing = sorted(set(expected) - set(entries))[:5]
@@ -692,7 +853,7 @@ def rebuild_state(
             continue
         t = _unflatten(entry.get("tree"), tensors, allowed, used)
         ref, is_param = expected[name]
-        if tuple(t.shape) != tuple(ref.shape):
+        if ref is not None and tuple(t.shape) != tuple(ref.shape):
             raise CacheError(f"{name}: cached shape {tuple(t.shape)}, model has {tuple(ref.shape)}")
         if bool(entry.get("param")) != is_param:
             raise CacheError(f"{name}: parameter/buffer kind differs from the model")
@@ -704,17 +865,35 @@ def rebuild_state(
         out[name] = out[src]
     if used != set(tensors):
         raise CacheError(f"unreferenced tensors in cache: {sorted(set(tensors) - used)[:5]}")
-    return out, swaps
+    return Rebuilt(out, swaps, ostris)
+
+
+def _make_ostris(model: torch.nn.Module, records: Dict[str, Any]) -> None:
+    """Turn each recorded Linear into an OstrisLinear shell; its buffers are assigned next."""
+    if not records:
+        return
+    api = _ostris_api()
+    for mod_name, rec in records.items():
+        mod = model.get_submodule(mod_name)
+        del mod._parameters["weight"]
+        mod.ostris_orig_dtype = getattr(torch, rec["dtype"])
+        mod.__class__ = api.OstrisLinear
+        mod.ostris_quantizer = api.get_ostris_quantizer(rec["qtype"])
+        for k, v in rec["attrs"].items():
+            setattr(mod, k, v)
 
 
 def assign_state(
     model: torch.nn.Module,
     state: Dict[str, Tuple[torch.Tensor, bool, bool]],
     swaps: Optional[Dict[str, torch.nn.Module]] = None,
+    ostris: Optional[Dict[str, Any]] = None,
 ) -> None:
+    """Put a rebuild_state result into `model` (call as assign_state(model, *rebuilt))."""
     for name, module in (swaps or {}).items():
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, leaf, module)
+    _make_ostris(model, ostris or {})
     made: Dict[int, torch.nn.Parameter] = {}
     for name, (t, is_param, rg) in state.items():
         mod_name, _, leaf = name.rpartition(".")
@@ -725,6 +904,9 @@ def assign_state(
                 p = torch.nn.Parameter(t, requires_grad=rg and t.is_floating_point() and type(t) is torch.Tensor)
                 made[id(t)] = p
             mod._parameters[leaf] = p
+        elif mod_name in (ostris or {}):
+            # backend state: not part of state_dict(), as when quantized in place
+            mod.register_buffer(leaf, t, persistent=False)
         else:
             mod._buffers[leaf] = t
 
@@ -870,14 +1052,14 @@ class QuantizedCache:
                 _say(f"stale cache {self.path} ({reason}); quantizing again, it will be replaced")
                 return False
             meta, tensors = read_cache(self.path)
-            state, swaps = rebuild_state(meta, tensors, model)
+            rebuilt = rebuild_state(meta, tensors, model)
         except CacheError as e:
             self._set_aside(str(e))
             return False
         except OSError as e:
             _say(f"cannot read {self.path} ({e}); quantizing again")
             return False
-        assign_state(model, state, swaps)
+        assign_state(model, *rebuilt)
         print(
             f"Loaded quantized transformer from cache {self.path} "
             f"({self.path.stat().st_size / 2**30:.2f} GiB in {time.perf_counter() - t0:.1f} s)",
@@ -935,19 +1117,33 @@ def cache_dir_for(model_kwargs: Dict[str, Any], training_folder: Optional[str]) 
     return None
 
 
+def _cached_backend(qtype: str) -> Optional[str]:
+    """Which cacheable backend quantizes `qtype` in this trainer: "torchao", "int4_fused"
+    (the fork's Int4Linear), "ostris" (upstream's OstrisLinear), or None (optimum-quanto)."""
+    from toolkit.util import quantize
+
+    if qtype in quantize.torchao_qtypes:
+        return "torchao"
+    if qtype == getattr(quantize, "INT4_FUSED", None):
+        return "int4_fused"
+    api = _ostris_api()
+    if api is not None and api.get_ostris_quantizer(qtype) is not None:
+        return "ostris"
+    return None
+
+
 def cache_for_model(base_model, source_path, model: torch.nn.Module) -> Optional[QuantizedCache]:
     """The cache for a BaseModel's transformer, or None when it is off or not possible."""
     cfg = base_model.model_config
     kwargs = getattr(cfg, "model_kwargs", None) or {}
     if not cfg.quantize or not _bool(kwargs.get("quantized_cache", True)):
         return None
-    from toolkit.util.quantize import INT4_FUSED, torchao_qtypes
-
     qtype = cfg.qtype if isinstance(cfg.qtype, str) else getattr(cfg.qtype, "name", str(cfg.qtype))
-    if qtype not in torchao_qtypes and qtype != INT4_FUSED:
+    backend = _cached_backend(qtype)
+    if backend is None:
         _say(
             f"qtype {qtype!r} is quantized by optimum-quanto, whose packed layout depends on the "
-            f"device; no cache for it (torchao qtypes like uint4 are cached)"
+            f"device; no cache for it (uint4 and the other torchao, int4_fused and OstrisLinear qtypes are cached)"
         )
         return None
     if getattr(cfg, "accuracy_recovery_adapter", None):
@@ -962,7 +1158,7 @@ def cache_for_model(base_model, source_path, model: torch.nn.Module) -> Optional
         _say(f"no training folder known; set model_kwargs quantized_cache_dir or ${ENV_CACHE_DIR}; no cache")
         return None
     extra = {"dtype": str(base_model.torch_dtype).replace("torch.", "")}
-    if qtype == INT4_FUSED:
+    if backend == "int4_fused":
         from toolkit import int4_linear
 
         extra["int4_linear"] = int4_linear.FORMAT_VERSION

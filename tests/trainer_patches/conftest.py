@@ -8,6 +8,7 @@ modules by path keeps these tests independent of the trainer's import-time side 
 import importlib.util
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,12 +16,51 @@ import pytest
 import torch
 
 
+def checkout_from_env():
+    """The trainer checkout named by LAUNCHER_TEST_WORKDIR, or None."""
+    root = os.environ.get("LAUNCHER_TEST_WORKDIR")
+    return Path(root) / "trainer" if root else None
+
+
 @pytest.fixture(scope="session")
 def trainer_checkout() -> Path:
-    root = os.environ.get("LAUNCHER_TEST_WORKDIR")
-    if not root:
+    checkout = checkout_from_env()
+    if checkout is None:
         pytest.skip("run through tests/test_trainer_patches.py, which sets LAUNCHER_TEST_WORKDIR")
-    return Path(root) / "trainer"
+    return checkout
+
+
+# {file: number of tests deselected for want of it}, for the summary
+OTHER_TARGET = pytest.StashKey[Counter]()
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "trainer_has(path): runs only where the trainer checkout has this file (a module that only "
+        "one target has); deselected, with the reason printed, elsewhere",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Deselect (rather than skip) the tests of another target's modules: the bridge, which
+    runs this suite on one target, counts any skip as a suite that did not really run."""
+    checkout = checkout_from_env()
+    if checkout is None:
+        return
+    keep, other_target = [], []
+    for item in items:
+        mark = item.get_closest_marker("trainer_has")
+        (other_target if mark and not (checkout / mark.args[0]).is_file() else keep).append(item)
+    if other_target:
+        config.hook.pytest_deselected(items=other_target)
+        items[:] = keep
+        config.stash[OTHER_TARGET] = Counter(i.get_closest_marker("trainer_has").args[0] for i in other_target)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    for path, count in sorted(config.stash.get(OTHER_TARGET, {}).items()):
+        terminalreporter.write_line(f"deselected {count} tests that need {path}: this trainer has none")
 
 
 def load_by_path(checkout: Path, relative: str, name: str):
@@ -101,8 +141,9 @@ def load_transformer(monkeypatch):
     class StopTE:
         @staticmethod
         def from_pretrained(*args, **kwargs):
+            # load_model's local; upstream loads the text encoder in a method of its own
             frame = sys._getframe(1)
-            while "transformer" not in frame.f_locals:  # load_model, above load_text_encoder
+            while "transformer" not in frame.f_locals:
                 frame = frame.f_back
             seen.append(frame.f_locals["transformer"])
             raise StopAtTextEncoder

@@ -1,13 +1,17 @@
-"""Patch 0006: the quantized-transformer cache (toolkit/quantized_cache.py, wall 8).
+"""The quantized-transformer cache (toolkit/quantized_cache.py, wall 8), on either target.
 
-A tiny FLUX.2 is quantized with the fork's uint4 (torchao UIntXWeightOnlyConfig),
-cached, and loaded back into a model built on the meta device.
+A tiny FLUX.2 is quantized by the trainer's own quantize() with each backend the trainer
+has, cached, and loaded back into a model built on the meta device:
+  torchao  tensor subclasses: the fork's uint4 (UIntXWeightOnlyConfig), upstream's int8;
+  ostris   upstream's OstrisLinear (its uint4); the fork has no toolkit/util/ostris_quant.py,
+           there these cases are deselected and a cache with OstrisLinear records is refused.
 """
 
 import hashlib
 import importlib
 import io
 import json
+import math
 import os
 import pickle
 import struct
@@ -32,6 +36,9 @@ TINY = dict(
     axes_dim=[16, 16, 16, 16],
 )
 LOADED = "Loaded quantized transformer from cache"
+OSTRIS_QUANT = "toolkit/util/ostris_quant.py"
+ON_OSTRIS = pytest.mark.trainer_has(OSTRIS_QUANT)
+BACKENDS = ["torchao", pytest.param("ostris", marks=ON_OSTRIS)]
 
 
 @pytest.fixture(scope="module")
@@ -40,33 +47,48 @@ def qc(trainer_on_path):
 
 
 @pytest.fixture(scope="module")
-def fork_quantize(trainer_on_path):
-    quantize_mod = importlib.import_module("toolkit.util.quantize")
+def quantize_mod(trainer_on_path):
+    return importlib.import_module("toolkit.util.quantize")
+
+
+def qtype_of(quantize_mod, backend):
+    """The qtype this trainer quantizes with `backend`: 4 bit where it can."""
+    if backend == "ostris":
+        return "uint4"
+    return next(q for q in ("uint4", "int8") if q in quantize_mod.torchao_qtypes)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def tiny(request, flux2_src, quantize_mod, tmp_path_factory):
+    """(backend, qtype, source checkpoint path, freshly quantized model, builder of empty meta models)."""
     from optimum.quanto import freeze
 
-    def run(model, qtype="uint4"):
-        quantize_mod.quantize(model, weights=quantize_mod.get_qtype(qtype))
-        freeze(model)
-        return model
-
-    return run
-
-
-@pytest.fixture(scope="module")
-def tiny(flux2_src, fork_quantize, tmp_path_factory):
-    """(source checkpoint path, freshly quantized model, builder of empty meta models)."""
+    backend = request.param
+    qtype = qtype_of(quantize_mod, backend)
     torch.manual_seed(0)
     params = flux2_src.Flux2Params(**TINY)
     model = flux2_src.Flux2(params).to(torch.bfloat16)
     src = tmp_path_factory.mktemp("src") / "flux2-tiny.safetensors"
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(src))
-    fork_quantize(model)
+    quantize_mod.quantize(model, weights=quantize_mod.get_qtype(qtype))
+    freeze(model)
 
     def meta_model():
         with torch.device("meta"):
             return flux2_src.Flux2(params)
 
-    return types.SimpleNamespace(src=src, model=model, meta_model=meta_model)
+    return types.SimpleNamespace(backend=backend, qtype=qtype, src=src, model=model, meta_model=meta_model)
+
+
+def test_backends_match_this_trainer(qc, tiny):
+    """The ostris cases run exactly where the cache finds OstrisLinear: a moved module
+    would otherwise silently drop them."""
+    has_ostris = qc._ostris_api() is not None
+    assert has_ostris == (Path(qc.__file__).parents[1] / OSTRIS_QUANT).is_file()
+    if tiny.backend == "ostris":
+        assert has_ostris and len(qc._ostris_modules(tiny.model)) >= 10
+    else:
+        assert not qc._ostris_modules(tiny.model)
 
 
 def inputs():
@@ -88,12 +110,29 @@ def inputs():
     )
 
 
-def make_cache(qc, tiny, cache_dir, qtype="uint4"):
-    return qc.QuantizedCache(cache_dir, tiny.src, qtype, qc.model_signature(tiny.meta_model()))
+def make_cache(qc, tiny, cache_dir):
+    return qc.QuantizedCache(cache_dir, tiny.src, tiny.qtype, qc.model_signature(tiny.meta_model()))
 
 
 def assert_untouched(model):
     assert all(p.device.type == "meta" for p in model.parameters())
+    assert not any(getattr(m, "is_ostris_quantized", False) for m in model.modules())
+
+
+def rewrite_meta(qc, path, change):
+    """Apply `change` to the cache's aitk_qcache and sign the header again, as a
+    deliberate forgery would: only the content checks can refuse it then. `change`
+    edits the metadata in place, or returns the new metadata text verbatim."""
+    blob = path.read_bytes()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8 : 8 + n])
+    meta = json.loads(header["__metadata__"][qc.META_KEY])
+    text = change(meta)
+    meta_json = text if isinstance(text, str) else json.dumps(meta, separators=(",", ":"), sort_keys=True)
+    index = {k: v for k, v in header.items() if k != "__metadata__"}
+    header["__metadata__"][qc.META_KEY] = meta_json
+    header["__metadata__"][qc.META_SHA_KEY] = qc._meta_digest(meta_json, index)
+    path.write_bytes(qc._header_bytes(header) + blob[8 + n :])
 
 
 @pytest.fixture
@@ -117,8 +156,9 @@ def test_round_trip_gives_the_same_outputs(qc, tiny, saved, capsys):
     assert f"{LOADED} {saved.path}" in out
     print(f"tiny model: cache {saved.path.stat().st_size} bytes, loaded in {elapsed * 1000:.1f} ms")
 
-    fresh = dict(tiny.model.named_parameters())
-    cached = dict(meta.named_parameters())
+    assert {n: type(m) for n, m in meta.named_modules()} == {n: type(m) for n, m in tiny.model.named_modules()}
+    fresh = {**dict(tiny.model.named_parameters()), **dict(tiny.model.named_buffers())}
+    cached = {**dict(meta.named_parameters()), **dict(meta.named_buffers())}
     assert fresh.keys() == cached.keys()
     n_quantized = 0
     for name, p in fresh.items():
@@ -132,7 +172,17 @@ def test_round_trip_gives_the_same_outputs(qc, tiny, saved, capsys):
             assert torch.equal(q.dequantize(), p.dequantize()), name
         else:
             assert torch.equal(q, p), name
+    for name, module in qc._ostris_modules(tiny.model).items():
+        n_quantized += 1
+        rebuilt = meta.get_submodule(name)
+        assert rebuilt.ostris_quantizer.qtype == module.ostris_quantizer.qtype == tiny.qtype
+        assert rebuilt.ostris_orig_dtype == module.ostris_orig_dtype
+        assert "weight" not in rebuilt._parameters
+        # backend buffers stay out of state_dict(), as after quantizing in place
+        assert rebuilt._non_persistent_buffers_set == module._non_persistent_buffers_set != set()
+        assert torch.equal(rebuilt.dequantize_weight(), module.dequantize_weight()), name
     assert n_quantized >= 10
+    assert meta.state_dict().keys() == tiny.model.state_dict().keys()
 
     with torch.no_grad():
         expected = tiny.model(**inputs())
@@ -140,19 +190,29 @@ def test_round_trip_gives_the_same_outputs(qc, tiny, saved, capsys):
     assert torch.equal(got, expected)
 
 
-def test_cache_is_plain_safetensors_with_json_metadata(qc, saved):
+def test_cache_is_plain_safetensors_with_json_metadata(qc, tiny, saved):
     blob = saved.path.read_bytes()
     (n,) = struct.unpack("<Q", blob[:8])
     header = json.loads(blob[8 : 8 + n])
     meta = json.loads(header["__metadata__"]["aitk_qcache"])
-    assert meta["format_version"] == qc.FORMAT_VERSION
-    assert meta["key"]["qtype"] == "uint4"
-    entry = meta["entries"]["img_in.weight"]["tree"]
-    assert entry["subclass"] == "AffineQuantizedTensor"
-    assert {"tensor_impl"} == {name for name, _ in entry["inner"]}
-    # the packed 4-bit data is half a byte per weight
-    assert header["img_in.weight.tensor_impl.int_data.int4_shard"]["shape"] == [128, 64]
-    assert header["img_in.weight.tensor_impl.int_data.int4_shard"]["dtype"] == "U8"
+    assert meta["format_version"] == qc.FORMAT_VERSION == 3
+    assert meta["key"]["qtype"] == tiny.qtype
+    assert meta["modules"] == {}  # Int4Linear entries: test_int4_trainer.py
+    if tiny.backend == "torchao":
+        assert meta["ostris"] == {}
+        entry = meta["entries"]["img_in.weight"]["tree"]
+        assert entry["subclass"] == "AffineQuantizedTensor"
+        assert {"tensor_impl"} == {name for name, _ in entry["inner"]}
+    else:
+        record = meta["ostris"]["img_in"]
+        assert record["qtype"] == "uint4" and record["dtype"] == "bfloat16"
+        assert "img_in.weight" not in meta["entries"]
+        assert {f"img_in.{b}" for b in record["buffers"]} <= set(header)
+    if tiny.qtype == "uint4":
+        # the packed 4-bit data is half a byte per weight (128 x 128 weights)
+        packed = {"torchao": "img_in.weight.tensor_impl.int_data.int4_shard", "ostris": "img_in.uintx_packed"}
+        assert header[packed[tiny.backend]]["dtype"] == "U8"
+        assert math.prod(header[packed[tiny.backend]]["shape"]) == 128 * 64
     assert b"\x80\x02" not in blob[: 8 + n] and b"PK\x03\x04" not in blob[:4]
 
 
@@ -173,7 +233,7 @@ def test_key_has_source_fingerprint_and_fork_commit(qc, tiny, saved, trainer_che
 
 
 def test_other_qtype_is_stale_and_rebuilt(qc, tiny, saved, capsys):
-    other = qc.QuantizedCache(saved.path.parent, tiny.src, "uint4", "x" * 64)
+    other = qc.QuantizedCache(saved.path.parent, tiny.src, tiny.qtype, "x" * 64)
     other.path = saved.path  # same file, different key
     model = tiny.meta_model()
     assert not other.load_into(model)
@@ -197,6 +257,24 @@ def test_touched_source_is_stale_then_rebuilt(qc, tiny, saved, capsys, tmp_path)
         assert LOADED in capsys.readouterr().out
     finally:
         os.utime(tiny.src, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_cache_of_an_older_format_is_stale_not_corrupt(qc, tiny, saved, capsys):
+    """A version-2 cache (no "ostris" section) is rebuilt in place, not set aside as damaged."""
+
+    def as_version_2(meta):
+        meta["format_version"] = meta["key"]["format_version"] = 2
+        del meta["ostris"]
+
+    rewrite_meta(qc, saved.path, as_version_2)
+    model = tiny.meta_model()
+    assert not make_cache(qc, tiny, saved.path.parent).load_into(model)
+    out = capsys.readouterr().out
+    assert "stale" in out and "format_version: cached 2, now 3" in out and "corrupt" not in out, out
+    assert_untouched(model)
+    assert saved.path.is_file()
+    with pytest.raises(qc.CacheError, match="format version 2"):
+        qc.read_cache(saved.path)
 
 
 def test_missing_cache_says_it_will_be_written(qc, tiny, tmp_path, capsys):
@@ -261,18 +339,29 @@ def test_appended_bytes_are_detected(qc, tiny, saved, capsys):
     _expect_corrupt(qc, tiny, saved, capsys, "truncated or padded")
 
 
+def unquantized_param(model):
+    """(module, parameter name) of a parameter no quantizer touches (a norm's scale)."""
+    return next(
+        (m, n) for m in model.modules() if not isinstance(m, torch.nn.Linear)
+        for n, p in m._parameters.items() if p is not None
+    )
+
+
 def test_cache_for_a_different_model_is_rejected(qc, tiny, tmp_path, capsys):
     # same key, but the file is missing a parameter of the model
     cache = make_cache(qc, tiny, tmp_path / "qcache")
     smaller = tiny.model
-    saved_w = smaller.final_layer.linear._parameters.pop("weight")
+    module, leaf = unquantized_param(smaller)
+    name = next(n for n, m in smaller.named_modules() if m is module) + "." + leaf
+    saved_p = module._parameters.pop(leaf)
     try:
         qc.write_cache(cache.path, smaller, cache.key)
     finally:
-        smaller.final_layer.linear._parameters["weight"] = saved_w
-    _expect_corrupt(qc, tiny, cache, capsys, "final_layer.linear.weight")
+        module._parameters[leaf] = saved_p
+    _expect_corrupt(qc, tiny, cache, capsys, name)
 
 
+@pytest.mark.parametrize("tiny", ["torchao"], indirect=True)
 def test_unknown_tensor_class_in_metadata_is_rejected(qc, tiny, saved, capsys):
     meta, tensors = qc.read_cache(saved.path)
     meta["entries"]["img_in.weight"]["tree"]["subclass"] = "os.system"
@@ -281,22 +370,6 @@ def test_unknown_tensor_class_in_metadata_is_rejected(qc, tiny, saved, capsys):
 
 
 # -- malformed metadata: any of it is a corrupt cache, never an exception ---------------------------
-
-
-def rewrite_meta(qc, path, change):
-    """Apply `change` to the cache's metadata and re-sign the header, so that the damage gets
-    past the header checksum and reaches the metadata parser."""
-    blob = path.read_bytes()
-    (n,) = struct.unpack("<Q", blob[:8])
-    index = json.loads(blob[8 : 8 + n])
-    meta = json.loads(index["__metadata__"][qc.META_KEY])
-    meta_json = change(meta)
-    if not isinstance(meta_json, str):
-        meta_json = json.dumps(meta_json, separators=(",", ":"), sort_keys=True)
-    tensor_index = {k: v for k, v in index.items() if k != "__metadata__"}
-    index["__metadata__"][qc.META_KEY] = meta_json
-    index["__metadata__"][qc.META_SHA_KEY] = qc._meta_digest(meta_json, tensor_index)
-    path.write_bytes(qc._header_bytes(index) + blob[8 + n :])
 
 
 def deep_json(depth: int) -> str:
@@ -313,6 +386,7 @@ def test_deeply_nested_json_is_a_corrupt_cache(qc, tiny, saved, capsys, where):
     _expect_corrupt(qc, tiny, saved, capsys, "RecursionError")
 
 
+@pytest.mark.parametrize("tiny", ["torchao"], indirect=True)  # edits a torchao entry
 @pytest.mark.parametrize("change", [
     lambda meta: meta["entries"]["img_in.weight"]["tree"].update(subclass=["AffineQuantizedTensor"]),
     lambda meta: meta["entries"]["img_in.weight"]["tree"].update(inner=[[["tensor_impl"], {}]]),
@@ -326,11 +400,7 @@ def test_deeply_nested_json_is_a_corrupt_cache(qc, tiny, saved, capsys, where):
 ], ids=["unhashable class name", "unhashable inner name", "tensor name not a string", "enum member a list",
         "float from null", "size a string", "entry a list", "checksum a number", "key a list"])
 def test_ill_typed_metadata_is_a_corrupt_cache(qc, tiny, saved, capsys, change):
-    def apply(meta):
-        change(meta)
-        return meta
-
-    rewrite_meta(qc, saved.path, apply)
+    rewrite_meta(qc, saved.path, change)
     _expect_corrupt(qc, tiny, saved, capsys)
 
 
@@ -410,7 +480,7 @@ def test_metadata_parser_property(qc, tiny, pristine, tmp_path_factory, data):
     folder = tmp_path_factory.mktemp("mutant")
     cache = make_cache(qc, tiny, folder)
     cache.path.write_bytes(blob)
-    rewrite_meta(qc, cache.path, lambda m: apply_edits(m, edits))
+    rewrite_meta(qc, cache.path, lambda m: json.dumps(apply_edits(m, edits)))
     model = tiny.meta_model()
     try:
         loaded = cache.load_into(model)
@@ -421,6 +491,53 @@ def test_metadata_parser_property(qc, tiny, pristine, tmp_path_factory, data):
         aside = cache.path.with_name(cache.path.name + ".corrupt-1")
         assert aside.is_file() or cache.path.is_file(), "a refused cache is set aside or kept as stale"
         assert not (aside.is_file() and cache.path.exists())
+
+
+# -- OstrisLinear records ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tiny", ["torchao"], indirect=True)
+def test_ostris_records_need_a_trainer_with_ostrislinear(qc, tiny, saved, monkeypatch, capsys):
+    """A cache naming OstrisLinear modules, read by a trainer without them (the fork; on
+    upstream its module is made unimportable), is refused as unusable, never half-loaded."""
+    if qc._ostris_api() is not None:
+        monkeypatch.setattr(qc, "_OSTRIS_MODULE", "toolkit.util.ostris_quant_absent")
+    assert qc._ostris_api() is None
+    record = {"qtype": tiny.qtype, "dtype": "bfloat16", "buffers": ["packed"], "attrs": {}}
+    rewrite_meta(qc, saved.path, lambda meta: meta["ostris"].update({"img_in": record}))
+    _expect_corrupt(qc, tiny, saved, capsys, "OstrisLinear", "ostris_quant")
+
+
+def _forge_ostris(change):
+    """A tamper for rewrite_meta: `change(meta)` on a cache with OstrisLinear records."""
+    return lambda meta: change(meta, meta["ostris"]["double_blocks.0.img_attn.qkv"])
+
+
+@pytest.mark.parametrize("tiny", [pytest.param("ostris", marks=ON_OSTRIS)], indirect=True)
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda meta, rec: rec.update(qtype="os.system"), "is not this cache's"),
+        (lambda meta, rec: rec.update(qtype="uint2"), "is not this cache's"),
+        (lambda meta, rec: rec.update(dtype="int8"), "dtype 'int8' not allowed"),
+        (lambda meta, rec: rec["attrs"].update(forward=1), "'forward' not allowed"),
+        (lambda meta, rec: rec["attrs"].update(ostris_quantizer="x"), "'ostris_quantizer' not allowed"),
+        (lambda meta, rec: rec["attrs"].update(__class__="x"), "'__class__' not allowed"),
+        (lambda meta, rec: rec["buffers"].append("weight"), "'weight' not allowed"),
+        (lambda meta, rec: rec["attrs"].update(group=[1, 2]), "must be scalars"),
+        (lambda meta, rec: rec.update(buffers="packed"), "bad buffer"),
+        (lambda meta, rec: meta["ostris"].update({"double_blocks.0.img_norm1": rec}), "not a plain Linear"),
+        (lambda meta, rec: meta["ostris"].update({"no.such.module": rec}), "no such module"),
+        (lambda meta, rec: meta["ostris"].pop("double_blocks.0.img_attn.qkv"), "does not match the model"),
+        (lambda meta, rec: meta.update(ostris=[]), "lacks 'ostris'"),
+    ],
+    ids=["unknown-qtype", "other-qtype", "int-dtype", "method-name", "fixed-attr", "dunder", "weight-as-buffer",
+         "list-value", "buffers-not-a-list", "not-a-linear", "no-module", "record-missing", "section-not-a-dict"],
+)
+def test_bad_ostris_record_is_set_aside_and_model_untouched(qc, tiny, saved, capsys, change, message):
+    """Even with a valid header checksum, every record is checked before the model changes."""
+    rewrite_meta(qc, saved.path, _forge_ostris(change))
+    _expect_corrupt(qc, tiny, saved, capsys, message)
 
 
 # -- no code execution ----------------------------------------------------------------
@@ -478,7 +595,8 @@ def test_pickle_payload_is_never_executed(qc, tiny, tmp_path, monkeypatch, capsy
         else:
             header = json.loads(blob[8 : 8 + n])
             meta = json.loads(header["__metadata__"]["aitk_qcache"])
-            meta["entries"]["img_in.weight"]["tree"] = {"pickle": payload.hex()}
+            victim = next(e for e in meta["entries"].values() if "tree" in e)
+            victim["tree"] = {"pickle": payload.hex()}
             header["__metadata__"]["aitk_qcache"] = json.dumps(meta)
             raw = json.dumps(header).encode()
             blob = bytearray(struct.pack("<Q", len(raw)) + raw + blob[8 + n :])
@@ -518,8 +636,8 @@ def test_failed_write_leaves_old_cache_and_no_temp_files(qc, tiny, saved, monkey
 # -- wiring: model_kwargs ---------------------------------------------------------------
 
 
-def fake_base_model(tmp_path, **config):
-    cfg = dict(quantize=True, qtype="uint4", model_kwargs={}, accuracy_recovery_adapter=None)
+def fake_base_model(tmp_path, qtype, **config):
+    cfg = dict(quantize=True, qtype=qtype, model_kwargs={}, accuracy_recovery_adapter=None)
     cfg.update(config)
     return types.SimpleNamespace(
         model_config=types.SimpleNamespace(**cfg),
@@ -530,7 +648,7 @@ def fake_base_model(tmp_path, **config):
 
 def test_cache_is_on_by_default_beside_the_training_folder(qc, tiny, tmp_path, monkeypatch):
     monkeypatch.delenv(qc.ENV_CACHE_DIR, raising=False)
-    cache = qc.cache_for_model(fake_base_model(tmp_path), tiny.src, tiny.meta_model())
+    cache = qc.cache_for_model(fake_base_model(tmp_path, tiny.qtype), tiny.src, tiny.meta_model())
     assert cache is not None
     assert cache.path.parent == (tmp_path / "runs" / "quant_cache").resolve()
     assert cache.key["dtype"] == "bfloat16"
@@ -538,9 +656,9 @@ def test_cache_is_on_by_default_beside_the_training_folder(qc, tiny, tmp_path, m
 
 def test_cache_dir_from_env_and_model_kwargs(qc, tiny, tmp_path, monkeypatch):
     monkeypatch.setenv(qc.ENV_CACHE_DIR, str(tmp_path / "env"))
-    cache = qc.cache_for_model(fake_base_model(tmp_path), tiny.src, tiny.meta_model())
+    cache = qc.cache_for_model(fake_base_model(tmp_path, tiny.qtype), tiny.src, tiny.meta_model())
     assert cache.path.parent == (tmp_path / "env").resolve()
-    base = fake_base_model(tmp_path, model_kwargs={"quantized_cache_dir": str(tmp_path / "kw")})
+    base = fake_base_model(tmp_path, tiny.qtype, model_kwargs={"quantized_cache_dir": str(tmp_path / "kw")})
     cache = qc.cache_for_model(base, tiny.src, tiny.meta_model())
     assert cache.path.parent == (tmp_path / "kw").resolve()
 
@@ -549,14 +667,14 @@ def test_model_with_replaced_modules_is_not_cached(qc, tiny, tmp_path, monkeypat
     """A quantizer that swaps modules (new parameter names) would make a cache the
     meta-built model can never load; it is not written."""
     monkeypatch.delenv(qc.ENV_CACHE_DIR, raising=False)
-    cache = qc.cache_for_model(fake_base_model(tmp_path), tiny.src, tiny.meta_model())
+    cache = qc.cache_for_model(fake_base_model(tmp_path, tiny.qtype), tiny.src, tiny.meta_model())
     model = tiny.model
-    lin = model.final_layer.linear
-    lin.register_buffer("qweight", torch.zeros(2, dtype=torch.uint8))
+    module, _ = unquantized_param(model)
+    module.register_buffer("qweight", torch.zeros(2, dtype=torch.uint8))
     try:
         assert not cache.save(model)
     finally:
-        del lin._buffers["qweight"]
+        del module._buffers["qweight"]
     assert "not writing" in capsys.readouterr().out
     assert not cache.path.exists()
     assert cache.save(model)
@@ -564,7 +682,7 @@ def test_model_with_replaced_modules_is_not_cached(qc, tiny, tmp_path, monkeypat
 
 def test_no_cache_without_a_known_folder(qc, tiny, tmp_path, monkeypatch, capsys):
     monkeypatch.delenv(qc.ENV_CACHE_DIR, raising=False)
-    base = fake_base_model(tmp_path)
+    base = fake_base_model(tmp_path, tiny.qtype)
     base.training_folder = None  # a model built outside a training process
     assert qc.cache_for_model(base, tiny.src, tiny.meta_model()) is None
     assert "quantized_cache_dir" in capsys.readouterr().out
@@ -580,6 +698,7 @@ def test_no_cache_without_a_known_folder(qc, tiny, tmp_path, monkeypatch, capsys
     ],
 )
 def test_cache_off_or_unsupported(qc, tiny, tmp_path, capsys, config, message):
+    config = {"qtype": tiny.qtype, **config}
     assert qc.cache_for_model(fake_base_model(tmp_path, **config), tiny.src, tiny.meta_model()) is None
     out = capsys.readouterr().out
     if message:
@@ -589,9 +708,10 @@ def test_cache_off_or_unsupported(qc, tiny, tmp_path, capsys, config, message):
 # -- wiring: Flux2Model.load_model -------------------------------------------------------
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("streamed", [True, False])
-def test_flux2_load_model_writes_then_loads_the_cache(trainer_on_path, tmp_path, monkeypatch, capsys, streamed,
-                                                      load_transformer):
+def test_flux2_load_model_writes_then_loads_the_cache(trainer_on_path, quantize_mod, tmp_path, monkeypatch, capsys,
+                                                      streamed, backend, load_transformer):
     """First load quantizes and writes the cache; the second never reads the checkpoint."""
     fm = importlib.import_module("extensions_built_in.diffusion_models.flux2.flux2_model")
     from toolkit.config_modules import ModelConfig
@@ -608,7 +728,7 @@ def test_flux2_load_model_writes_then_loads_the_cache(trainer_on_path, tmp_path,
 
     def load():
         cfg = ModelConfig(
-            name_or_path=str(ckpt), arch="flux2", quantize=True, qtype="uint4",
+            name_or_path=str(ckpt), arch="flux2", quantize=True, qtype=qtype_of(quantize_mod, backend),
             model_kwargs={"flux2_params": TINY, "streamed_loader": streamed},
         )
         return load_transformer(fm, cfg, tmp_path / "runs" / "output")
