@@ -50,6 +50,8 @@ for name in sys.argv[2:]:
 found = md.packages_distributions()
 print(json.dumps(sorted({d.lower().replace("_", "-") for m in list(sys.modules) for d in found.get(m.split(".")[0], [])})))
 """
+# Twins that install the same module: the machine's one serves (opencv-python is 60 MB).
+TWINS = {"opencv-python": "opencv-python-headless"}
 # Where the trainer's pin must win over the machine's own version.
 TRAINER_PINS = ("transformers", "tokenizers", "huggingface-hub", "diffusers")
 # The launcher's own dependencies, which the trainer venv does not list.
@@ -90,21 +92,33 @@ def imported_distributions(python: Path, trainer: Path) -> set[str]:
 def packages_to_carry(trainer: dict[str, str], image: dict[str, str], imported: set[str]) -> list[str]:
     """name==version for what a run imports and the image lacks (or pins differently)."""
     wanted = [f"{name}=={version}" for name, version in sorted(trainer.items())
-              if name in imported and not f"{name}==".startswith(PROVIDED)
+              if name in imported and not f"{name}==".startswith(PROVIDED) and TWINS.get(name) not in image
               and (name not in image or (name in TRAINER_PINS and image[name] != version))]
     return wanted + [name for name in LAUNCHER_PACKAGES if name.lower() not in trainer]
 
 
 def pack(args) -> int:
-    from launcher.envs.workdir import Workdir, venv_python
+    from launcher.envs.workdir import Workdir
 
     workdir = Workdir(args.workdir.resolve())
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.trainer_only:
+        pack_site(workdir, args.image_freeze, args.out)
+    pack_trainer(workdir, args.out)
+    for name in ("site.tar.xz", "trainer.tar.xz"):
+        print(f"{args.out / name}: {(args.out / name).stat().st_size / 2**20:.1f} MiB", flush=True)
+    return 0
+
+
+def pack_site(workdir, image_freeze: Path, out: Path) -> None:
+    """The packages a run imports that the GPU machine lacks, installed for cp312, as one archive."""
+    from launcher.envs.workdir import venv_python
+
     python = venv_python(workdir.venv)
-    wanted = packages_to_carry(freeze(python), parse_freeze(args.image_freeze.read_text(encoding="utf-8")),
+    wanted = packages_to_carry(freeze(python), parse_freeze(image_freeze.read_text(encoding="utf-8")),
                                imported_distributions(python, workdir.trainer))
     site_dir = next(workdir.venv.glob("lib/python3*/site-packages"))
     from_git = vcs_installed(site_dir)
-    args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
         tree = Path(scratch) / "site"
         platforms = [arg for platform in WHEEL_PLATFORMS for arg in ("--platform", platform)]
@@ -116,17 +130,18 @@ def pack(args) -> int:
             if any(spec.split("==")[0] == name for spec in wanted):
                 copy_installed(dist, site_dir, tree)
         slim(tree)
-        write_tar(args.out / "site.tar.xz", tree, "site")
+        write_tar(out / "site.tar.xz", tree, "site")
+
+
+def pack_trainer(workdir, out: Path) -> None:
+    """The patched checkout's tracked files and the setup state (no .git: a run never needs it)."""
     files = subprocess.run(["git", "-C", str(workdir.trainer), "ls-files", "-z"], capture_output=True,
                            check=True).stdout.decode().split("\0")
-    with tarfile.open(args.out / "trainer.tar.xz", "w:xz") as archive:
+    with tarfile.open(out / "trainer.tar.xz", "w:xz") as archive:
         for name in filter(None, files):
             if (workdir.trainer / name).is_file():
                 archive.add(workdir.trainer / name, arcname=f"trainer/{name}")
         archive.add(workdir.state_file, arcname=workdir.state_file.name)
-    for name in ("site.tar.xz", "trainer.tar.xz"):
-        print(f"{args.out / name}: {(args.out / name).stat().st_size / 2**20:.1f} MiB", flush=True)
-    return 0
 
 
 def vcs_installed(site_dir: Path) -> dict:
@@ -314,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", type=Path, required=True, help="a workdir made by `launcher setup`")
     p.add_argument("--image-freeze", type=Path, required=True, help="pip freeze of the GPU machine's Python")
     p.add_argument("--out", type=Path, default=Path(".bench-carry"))
+    p.add_argument("--trainer-only", action="store_true", help="repack only the checkout")
     p.set_defaults(handler=pack)
     p = verbs.add_parser("prepare")
     p.add_argument("--carry", type=Path, default=Path(".bench-carry"))
