@@ -47,6 +47,7 @@ import importlib, importlib.metadata as md, json, sys
 sys.path.insert(0, sys.argv[1])
 for name in sys.argv[2:]:
     importlib.import_module(name)
+importlib.import_module("toolkit.extension").get_all_extensions_process_dict()  # imports every extension
 found = md.packages_distributions()
 print(json.dumps(sorted({d.lower().replace("_", "-") for m in list(sys.modules) for d in found.get(m.split(".")[0], [])})))
 """
@@ -185,9 +186,12 @@ def prepare(args) -> int:
     for name, dest in (("site.tar.xz", root), ("trainer.tar.xz", root / "wd")):
         with tarfile.open(args.carry / name) as archive:
             archive.extractall(dest, filter="tar")
+    for wheel in sorted(args.carry.glob("wheels/*.whl")):  # late additions, without repacking
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
+                        str(root / "site"), str(wheel)], check=True)
     make_venv(root)
     sys.path.insert(0, str(root / "site"))  # the trainer's transformers writes the text encoder
-    timed("assets", lambda: build_assets(root / "wd" / "trainer", root / "assets", args.images))
+    timed("assets", lambda: build_assets(root / "wd" / "trainer", root / "assets", args.images, args.single_blocks))
     return 0
 
 
@@ -208,7 +212,7 @@ def make_venv(root: Path) -> None:
     )
 
 
-def build_assets(trainer: Path, out: Path, images: int) -> None:
+def build_assets(trainer: Path, out: Path, images: int, single_blocks: int) -> None:
     from launcher.in_trainer import tiny_assets
 
     out.mkdir(parents=True, exist_ok=True)
@@ -216,7 +220,8 @@ def build_assets(trainer: Path, out: Path, images: int) -> None:
     from extensions_built_in.diffusion_models.flux2.src.autoencoder import AutoEncoder, AutoEncoderParams
     from extensions_built_in.diffusion_models.flux2.src.model import Flux2, Flux2Params
 
-    timed("transformer", lambda: write_random_checkpoint(Flux2, Flux2Params(), out / "flux2-dev.safetensors"))
+    shape = Flux2Params(depth_single_blocks=single_blocks)
+    timed("transformer", lambda: write_random_checkpoint(Flux2, shape, out / "flux2-dev.safetensors"))
     timed("vae", lambda: write_random_checkpoint(AutoEncoder, AutoEncoderParams(**REAL_AE), out / "ae.safetensors"))
     timed("text encoder", lambda: tiny_assets.build_text_encoder(out, seed=0, **TEXT_SHAPE))
     tiny_assets.build_dataset(out, seed=0, size=512, count=images)
@@ -249,7 +254,7 @@ def write_random_checkpoint(module_class, params, path: Path) -> None:
             else:
                 fill = 1.0 if "scale" in name or "norm" in name else 0.0
                 tensor = torch.full(shape, fill, device=device, dtype=torch.bfloat16)
-            stream.write(tensor.cpu().view(torch.uint8).numpy().tobytes())
+            stream.write(tensor.cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
     print(f"  {path.name}: {offset / GIB:.2f} GiB, {len(shapes)} tensors", flush=True)
 
 
@@ -335,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--carry", type=Path, default=Path(".bench-carry"))
     p.add_argument("--root", type=Path, required=True)
     p.add_argument("--images", type=int, default=8)
+    p.add_argument("--single-blocks", type=int, default=48,
+                   help="single-stream blocks of the transformer (48: the full 32B; fewer fits a 64 GiB disk)")
     p.set_defaults(handler=prepare)
     p = verbs.add_parser("launch")
     p.add_argument("--root", type=Path, required=True)

@@ -133,7 +133,9 @@ def check(preset: Preset, config: dict, workdir: Workdir, run: RunFolder,
     for process in config["config"]["process"]:
         model = process["model"]
         if full_size:
-            validate.check_model_dir(Path(model["name_or_path"]), full_size=True)
+            # a preset that reshapes the transformer (flux2_params) is not the 64 GB model
+            reshaped = "flux2_params" in (model.get("model_kwargs") or {})
+            validate.check_model_dir(Path(model["name_or_path"]), full_size=not reshaped)
             validate.check_text_encoder(model.get("model_kwargs", {}).get("text_encoder_path", ""),
                                         Path(os.environ.get(files.ENV_TEXT_CACHE_DIR) or workdir.text_cache))
         for dataset in process["datasets"]:

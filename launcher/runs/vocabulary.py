@@ -73,7 +73,8 @@ def model_kwargs_keys(trainer: Path) -> set[str] | None:
         for path in sorted((trainer / folder).rglob("*.py")):
             text = path.read_text(encoding="utf-8", errors="replace")
             if "model_kwargs" in text:
-                found |= set(re.findall(r"model_kwargs\.get\(\s*['\"](\w+)['\"]", text))
+                # model_kwargs.get("key", ...) in the fork; kwargs.get("key", ...) in modules handed them
+                found |= set(re.findall(r"\b\w*kwargs\.get\(\s*['\"](\w+)['\"]", text))
     return found or None
 
 
