@@ -1,7 +1,8 @@
 """The real rescue burst (and the plot) with the trainer venv's interpreter, on a CPU at tiny sizes.
 
-They need torch / matplotlib, so they run in the trainer's venv (session fixture
-`trainer_workdir`; for development LAUNCHER_TEST_WORKDIR names an existing one).
+They need torch / matplotlib, so they run in the trainer's venv (fixture `trainer_workdir`,
+built once per test run; LAUNCHER_TEST_WORKDIR names an existing one). One more runs the
+recipe-size burst where the trainer's torch sees a GPU (marker `gpu`).
 """
 
 import json
@@ -16,6 +17,8 @@ from launcher.envs.workdir import venv_python
 from launcher.watchdog.loop import SubprocessBurster
 from launcher.watchdog.policy import load_config
 from launcher.watchdog.replay import default_scenario, simulate
+
+pytestmark = pytest.mark.trainer
 
 TINY = ["--device", "cpu", "--m", "64", "--k", "64", "--n", "128"]
 
@@ -42,6 +45,20 @@ def test_a_burst_measures_and_reports_its_rate(venv_py):
     assert result["iterations"] >= 1 and result["seconds"] >= 1.0
     expected = 2 * 64 * 64 * 128 * result["iterations"] / result["seconds"] / 1e12
     assert result["tflops"] == pytest.approx(expected, rel=1e-2, abs=1e-4) and result["tflops"] > 0
+
+
+@pytest.mark.gpu
+def test_a_burst_on_the_gpu_runs_the_recipe_size_in_bf16(venv_py):
+    has_gpu = run_module(venv_py, "-c", "import torch; print(torch.cuda.is_available())")
+    if has_gpu.stdout.strip() != "True":
+        pytest.skip("needs a GPU that the trainer's torch sees")
+    done = run_module(venv_py, "-m", "launcher.in_trainer.burst", "--seconds", "3", "--device", "cuda")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip())
+    assert result["ok"] and result["dtype"] == "bf16" and result["device"] == "cuda"
+    assert (result["m"], result["k"], result["n"]) == (6144, 6144, 18432)
+    expected = 2 * 6144 * 6144 * 18432 * result["iterations"] / result["seconds"] / 1e12
+    assert result["tflops"] == pytest.approx(expected, rel=1e-2) and result["tflops"] > 0
 
 
 def test_a_failing_burst_still_prints_one_json_line(venv_py):

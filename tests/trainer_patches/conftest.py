@@ -1,8 +1,12 @@
 """Fixtures that load single modules of the patched trainer by path.
 
 This suite runs inside the trainer's venv (torch, safetensors, torchao, ...), started by
-tests/test_trainer_patches.py, which names the workdir in LAUNCHER_TEST_WORKDIR. Loading
-modules by path keeps these tests independent of the trainer's import-time side effects.
+tests/test_trainer_patches.py once per target, which names the workdir in LAUNCHER_TEST_WORKDIR
+and the target's series file in LAUNCHER_TEST_SERIES. Loading modules by path keeps these tests
+independent of the trainer's import-time side effects.
+
+Markers: `patch("<part of a patch file name>")` for a test of a patch that not every target
+carries (deselected where the series lacks it); `gpu` for a test that needs a GPU.
 """
 
 import importlib.util
@@ -14,6 +18,41 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # tests/: the shared tiny_run helper
+
+DESELECTED_FOR_THE_SERIES = pytest.StashKey[list]()
+
+
+def carried_patches(series: Path) -> list[str]:
+    """The patch file names a series file lists (comments and blank lines left out)."""
+    lines = series.read_text(encoding="utf-8").splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Deselect the tests of patches that this target's series does not carry, and say which."""
+    series = os.environ.get("LAUNCHER_TEST_SERIES")
+    if not series:
+        return
+    carried = carried_patches(Path(series))
+    missing = [item for item in items
+               if (mark := item.get_closest_marker("patch")) and not any(mark.args[0] in name for name in carried)]
+    config.stash[DESELECTED_FOR_THE_SERIES] = [item.nodeid for item in missing]
+    if missing:
+        config.hook.pytest_deselected(items=missing)
+        items[:] = [item for item in items if item not in missing]
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    names = config.stash.get(DESELECTED_FOR_THE_SERIES, [])
+    if names:
+        terminalreporter.write_line(f"deselected: {len(names)} test(s) of patches {os.environ['LAUNCHER_TEST_SERIES']} does not list")
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("gpu") and not torch.cuda.is_available():
+        pytest.skip("needs a GPU (torch.cuda.is_available() is False)")
 
 
 def checkout_from_env():
@@ -112,6 +151,15 @@ def launcher_python() -> str:
     """The launcher's own interpreter (GitPython and friends live there, not in the trainer venv);
     the bridge, tests/test_trainer_patches.py, passes it in LAUNCHER_PYTHON."""
     return os.environ.get("LAUNCHER_PYTHON", sys.executable)
+
+
+def plain_linears(module) -> list[str]:
+    """Names of the Linears under `module` whose weight is a plain (not quantized) tensor."""
+    return [
+        name
+        for name, m in module.named_modules()
+        if isinstance(m, torch.nn.Linear) and type(m.weight) in (torch.Tensor, torch.nn.Parameter)
+    ]
 
 
 def loader_model(flux2_module, params, quantize=True, qtype="uint4", **model_kwargs):
