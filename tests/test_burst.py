@@ -7,6 +7,7 @@ recipe-size burst where the trainer's torch sees a GPU (marker `gpu`).
 
 import json
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,7 +33,7 @@ def venv_py(trainer_workdir) -> Path:
 
 def run_module(python: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(python), *args], cwd=LAUNCHER_ROOT, capture_output=True, text=True, timeout=300,
-                          env={"PYTHONPATH": str(LAUNCHER_ROOT), "PATH": "", "HOME": str(LAUNCHER_ROOT)})
+                          env={"PYTHONPATH": str(LAUNCHER_ROOT), "PATH": "", "HOME": tempfile.gettempdir()})
 
 
 def test_a_burst_measures_and_reports_its_rate(venv_py):
@@ -84,7 +85,7 @@ def test_the_watchdog_runs_a_fresh_burst_and_calls_it_a_dud_on_a_cpu(venv_py):
 def test_plot_of_the_synthetic_2000_step_run_marks_every_burst(venv_py, tmp_path):
     paths = simulate(default_scenario(), load_config({"enabled": True})).write(tmp_path / "run")
     out = tmp_path / "plot.png"
-    done = run_module(venv_py, "-m", "launcher.runs.plotting", str(paths["telemetry"]), str(out),
+    done = run_module(venv_py, "-m", "launcher.in_trainer.plot", str(paths["telemetry"]), str(out),
                       "--events", str(paths["events"]))
     assert done.returncode == 0, done.stderr
     check = (
@@ -94,6 +95,6 @@ def test_plot_of_the_synthetic_2000_step_run_marks_every_burst(venv_py, tmp_path
     height, width, spread = run_module(venv_py, "-c", check, str(out)).stdout.split()
     assert int(height) > 500 and int(width) > 800 and float(spread) > 0.05, "the plot looks blank"
     # one telemetry row per 10 s: most of the 2000 steps appear
-    from launcher.runs.plotting import series
+    from launcher.in_trainer.plot import series
     data = series([json.loads(line) for line in paths["telemetry"].read_text().splitlines()])
     assert len(data["s_it"][0]) > 1800 and len(data["power_w"][0]) > 1000

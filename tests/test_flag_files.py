@@ -1,4 +1,4 @@
-"""Patch 0008: SAVE_NOW / STOP_NOW flag files in the train loop, and exact resume.
+"""The flag-file patch: SAVE_NOW / STOP_NOW flag files in the train loop, and exact resume.
 
 The tiny preset, made 4 steps long with a periodic save every 3, starts with STOP_NOW already
 in its folder: it saves a checkpoint after step 1 and exits 0. `run --resume` with SAVE_NOW in

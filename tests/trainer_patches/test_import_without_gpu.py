@@ -1,4 +1,4 @@
-"""Patch 0001: the built-in extensions import on a machine without a GPU.
+"""The omnigen2 patch: the built-in extensions import on a machine without a GPU.
 
 omnigen2's Triton layer norm built its autotune configs from the current CUDA device at import,
 so importing the trainer's extensions (run.py imports them all) failed wherever no GPU is

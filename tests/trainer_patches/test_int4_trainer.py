@@ -131,7 +131,7 @@ def test_accuracy_recovery_adapter_is_refused(trainer, checkpoint):
 
 
 def test_unfit_block_linear_fails_loudly(trainer):
-    """A block Linear whose width the group size does not divide stops the load (patch 0005)."""
+    """A block Linear whose width the group size does not divide stops the load (the loud-quantization patch)."""
     block = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(96, 64))
     model = loader_model(trainer.flux2, FLUX2_PARAMS, qtype="int4_fused")
     with pytest.raises(trainer.quantize.UnquantizedLinearError, match=r"blk\.1 \(in 96, out 64\).*group size"):

@@ -1,4 +1,4 @@
-"""Patch 0004: loading never puts a whole bf16 model on the GPU (walls 2-4).
+"""The loading patches of walls 2-4: loading never puts a whole bf16 model on the GPU.
 
 Runs the real Flux2Model.load_model on the embedded tiny FLUX.2 with the
 device set to ``cpu:0``: a device distinct from ``cpu`` for torch's
