@@ -2,8 +2,9 @@
 
 Those tests import torch and the patched trainer's modules, which live in the trainer's venv,
 not in the launcher's; this bridge makes them part of the one README test command, once per
-target of upstream.lock. A test for a patch that a target's series does not carry is
-deselected there (the `patch` marker); tests marked `gpu` are deselected where the trainer's
+target of upstream.lock. A test for a patch that a target's series does not carry (marker
+`patch`), or that reads torchao's uint4 layout on a target whose uint4 is OstrisLinear (marker
+`torchao_uint4`), is deselected there; tests marked `gpu` are deselected where the trainer's
 torch sees no GPU. Anything else that skips fails the bridge.
 """
 
