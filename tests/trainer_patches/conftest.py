@@ -118,7 +118,7 @@ def trainer_on_path(trainer_checkout):
 
 @pytest.fixture(scope="session")
 def tiny_text_encoder(trainer_checkout, tmp_path_factory) -> Path:
-    """The embedded tiny FLUX.2's Mistral3 folder, built once per session."""
+    """The embedded tiny FLUX.2's Mistral3 folder, built once per test run."""
     from launcher.in_trainer import tiny_assets
     from launcher.runs import tiny
 
