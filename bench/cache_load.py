@@ -13,7 +13,7 @@
    (copy + sha256 + rebuild) from the disk.
 5. sha256 rate of this CPU on 1 GiB in memory.
 
-    python bench/cache_load.py --trainer DIR --workdir /tmp/qc --out r.json            # full size
+    python bench/cache_load.py --trainer DIR --workdir QC --out r.json                # full size
     python bench/cache_load.py --trainer DIR --hidden 1536 --heads 12 --device cpu ... # reduced
 
 The cache file stays in --workdir (bench/train_step.py --cache can then load it).

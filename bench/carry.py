@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Copy the few patched-trainer files the GPU benches import into .bench-carry/trainer.
 
-The device tool sends only this repository's working tree; .bench-carry/ is ignored by git
-(.git/info/exclude) and named in the run's `carry`. Never commit it.
+A GPU machine that gets only this repository's working tree needs these files next to it;
+.bench-carry/ is ignored by git (.git/info/exclude): copy it along, never commit it.
 
-    python bench/carry.py --trainer /work/dev/<your clone of series.git> [--dest .bench-carry/trainer]
+    python bench/carry.py --trainer W/trainer [--dest .bench-carry/trainer]
 """
 
 import argparse

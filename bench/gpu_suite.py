@@ -12,7 +12,7 @@ Runs, each in its own subprocess so that an OOM or a crash in one leaves the oth
               then the four shapes uncapped (what a 24 GiB card would need)
   bf16        bench/train_step.py --weights bf16, uncapped, all four shapes (figure 4)
 
---set issue8 runs instead, for --qtype (e.g. int4_fused), built straight from random blocks (no
+--set qtype runs instead, for --qtype (e.g. int4_fused), built straight from random blocks (no
 cache child): the four shapes at 24 GiB, 512 px uncapped, and 512 px at 24 GiB with
 INT4_LINEAR_VARIANT=fused; --bf16-ref names an earlier suite.json whose bf16 child the x bf16
 column divides by.
@@ -21,8 +21,8 @@ Each child gets a time budget; the whole suite stops starting children at --budg
 Writes suite.json (every child's JSON merged, rewritten after each child) and suite.log (all
 output) into --out-dir, and prints a table last.
 
-    python bench/gpu_suite.py --trainer .bench-carry/trainer --out-dir $OUT          # GPU machine
-    python bench/gpu_suite.py --trainer <clone> --out-dir /tmp/s --tiny --device cpu # dry run
+    python bench/gpu_suite.py --trainer .bench-carry/trainer --out-dir OUT            # GPU machine
+    python bench/gpu_suite.py --trainer <checkout> --out-dir OUT --tiny --device cpu # dry run
 """
 
 import argparse
@@ -46,7 +46,8 @@ p.add_argument("--only", default="", help="comma list of child names to run (def
 p.add_argument("--tiny", action="store_true")
 p.add_argument("--qtype", default="uint4", help="trainer qtype of the 4-bit variants (default: the fork's uint4)")
 p.add_argument("--device", default="cuda")
-p.add_argument("--set", default="issue7", choices=["issue7", "issue8"], help="which children (see above)")
+p.add_argument("--set", default="figures", choices=["figures", "qtype"],
+               help="figures: the children above; qtype: the --qtype children (see above)")
 p.add_argument("--bf16-ref", type=Path, help="earlier suite.json with a bf16_uncapped child (x bf16 column)")
 p.add_argument("--matmul-child", action="store_true", help=argparse.SUPPRESS)
 p.add_argument("--json", type=Path, help=argparse.SUPPRESS)
@@ -184,7 +185,7 @@ EXP = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 mm = run_child("matmul", [py, "-u", str(Path(__file__).resolve()), "--matmul-child", "--json", "{JSON}",
                           "--device", "cpu" if args.tiny else args.device] + tr + ["--out-dir", str(args.out_dir)],
                40)
-if args.set == "issue8":  # no cache child: every child builds its weights from random blocks
+if args.set == "qtype":  # no cache child: every child builds its weights from random blocks
     args.only = args.only or ",".join(["matmul"] + [f"{args.qtype}_{n}" for n in
                                                      ("512_cap24", "1024_cap24", "768_cap24", "448x2_cap24",
                                                       "512_uncapped", "512_cap24_fused")])
@@ -208,7 +209,7 @@ VARIANTS = [
     # what the 24 GiB runs would need: same weights, no cap (skipped when the budget is spent)
     ("uint4_uncapped", "512,768,1024,448x2", "uint4", 0, 120),
 ]
-if args.set == "issue8":
+if args.set == "qtype":
     q = args.qtype
     VARIANTS = [  # most wanted first; the last ones are skipped when the budget runs out
         (f"{q}_512_cap24", "512", "uint4", 24, 75),

@@ -14,6 +14,7 @@ import ctypes
 import gc
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -22,14 +23,15 @@ sys.path.insert(0, str(HERE))
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 p.add_argument("--trainer", required=True, type=Path)
 p.add_argument("--size", default="1536:4:24", help="hidden:double:single")
-p.add_argument("--dir", type=Path, default=Path("/tmp/loader_trim_probe"))
+p.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "loader_trim_probe",
+               help="where the checkpoint is written and kept between runs (default: in the temp dir)")
 p.add_argument("--release", action="store_true", help="gc.collect() + malloc_trim(0) after each block")
 args = p.parse_args()
 
 import torch  # noqa: E402
 
 import _trainer as T  # noqa: E402
-import loader_rss  # noqa: E402  (helper B's: checkpoint writer and size parsing)
+import loader_rss  # noqa: E402  (its checkpoint writer and size parsing)
 
 GiB = 2**30
 tr = T.Trainer(args.trainer)

@@ -136,7 +136,7 @@ try:
         meta, tensors = tr.qcache.read_cache(args.cache)
         t1 = time.perf_counter()
         state = tr.qcache.rebuild_state(meta, tensors, model)
-        # since patch 0012 rebuild_state returns (state, swaps): the Int4Linear modules
+        # since the int4_fused patch rebuild_state returns (state, swaps): the Int4Linear modules
         tr.qcache.assign_state(model, *(state if isinstance(state, tuple) else (state,)))
         del meta, tensors, state
         model.requires_grad_(False)

@@ -1,27 +1,31 @@
-"""Shared fixtures: fixture upstream repositories, and one real trainer workdir per run."""
+"""Shared fixtures: fixture upstream repositories, and one real trainer workdir per target and run."""
 
 import os
 import struct
 import subprocess
 import sys
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import git
 import pytest
 import yaml
+from tiny_run import RUN_NAME, run_tiny
 
 from launcher.cli import main
 from launcher.envs.workdir import Workdir
 from launcher.patching import gitops
-from launcher.patching.lock import DEFAULT_LOCK, load_targets
+from launcher.patching.lock import DEFAULT_LOCK, Target, load_targets
 from launcher.patching.series import export_series
 from launcher.runs.folders import RunFolder
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # The in-trainer suite needs torch: tests/test_trainer_patches.py runs it in the trainer venv.
 collect_ignore = ["trainer_patches"]
-FORK = load_targets(DEFAULT_LOCK)[0]
+TARGETS = load_targets(DEFAULT_LOCK)
+TARGETS_BY_NAME = {target.name: target for target in TARGETS}
+FORK = TARGETS[0]
 
 IDENTITY = {
     "GIT_AUTHOR_NAME": "Fixture Author",
@@ -131,40 +135,82 @@ def unreachable_reason(url: str) -> str | None:
     return None
 
 
+def in_ci() -> bool:
+    """CI services set CI=true (GitHub Actions, GitLab, ...)."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def skip_or_fail_in_ci(reason: str) -> None:
+    """Skip with the reason on a developer's machine; fail in CI, so that a CI run cannot pass
+    on the fast tests alone when the real targets are out of reach."""
+    if in_ci():
+        pytest.fail(f"{reason} (CI=true: a target that cannot be cloned fails the run)", pytrace=False)
+    pytest.skip(reason)
+
+
+def require_reachable(target: Target) -> Target:
+    reason = unreachable_reason(target.url)
+    if reason:
+        skip_or_fail_in_ci(reason)
+    return target
+
+
 @pytest.fixture(scope="session")
 def fork_reachable() -> None:
-    reason = unreachable_reason(FORK.url)
-    if reason:
-        pytest.skip(reason)
+    require_reachable(FORK)
 
 
-def installed_workdir(target: str, variable: str, tmp_path_factory) -> Workdir:
-    """A real, patched and installed workdir of one target, built once per test session.
+def workdir_variable(target: str) -> str:
+    """The variable naming an existing workdir to reuse: LAUNCHER_TEST_WORKDIR for the first
+    target of the lock, LAUNCHER_TEST_WORKDIR_<NAME> (e.g. ..._UPSTREAM_MAIN) for the others."""
+    if target == FORK.name:
+        return "LAUNCHER_TEST_WORKDIR"
+    return "LAUNCHER_TEST_WORKDIR_" + target.upper().replace("-", "_")
 
-    The environment variable names an existing workdir to use as it is (for development);
-    otherwise `setup --target T --torch-channel cuda` builds one: that is the install test.
+
+class InstalledWorkdirs:
+    """A real, patched and installed workdir per target, built once per test run and shared.
+
+    A workdir named by `workdir_variable(target)` is used as it is (for development); otherwise
+    `setup --target T --torch-channel cuda` builds one (~6 GB; the targets pin different
+    requirements): that is the install test. A failed build fails every test that needs it.
     """
-    given = os.environ.get(variable)
-    if given:
-        return Workdir(Path(given))
-    url = next(t.url for t in load_targets(DEFAULT_LOCK) if t.name == target)
-    reason = unreachable_reason(url)
-    if reason:
-        pytest.skip(reason)
-    root = tmp_path_factory.mktemp(f"aitk-{target}")
-    result = subprocess.run(
-        [sys.executable, "-m", "launcher", "setup", "--target", target, "--workdir", str(root),
-         "--torch-channel", "cuda"],
-        cwd=REPO_ROOT,
-    )
-    assert result.returncode == 0, f"launcher setup --target {target} --torch-channel cuda failed; its output is above"
-    return Workdir(root)
+
+    def __init__(self, tmp_path_factory) -> None:
+        self.tmp_path_factory = tmp_path_factory
+        self.failures: dict[str, str] = {}
+        self.built: dict[str, Workdir] = {}
+
+    def __call__(self, name: str) -> Workdir:
+        given = os.environ.get(workdir_variable(name))
+        if given:
+            return Workdir(Path(given))
+        if name in self.failures:
+            pytest.fail(self.failures[name], pytrace=False)
+        if name not in self.built:
+            require_reachable(TARGETS_BY_NAME[name])
+            self.built[name] = self.setup(name)
+        return self.built[name]
+
+    def setup(self, name: str) -> Workdir:
+        root = self.tmp_path_factory.mktemp(f"aitk-{name}")
+        command = [sys.executable, "-m", "launcher", "setup", "--target", name, "--workdir", str(root),
+                   "--torch-channel", "cuda"]
+        if subprocess.run(command, cwd=REPO_ROOT).returncode != 0:
+            self.failures[name] = f"launcher setup --target {name} --torch-channel cuda failed; its output is above"
+            pytest.fail(self.failures[name], pytrace=False)
+        return Workdir(root)
 
 
 @pytest.fixture(scope="session")
-def trainer_workdir(tmp_path_factory) -> Workdir:
-    """The amd-fork workdir every trainer test shares (LAUNCHER_TEST_WORKDIR reuses one)."""
-    return installed_workdir(FORK.name, "LAUNCHER_TEST_WORKDIR", tmp_path_factory)
+def installed_workdirs(tmp_path_factory) -> InstalledWorkdirs:
+    return InstalledWorkdirs(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def trainer_workdir(installed_workdirs) -> Workdir:
+    """The first target's (amd-fork's) workdir, which most trainer tests share."""
+    return installed_workdirs(FORK.name)
 
 
 @pytest.fixture(scope="session")
@@ -172,26 +218,40 @@ def trainer_checkout(trainer_workdir) -> Path:
     return trainer_workdir.trainer
 
 
-# each target of upstream.lock -> the session fixture giving its installed workdir
-WORKDIR_FIXTURES = {"amd-fork": "trainer_workdir", "upstream-main": "upstream_main_workdir"}
-
-
-@pytest.fixture(scope="session")
-def upstream_main_workdir(tmp_path_factory) -> Workdir:
-    """Upstream ai-toolkit pins other requirements than the fork (transformers, diffusers, ...),
-    so it gets its own venv (LAUNCHER_TEST_WORKDIR_UPSTREAM_MAIN reuses one)."""
-    return installed_workdir("upstream-main", "LAUNCHER_TEST_WORKDIR_UPSTREAM_MAIN", tmp_path_factory)
+@dataclass(frozen=True)
+class TargetWorkdir:
+    target: Target
+    workdir: Workdir
 
 
 @pytest.fixture(scope="session")
 def trained_tiny_run(trainer_workdir, tmp_path_factory):
-    """(RunFolder, Workdir): the tiny preset trained once per session in its own output folder,
+    """(RunFolder, Workdir): the tiny preset trained once per test run in its own output folder,
     for tests that read a finished run (its LoRA, config and logs) rather than watch one."""
     output = tmp_path_factory.mktemp("tiny-run")
-    result = subprocess.run(
-        [sys.executable, "-m", "launcher", "run", "tiny", "--workdir", str(trainer_workdir.root),
-         "--output", str(output)],
-        cwd=REPO_ROOT, capture_output=True, text=True,
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    return RunFolder(output / "tiny_flux2", "tiny_flux2"), trainer_workdir
+    result = run_tiny(trainer_workdir.root, output=output)
+    assert result.returncode == 0, result.stdout[-6000:]
+    return RunFolder(output / RUN_NAME, RUN_NAME), trainer_workdir
+
+
+@pytest.fixture(scope="session", params=TARGETS, ids=[t.name for t in TARGETS])
+def target_workdir(request, installed_workdirs) -> TargetWorkdir:
+    """Each target of upstream.lock in turn, with its installed workdir: tests that must hold
+    for every target (the tiny run, the in-trainer suite) take this one."""
+    return TargetWorkdir(request.param, installed_workdirs(request.param.name))
+
+
+# --- markers -------------------------------------------------------------------------------------
+
+TRAINER_FIXTURES = {"fork_reachable", "trainer_workdir", "trainer_checkout", "target_workdir",
+                    "installed_workdirs", "reachable_target", "trained_tiny_run"}
+"""Fixtures that need a real target: whoever uses one must carry the `trainer` marker."""
+
+
+def pytest_collection_modifyitems(config, items):
+    """Keep `-m "not trainer"` honest: a test that needs a real target but lacks the marker
+    would run (and build ~6 GB) in the quick run, so name it and stop."""
+    unmarked = [item.nodeid for item in items
+                if TRAINER_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("trainer")]
+    if unmarked:
+        raise pytest.UsageError("these tests need a real target but are not marked `trainer`: " + ", ".join(unmarked))

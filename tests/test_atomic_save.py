@@ -25,13 +25,12 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
+from tiny_run import REPO, run_command, tiny_preset
 
 from launcher.envs.torchenv import clean_env
 from launcher.envs.workdir import Workdir, venv_python
 from launcher.runs.folders import RunFolder
 
-REPO = Path(__file__).resolve().parent.parent
 NAME = "atomic_tiny"
 STEPS = 9
 MANIFEST = "checkpoint.json"
@@ -60,7 +59,8 @@ for lora, optimizer in zip(sys.argv[1::2], sys.argv[2::2]):
                       "optimizer_steps": sorted({int(v["step"]) for v in state["state"].values()})}))
 """
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="kill -9 and strace are POSIX tools")
+pytestmark = [pytest.mark.trainer,
+              pytest.mark.skipif(sys.platform == "win32", reason="kill -9 and strace are POSIX tools")]
 
 
 @pytest.fixture(scope="module")
@@ -82,17 +82,6 @@ def kill_workdir(trainer_workdir, tmp_path_factory) -> Workdir:
     if probe.returncode != 0:
         pytest.skip(f"strace cannot trace here ({probe.stderr.strip()[-200:]})")
     return Workdir(root)
-
-
-def write_preset(path: Path, env: dict[str, str]) -> Path:
-    data = yaml.safe_load((REPO / "presets" / "tiny.yaml").read_text(encoding="utf-8"))
-    data.setdefault("launcher", {}).setdefault("env", {}).update(env)
-    data["config"]["name"] = NAME
-    process = data["config"]["process"][0]
-    process["train"]["steps"] = STEPS
-    process["save"].update(save_every=1, max_step_saves_to_keep=2)
-    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    return path
 
 
 def children(pid: int) -> list[int]:
@@ -182,12 +171,12 @@ def launch(kill_workdir: Workdir, output: Path, tmp: Path, index: int, kill_at: 
     env = {"AITK_TEST_PIDFILE": str(pidfile)}
     if delay:
         env["AITK_TEST_DELAY_US"] = str(DELAY_US)
-    preset = write_preset(tmp / f"preset-{index}.yaml", env)
+    preset = tiny_preset(tmp / f"preset-{index}.yaml", name=NAME, steps=STEPS, env=env,
+                         save={"save_every": 1, "max_step_saves_to_keep": 2})
     job_dir = output / NAME / NAME
     resume = bool(RunFolder(output / NAME, NAME).checkpoints())  # the launcher's rule for --resume
     log_path = tmp / f"launch-{index}.log"
-    command = [sys.executable, "-m", "launcher", "run", str(preset), "--workdir", str(kill_workdir.root),
-               "--output", str(output), *(["--resume"] if resume else [])]
+    command = run_command(kill_workdir.root, preset, output, *(["--resume"] if resume else []))
     with log_path.open("wb") as log:
         launcher = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + LAUNCH_TIMEOUT_S

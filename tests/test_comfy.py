@@ -1,7 +1,7 @@
 """`comfy`: the workflow built from ComfyUI's template, the LoRA check, placement, and every bad input.
 
 The fast tests build run folders by hand (a config, a base checkpoint and a LoRA written with the
-standard library); the end-to-end test uses the session's tiny run, and the optional test loads
+standard library); the end-to-end test uses the test run's shared tiny run, and the optional test loads
 that LoRA with ComfyUI's own code when COMFYUI_DIR names a ComfyUI checkout.
 """
 
@@ -278,7 +278,7 @@ def test_dry_run_warns_about_a_network_comfyui_cannot_load(places, tmp_path, cap
 
 @pytest.fixture(scope="module")
 def tiny_comfy(trained_tiny_run, tmp_path_factory):
-    """`comfy` on the session's tiny run, into a fake ComfyUI folder."""
+    """`comfy` on the shared tiny run, into a fake ComfyUI folder."""
     run, workdir = trained_tiny_run
     folder = tmp_path_factory.mktemp("comfy") / "ComfyUI"
     (folder / "models").mkdir(parents=True)
@@ -289,6 +289,7 @@ def tiny_comfy(trained_tiny_run, tmp_path_factory):
     return run, workdir, folder, result
 
 
+@pytest.mark.trainer
 def test_comfy_on_the_tiny_run(tiny_comfy):
     run, _, folder, result = tiny_comfy
     assert result.returncode == 0, result.stdout + result.stderr
@@ -305,6 +306,7 @@ def test_comfy_on_the_tiny_run(tiny_comfy):
     assert "LoRA check: tiny_flux2.safetensors:" in result.stdout and "every tensor" in result.stdout
 
 
+@pytest.mark.trainer
 def test_a_lokr_network_from_the_tiny_run_is_refused(tiny_comfy, tmp_path, capsys):
     run, workdir, folder, _ = tiny_comfy
     copy_root = tmp_path / "runs" / "lokr_copy"
@@ -341,6 +343,7 @@ def in_comfyui(workdir, checkout: str, *args: str) -> dict:
     return json.loads(check.stdout.splitlines()[-1])
 
 
+@pytest.mark.trainer
 def test_comfyui_loads_the_tiny_lora(comfyui_checkout, tiny_comfy):
     """ComfyUI's own loader on the tiny LoRA: every key matched, every weight patched to base + B @ A."""
     run, workdir, _, result = tiny_comfy
@@ -354,6 +357,7 @@ def test_comfyui_loads_the_tiny_lora(comfyui_checkout, tiny_comfy):
     assert report["max_abs_error"] <= 1e-3 * report["max_delta"], report
 
 
+@pytest.mark.trainer
 def test_comfyui_accepts_the_api_workflow(comfyui_checkout, tiny_comfy):
     """What POST /prompt runs (execution.validate_prompt) accepts the API workflow once its files exist."""
     run, workdir, _, result = tiny_comfy

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from launcher.cli import main
 from launcher.commands.doctor import known_problems
 
@@ -17,6 +19,7 @@ def report(system="Linux", hip=None, gpu=True, free=500.0, ram=64.0, swap=32.0, 
     }
 
 
+@pytest.mark.trainer
 def test_doctor_json_on_this_machine(trainer_workdir, capsys):
     assert main(["doctor", "--json", "--workdir", str(trainer_workdir.root)]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -36,8 +39,13 @@ def test_doctor_without_a_venv_says_how_to_fix(tmp_path, capsys):
 
 def test_rocm_on_windows_warns_about_layer_offloading():
     problems = known_problems(report(system="Windows", hip="7.2.53211"))
-    assert any("layer_offloading: false" in p for p in problems)
+    assert any("layer_offloading: false" in p and "disable_sampling: true" in p for p in problems)
     assert not any("192259" in p for p in problems)
+
+
+def test_rocm_on_linux_and_cuda_on_windows_get_no_wall_5_warning():
+    for system, hip in (("Linux", "7.2.53211"), ("Windows", None)):
+        assert not any("layer_offloading" in p for p in known_problems(report(system=system, hip=hip))), system
 
 
 def test_expandable_segments_hang_release_is_flagged():

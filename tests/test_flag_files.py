@@ -1,4 +1,4 @@
-"""Patch 0008: SAVE_NOW / STOP_NOW flag files in the train loop, and exact resume.
+"""The flag-file patch: SAVE_NOW / STOP_NOW flag files in the train loop, and exact resume.
 
 The tiny preset, made 4 steps long with a periodic save every 3, starts with STOP_NOW already
 in its folder: it saves a checkpoint after step 1 and exits 0. `run --resume` with SAVE_NOW in
@@ -12,38 +12,22 @@ start at.
 import json
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
+from tiny_run import RUN_NAME as NAME
+from tiny_run import run_tiny, tiny_preset
 
 from launcher.envs.torchenv import clean_env
 from launcher.envs.workdir import venv_python
 
-REPO = Path(__file__).resolve().parent.parent
-NAME = "tiny_flux2"
+pytestmark = pytest.mark.trainer
 OPTIMIZER_STEP = "import sys, torch; s = torch.load(sys.argv[1]); print(max(int(v['step']) for v in s['state'].values()))"
 
 
-def make_preset(folder: Path) -> Path:
-    """presets/tiny.yaml with 4 steps, a periodic save every 3, and every checkpoint kept."""
-    preset = yaml.safe_load((REPO / "presets" / "tiny.yaml").read_text(encoding="utf-8"))
-    process = preset["config"]["process"][0]
-    process["train"]["steps"] = 4
-    process["save"].update(save_every=3, max_step_saves_to_keep=10)
-    path = folder / "tiny_flags.yaml"
-    path.write_text(yaml.safe_dump(preset, sort_keys=False), encoding="utf-8")
-    return path
-
-
 def launch(workdir, preset: Path, output: Path, *extra: str) -> tuple[int, str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "launcher", "run", str(preset), "--workdir", str(workdir.root),
-         "--output", str(output), *extra],
-        cwd=REPO, capture_output=True, text=True, errors="replace",
-    )
-    return result.returncode, result.stdout + result.stderr
+    result = run_tiny(workdir.root, preset, output, *extra)
+    return result.returncode, result.stdout
 
 
 def training_info(path: Path) -> dict:
@@ -73,7 +57,8 @@ def checkpoint(job_dir: Path, step: int | None = None) -> Path:
 def runs(trainer_workdir, tmp_path_factory):
     """Launch, stopped by STOP_NOW; then resume with SAVE_NOW. Returns what each left behind."""
     folder = tmp_path_factory.mktemp("flag-runs")
-    preset = make_preset(folder)
+    # 4 steps, a periodic save every 3, and every checkpoint kept
+    preset = tiny_preset(folder / "tiny_flags.yaml", steps=4, save={"save_every": 3, "max_step_saves_to_keep": 10})
     job_dir = folder / NAME / NAME
     job_dir.mkdir(parents=True)
     (job_dir / "STOP_NOW").touch()

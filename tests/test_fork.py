@@ -1,6 +1,7 @@
 """Every target of upstream.lock: its series applies, verifies and compiles; its venv imports it.
 
-Skipped with the reason when a target cannot be cloned (no network and no mirror).
+Skipped with the reason when a target cannot be cloned (no network and no mirror); in CI
+(CI=true) that fails instead.
 """
 
 import compileall
@@ -8,47 +9,43 @@ import os
 import subprocess
 
 import pytest
-from conftest import WORKDIR_FIXTURES, unreachable_reason
+from conftest import TARGETS, require_reachable
 
 from launcher.cli import main
 from launcher.envs.workdir import venv_python
-from launcher.patching.lock import DEFAULT_LOCK, load_targets
 from launcher.patching.series import read_series
 
-TARGETS = load_targets(DEFAULT_LOCK)
+pytestmark = pytest.mark.trainer
 
 
 @pytest.fixture(scope="module", params=TARGETS, ids=[t.name for t in TARGETS])
-def target(request):
-    reason = unreachable_reason(request.param.url)
-    if reason:
-        pytest.skip(reason)
-    return request.param
+def reachable_target(request):
+    return require_reachable(request.param)
 
 
 @pytest.fixture(scope="module")
-def fork_checkout(tmp_path_factory, target):
-    root = tmp_path_factory.mktemp(f"checkout-{target.name}")
-    assert main(["setup", "--target", target.name, "--workdir", str(root), "--no-install"]) == 0
+def fork_checkout(tmp_path_factory, reachable_target):
+    root = tmp_path_factory.mktemp(f"checkout-{reachable_target.name}")
+    assert main(["setup", "--target", reachable_target.name, "--workdir", str(root), "--no-install"]) == 0
     return root
 
 
-def test_every_patch_applies_in_order_without_three_way(target, capsys):
-    assert main(["patches", "check", "--target", target.name]) == 0
+def test_every_patch_applies_in_order_without_three_way(reachable_target, capsys):
+    assert main(["patches", "check", "--target", reachable_target.name]) == 0
     rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.count("|") == 2]
     results = {name.strip(): status.strip() for name, status, _ in rows[2:]}
-    assert results == {p.name: "clean" for p in read_series(target.series)}
+    assert results == {p.name: "clean" for p in read_series(reachable_target.series)}
 
 
-def test_setup_then_verify(fork_checkout, target, capsys):
+def test_setup_then_verify(fork_checkout, reachable_target, capsys):
     assert main(["verify", "--workdir", str(fork_checkout)]) == 0
     out = capsys.readouterr().out
-    assert "no other change" in out and target.commit[:12] in out
+    assert "no other change" in out and reachable_target.commit[:12] in out
 
 
-def test_patched_tree_byte_compiles(fork_checkout, target):
+def test_patched_tree_byte_compiles(fork_checkout, reachable_target):
     trainer = fork_checkout / "trainer"
-    diff = ["git", "-C", str(trainer), "diff", "--name-only", target.commit, "HEAD"]
+    diff = ["git", "-C", str(trainer), "diff", "--name-only", reachable_target.commit, "HEAD"]
     patched = set(subprocess.run(diff, capture_output=True, text=True, check=True).stdout.split())
     broken = [
         path.relative_to(trainer).as_posix()
@@ -62,9 +59,8 @@ def test_patched_tree_byte_compiles(fork_checkout, target):
     assert any(path.endswith(".py") for path in patched)
 
 
-@pytest.mark.parametrize("name", list(WORKDIR_FIXTURES))
-def test_installed_venv_imports_the_trainer(request, name):
-    workdir = request.getfixturevalue(WORKDIR_FIXTURES[name])
+def test_installed_venv_imports_the_trainer(target_workdir):
+    workdir = target_workdir.workdir
     python = venv_python(workdir.venv)
     probe = "import torch, torchaudio, toolkit, toolkit.job; print(torch.__version__, torchaudio.__version__)"
     result = subprocess.run([str(python), "-c", probe], cwd=workdir.trainer,

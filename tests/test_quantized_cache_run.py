@@ -6,25 +6,20 @@ aside and rebuilt by the next launch.
 import re
 import shutil
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tiny_run import run_tiny
 
-REPO = Path(__file__).resolve().parent.parent
-PRESET = REPO / "presets" / "tiny.yaml"
+pytestmark = pytest.mark.trainer
+
 FIRST_LOSS = re.compile(rb"loss: ([0-9.eE+-]+)")
 
 
 def launch(workdir, output: Path) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "launcher", "run", str(PRESET), "--workdir", str(workdir.root), "--output", str(output)],
-        cwd=REPO, capture_output=True,
-    )
-    text = result.stdout.decode(errors="replace")
-    assert result.returncode == 0, text[-4000:]
-    return text
+    result = run_tiny(workdir.root, output=output)
+    assert result.returncode == 0, result.stdout[-4000:]
+    return result.stdout
 
 
 def first_loss(text: str) -> float:

@@ -14,7 +14,8 @@ from launcher.runs import validate
 from launcher.runs.folders import RunFolder
 from launcher.runs.presets import PRESETS_DIR, load_preset, render
 
-REAL_PRESETS = sorted(p.name for p in PRESETS_DIR.glob("*.yaml") if p.name != "tiny.yaml")
+ALL_PRESETS = sorted(p.name for p in PRESETS_DIR.glob("*.yaml"))
+REAL_PRESETS = [name for name in ALL_PRESETS if name != "tiny.yaml"]
 
 
 def fake_safetensors(path: Path, nbytes: int, truncate_by: int = 0) -> None:
@@ -64,6 +65,7 @@ def fork_workdir(tmp_path_factory, fork_reachable):
     return root
 
 
+@pytest.mark.trainer
 @pytest.mark.parametrize("preset", REAL_PRESETS)
 def test_dry_run_of_every_shipped_preset(places, fork_workdir, capsys, preset):
     assert dry_run(places, preset, workdir=fork_workdir) == 0
@@ -76,9 +78,35 @@ def test_dry_run_of_every_shipped_preset(places, fork_workdir, capsys, preset):
     assert process["model"]["model_kwargs"]["text_encoder_path"] == str(places["encoder"])
     assert process["datasets"][0]["folder_path"] == str(places["data"])
     assert process["training_folder"].startswith(str(fork_workdir))
-    assert "PYTORCH_HIP_ALLOC_CONF=expandable_segments:True" in out
+    assert process["model"]["layer_offloading"] is False  # wall 5: block swap deadlocks the HIP driver
+    assert process["train"]["disable_sampling"] is True  # wall 6: sampling deadlocks, 4-bit previews are black
+    assert "PYTORCH_HIP_ALLOC_CONF=expandable_segments:True" in out  # wall 7
     assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in out
     assert not (fork_workdir / "runs").exists(), "a dry run writes nothing"
+
+
+@pytest.mark.parametrize("preset", ALL_PRESETS)
+def test_every_shipped_preset_renders_with_walls_5_and_6_kept_off(preset):
+    """The tiny preset too: its rendered config is what the tests train with."""
+    places = {"model_dir": Path("m"), "dataset": Path("d"), "text_encoder": Path("t")}
+    manifest = {"name_or_path": "m", "model_kwargs": {}, "dataset": "d", "resolution": 64}
+    loaded = load_preset(preset.removesuffix(".yaml"))
+    config = render(loaded, Path("runs") / "x", **({"tiny_manifest": manifest} if loaded.tiny else {"places": places}))
+    for process in config["config"]["process"]:
+        assert process["model"]["layer_offloading"] is False, preset
+        assert process["train"]["disable_sampling"] is True, preset
+
+
+def test_allocator_default_switches_wall_7_off(places, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(validate, "free_disk_gib", lambda path: 500.0)
+    preset = yaml.safe_load((PRESETS_DIR / "7900xtx_512.yaml").read_text())
+    preset["launcher"]["allocator"] = "default"
+    path = tmp_path / "default_allocator.yaml"
+    path.write_text(yaml.safe_dump(preset))
+    assert main(["run", str(path), "--dry-run", "--workdir", str(places["workdir"]), "--model-dir", str(places["model"]),
+                 "--text-encoder", str(places["encoder"]), "--dataset", str(places["data"])]) == 0
+    out = capsys.readouterr().out
+    assert "PYTORCH_HIP_ALLOC_CONF" not in out and "PYTORCH_CUDA_ALLOC_CONF" not in out
 
 
 def test_448_bs2_scales_lr_by_sqrt_two():
@@ -88,6 +116,7 @@ def test_448_bs2_scales_lr_by_sqrt_two():
     assert bs2["lr"] == pytest.approx(base["lr"] * 2**0.5, rel=1e-5)
 
 
+@pytest.mark.trainer
 def test_unknown_key_names_the_closest_known_key(places, fork_workdir, tmp_path, capsys):
     preset = yaml.safe_load((PRESETS_DIR / "7900xtx_512.yaml").read_text())
     preset["config"]["process"][0]["train"]["gradient_checkpoint"] = True

@@ -3,35 +3,25 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-import yaml
+from tiny_run import REPO, RUN_NAME, run_tiny, tiny_preset
 
 from launcher.envs.workdir import venv_python
 from launcher.patching.checkout import read_state
 from launcher.runs.folders import RunFolder
 
-REPO = Path(__file__).resolve().parent.parent
-NAME = "tiny_flux2"
+pytestmark = pytest.mark.trainer
 
 
 @pytest.fixture(scope="module")
 def tiny_run(trainer_workdir, tmp_path_factory):
     """The tiny preset with 4 steps and a 1 s telemetry interval, in a fresh output folder."""
     folder = tmp_path_factory.mktemp("outputs")
-    preset = yaml.safe_load((REPO / "presets" / "tiny.yaml").read_text())
-    preset["launcher"]["telemetry"] = {"interval_s": 1}
-    preset["config"]["process"][0]["train"]["steps"] = 4
-    path = folder / "tiny.yaml"
-    path.write_text(yaml.safe_dump(preset))
-    result = subprocess.run(
-        [sys.executable, "-m", "launcher", "run", str(path), "--workdir", str(trainer_workdir.root),
-         "--output", str(folder / "out")],
-        cwd=REPO, capture_output=True, text=True,
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    return trainer_workdir, RunFolder(folder / "out" / NAME, NAME)
+    preset = tiny_preset(folder / "tiny.yaml", steps=4, launcher={"telemetry": {"interval_s": 1}})
+    result = run_tiny(trainer_workdir.root, preset, folder / "out")
+    assert result.returncode == 0, result.stdout[-6000:]
+    return trainer_workdir, RunFolder(folder / "out" / RUN_NAME, RUN_NAME)
 
 
 def test_telemetry_rows_hold_in_trainer_figures(tiny_run):

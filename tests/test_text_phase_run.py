@@ -5,27 +5,22 @@ same first-step loss and the same LoRA (same `training_seed`, same embeddings).
 
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from test_tiny_training import safetensors_tensors
+from tiny_run import run_tiny
 
-REPO = Path(__file__).resolve().parent.parent
-PRESET = REPO / "presets" / "tiny.yaml"
+pytestmark = pytest.mark.trainer
+
 FIRST_LOSS = re.compile(r"loss: ([0-9.eE+-]+)")
 LORA = Path("tiny_flux2") / "tiny_flux2" / "tiny_flux2.safetensors"
 
 
 def launch(workdir, output: Path) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "launcher", "run", str(PRESET), "--workdir", str(workdir.root), "--output", str(output)],
-        cwd=REPO, capture_output=True,
-    )
-    text = result.stdout.decode(errors="replace")
-    assert result.returncode == 0, text[-4000:]
-    return text
+    result = run_tiny(workdir.root, output=output)
+    assert result.returncode == 0, result.stdout[-4000:]
+    return result.stdout
 
 
 @pytest.fixture(scope="module")

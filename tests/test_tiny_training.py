@@ -11,18 +11,13 @@ import math
 import re
 import shutil
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import WORKDIR_FIXTURES
+from tiny_run import RUN_NAME, run_tiny
 
-from launcher.patching.lock import load_targets
+pytestmark = pytest.mark.trainer
 
-REPO = Path(__file__).resolve().parent.parent
-PRESET = REPO / "presets" / "tiny.yaml"
-RUN_NAME = "tiny_flux2"
 LOSS = re.compile(rb"loss: ([^\s,\]]+)")
 BLOCK_LORA = re.compile(r"^diffusion_model\.(double_blocks|single_blocks)\.\d+\..+\.lora_([AB])\.weight$")
 BF16_ZERO_MASK = 0x7FFF  # bf16/fp16 values are zero when all bits but the sign are zero
@@ -46,26 +41,21 @@ def is_nonzero_half(dtype: str, raw: bytes) -> bool:
     return any(value & BF16_ZERO_MASK for (value,) in struct.iter_unpack("<H", raw))
 
 
-@pytest.fixture(scope="module", params=list(WORKDIR_FIXTURES))
-def tiny_run(request):
+@pytest.fixture(scope="module")
+def tiny_run(target_workdir):
     """Run the tiny preset once per target in a fresh run folder; the built tiny assets are reused.
 
     The folder is removed first because the trainer resumes from an existing run folder, and a
     finished 2-step run would resume at step 2 and train nothing.
     """
-    trainer_workdir = request.getfixturevalue(WORKDIR_FIXTURES[request.param])
-    shutil.rmtree(trainer_workdir.runs / RUN_NAME, ignore_errors=True)
-    result = subprocess.run(
-        [sys.executable, "-m", "launcher", "run", str(PRESET), "--workdir", str(trainer_workdir.root)],
-        cwd=REPO,
-        capture_output=True,
-    )
-    return trainer_workdir.runs / RUN_NAME, result
+    workdir = target_workdir.workdir
+    shutil.rmtree(workdir.runs / RUN_NAME, ignore_errors=True)
+    return workdir.runs / RUN_NAME, run_tiny(workdir.root)
 
 
 def test_run_exits_zero(tiny_run):
     run_dir, result = tiny_run
-    assert result.returncode == 0, result.stdout.decode(errors="replace")[-4000:]
+    assert result.returncode == 0, result.stdout[-4000:]
 
 
 def test_log_has_finite_losses(tiny_run):
@@ -88,6 +78,3 @@ def test_lora_trains_transformer_blocks(tiny_run):
     zero = [name for name in b_keys if not is_nonzero_half(*tensors[name])]
     assert not zero, f"lora_B still zero after 2 steps: {zero}"
 
-
-def test_every_target_of_the_lock_is_trained():
-    assert set(WORKDIR_FIXTURES) == {target.name for target in load_targets()}, "add the new target's workdir fixture"

@@ -10,16 +10,15 @@ row follows each checkpoint.
 import json
 import math
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-import yaml
+from tiny_run import run_tiny, tiny_preset
 
 from launcher.envs.torchenv import clean_env
 from launcher.envs.workdir import venv_python
 
-REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.trainer
+
 NAME = "telemetry_tiny"
 STEPS = 6
 SAVE_EVERY = 3
@@ -31,22 +30,10 @@ def telemetry_rows(trainer_workdir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("telemetry")
     output = tmp / "runs"
     telemetry = output / NAME / "trainer-telemetry.jsonl"
-    data = yaml.safe_load((REPO / "presets" / "tiny.yaml").read_text(encoding="utf-8"))
-    data.setdefault("launcher", {}).setdefault("env", {}).update(
-        AITK_TELEMETRY=str(telemetry), AITK_TELEMETRY_INTERVAL="0"
-    )
-    data["config"]["name"] = NAME
-    process = data["config"]["process"][0]
-    process["train"]["steps"] = STEPS
-    process["save"]["save_every"] = SAVE_EVERY
-    preset = tmp / "telemetry.yaml"
-    preset.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    result = subprocess.run(
-        [sys.executable, "-m", "launcher", "run", str(preset), "--workdir", str(trainer_workdir.root),
-         "--output", str(output)],
-        cwd=REPO, capture_output=True, text=True, errors="replace",
-    )
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    preset = tiny_preset(tmp / "telemetry.yaml", name=NAME, steps=STEPS, save={"save_every": SAVE_EVERY},
+                         env={"AITK_TELEMETRY": str(telemetry), "AITK_TELEMETRY_INTERVAL": "0"})
+    result = run_tiny(trainer_workdir.root, preset, output)
+    assert result.returncode == 0, result.stdout[-4000:]
     assert telemetry.is_file(), f"the trainer wrote no {telemetry}"
     return [json.loads(line) for line in telemetry.read_text(encoding="utf-8").splitlines()]
 

@@ -3,15 +3,15 @@
 import json
 
 import pytest
-import yaml
+from tiny_run import tiny_preset
 
 from launcher.cli import main
 from launcher.envs.workdir import venv_python
 from launcher.patching.checkout import read_state
 from launcher.runs import vocabulary
-from launcher.runs.presets import PRESETS_DIR
 
 
+@pytest.mark.trainer
 def test_tables_read_from_the_fork_source(trainer_checkout):
     found = vocabulary.read_vocabulary(trainer_checkout)
     assert {"adamw", "adamw8bit", "lion8bit"} <= found.optimizers and "prodigy" in found.optimizer_prefixes
@@ -23,6 +23,7 @@ def test_tables_read_from_the_fork_source(trainer_checkout):
     assert found.qtypes is None, "qtypes need the trainer's interpreter"
 
 
+@pytest.mark.trainer
 def test_qtypes_come_from_the_trainers_get_qtype_once_per_head(trainer_workdir, tmp_path, monkeypatch):
     python = venv_python(trainer_workdir.venv)
     cache = tmp_path / "qtypes.json"
@@ -40,11 +41,9 @@ def test_qtypes_come_from_the_trainers_get_qtype_once_per_head(trainer_workdir, 
         vocabulary.trainer_qtypes(trainer_workdir.trainer, python, cache, "another head")
 
 
+@pytest.mark.trainer
 def test_an_unknown_qtype_is_refused_before_anything_loads(trainer_workdir, tmp_path, capsys):
-    preset = yaml.safe_load((PRESETS_DIR / "tiny.yaml").read_text())
-    preset["config"]["process"][0]["model"]["qtype"] = "int3"
-    path = tmp_path / "int3.yaml"
-    path.write_text(yaml.safe_dump(preset))
+    path = tiny_preset(tmp_path / "int3.yaml", model={"qtype": "int3"})
     assert read_state(trainer_workdir.state_file).get("head")
     assert main(["run", str(path), "--workdir", str(trainer_workdir.root), "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err

@@ -57,7 +57,7 @@ def quiet(**overrides) -> dict:
 # --- thresholds ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("clock, power, mem, stalled", [
-    (3100, 240, 4, True),     # RECIPE.md stalled: ~3100 MHz, 220-260 W, 2-7 %
+    (3100, 240, 4, True),     # docs/recipe.md stalled: ~3100 MHz, 220-260 W, 2-7 %
     (3050, 260, 7, True),
     (2500, 385, 35, False),   # saturated: ~2500 MHz, ~385 W, 23-52 %
     (2520, 380, 23, False),

@@ -1,6 +1,6 @@
 """The rescue process: sustained large GEMMs for a set time, then one JSON line with its rate.
 
-RECIPE.md, "The stall": a FRESH process running 6144x6144 @ 6144x18432 bf16 matmuls, synchronised
+docs/recipe.md, "The stall": a FRESH process running 6144x6144 @ 6144x18432 bf16 matmuls, synchronised
 each iteration, for ~25 s flips a stalled card back to full speed; small keep-warm work and
 allocations do nothing, a long-lived rescuer degrades, and about half of fresh processes start
 degraded. So each burst is its own process and measures its own TFLOP/s; the watchdog calls a

@@ -7,7 +7,7 @@ captured outputs without the tool. A missing or failing tool is reported once th
 and the source then yields nothing: telemetry must never stop a six-hour run.
 
 Why not `torch.cuda.mem_get_info()` from a second process: on ROCm/Windows it reports ~0 GB in
-use while the trainer holds 20 GB (RECIPE.md wall 10). VRAM here comes from the driver's tools.
+use while the trainer holds 20 GB (docs/recipe.md, wall 10). VRAM here comes from the driver's tools.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The stall watchdog's brain: thresholds, the stall detector and the burst policy.
 
-RECIPE.md, "The stall": on the 7900 XTX the trainer drops at random from ~9 s/it into a state
+docs/recipe.md, "The stall": on the 7900 XTX the trainer drops at random from ~9 s/it into a state
 of up to ~118 s/it that only board power tells apart: the core clock goes UP (~3100 MHz vs
 ~2500), board power goes DOWN (220-260 W vs ~385 W) and the memory controller idles (2-7 % vs
 23-52 %). A fresh second process running large bf16 GEMMs for ~25 s flips the card back.
@@ -28,12 +28,12 @@ from launcher.suggest import did_you_mean
 from launcher.watchdog.gpu_sources import GpuSample
 
 XTX_SATURATED = {"clock_mhz": 2500.0, "power_w": 385.0, "mem_load": 35.0}
-"""The 7900 XTX training at full speed (RECIPE.md: ~2500 MHz, ~385 W, 23-52 % memory load)."""
+"""The 7900 XTX training at full speed (docs/recipe.md: ~2500 MHz, ~385 W, 23-52 % memory load)."""
 
 
 @dataclass(frozen=True)
 class WatchdogConfig:
-    """The preset's `launcher: watchdog:` block. Defaults are the 7900 XTX numbers of RECIPE.md."""
+    """The preset's `launcher: watchdog:` block. Defaults are the 7900 XTX numbers of docs/recipe.md."""
 
     enabled: bool = False
     """On in the ROCm presets; the policy runs only when the run enables it."""

@@ -1,19 +1,71 @@
 """Fixtures that load single modules of the patched trainer by path.
 
 This suite runs inside the trainer's venv (torch, safetensors, torchao, ...), started by
-tests/test_trainer_patches.py, which names the workdir in LAUNCHER_TEST_WORKDIR. Loading
-modules by path keeps these tests independent of the trainer's import-time side effects.
+tests/test_trainer_patches.py once per target, which names the workdir in LAUNCHER_TEST_WORKDIR
+and the target's series file in LAUNCHER_TEST_SERIES. Loading modules by path keeps these tests
+independent of the trainer's import-time side effects.
+
+Markers (pytest.ini): `patch("<part of a patch file name>")` for a test of a patch that not
+every target carries (deselected where the series lacks it); `trainer_has(path)` for a test of a
+module only one target has (deselected elsewhere); `gpu` for a test that needs a GPU.
 """
 
 import importlib.util
 import os
 import sys
-from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # tests/: the shared tiny_run helper
+
+DESELECTED_ON_THIS_TARGET = pytest.StashKey[dict]()
+
+
+def carried_patches(series: Path) -> list[str]:
+    """The patch file names a series file lists (comments and blank lines left out)."""
+    lines = series.read_text(encoding="utf-8").splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def why_not_on_this_target(item, checkout: Path, carried: list[str] | None) -> str | None:
+    """Why a test does not apply to the target under test, or None when it does."""
+    patch = item.get_closest_marker("patch")
+    if patch and carried is not None and not any(patch.args[0] in name for name in carried):
+        return f"its patch ({patch.args[0]}) is not in this target's series"
+    needs = item.get_closest_marker("trainer_has")
+    if needs and not (checkout / needs.args[0]).is_file():
+        return f"it needs {needs.args[0]}, which this trainer does not have"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Deselect (rather than skip: the bridge counts a skip as a suite that did not really run)
+    the tests that do not apply to this target, and say why in the summary."""
+    checkout = checkout_from_env()
+    if checkout is None:
+        return
+    series = os.environ.get("LAUNCHER_TEST_SERIES")
+    carried = carried_patches(Path(series)) if series else None
+    reasons = {item.nodeid: why for item in items if (why := why_not_on_this_target(item, checkout, carried))}
+    config.stash[DESELECTED_ON_THIS_TARGET] = reasons
+    if reasons:
+        config.hook.pytest_deselected(items=[item for item in items if item.nodeid in reasons])
+        items[:] = [item for item in items if item.nodeid not in reasons]
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    reasons = config.stash.get(DESELECTED_ON_THIS_TARGET, {})
+    for why in sorted(set(reasons.values())):
+        count = sum(1 for value in reasons.values() if value == why)
+        terminalreporter.write_line(f"deselected on this target: {count} test(s), because {why}")
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("gpu") and not torch.cuda.is_available():
+        pytest.skip("needs a GPU (torch.cuda.is_available() is False)")
 
 
 def checkout_from_env():
@@ -28,39 +80,6 @@ def trainer_checkout() -> Path:
     if checkout is None:
         pytest.skip("run through tests/test_trainer_patches.py, which sets LAUNCHER_TEST_WORKDIR")
     return checkout
-
-
-# {file: number of tests deselected for want of it}, for the summary
-OTHER_TARGET = pytest.StashKey[Counter]()
-
-
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers",
-        "trainer_has(path): runs only where the trainer checkout has this file (a module that only "
-        "one target has); deselected, with the reason printed, elsewhere",
-    )
-
-
-def pytest_collection_modifyitems(config, items):
-    """Deselect (rather than skip) the tests of another target's modules: the bridge, which
-    runs this suite on one target, counts any skip as a suite that did not really run."""
-    checkout = checkout_from_env()
-    if checkout is None:
-        return
-    keep, other_target = [], []
-    for item in items:
-        mark = item.get_closest_marker("trainer_has")
-        (other_target if mark and not (checkout / mark.args[0]).is_file() else keep).append(item)
-    if other_target:
-        config.hook.pytest_deselected(items=other_target)
-        items[:] = keep
-        config.stash[OTHER_TARGET] = Counter(i.get_closest_marker("trainer_has").args[0] for i in other_target)
-
-
-def pytest_terminal_summary(terminalreporter, config):
-    for path, count in sorted(config.stash.get(OTHER_TARGET, {}).items()):
-        terminalreporter.write_line(f"deselected {count} tests that need {path}: this trainer has none")
 
 
 def load_by_path(checkout: Path, relative: str, name: str):
@@ -99,7 +118,7 @@ def trainer_on_path(trainer_checkout):
 
 @pytest.fixture(scope="session")
 def tiny_text_encoder(trainer_checkout, tmp_path_factory) -> Path:
-    """The embedded tiny FLUX.2's Mistral3 folder, built once per session."""
+    """The embedded tiny FLUX.2's Mistral3 folder, built once per test run."""
     from launcher.in_trainer import tiny_assets
     from launcher.runs import tiny
 
@@ -112,6 +131,28 @@ def launcher_python() -> str:
     """The launcher's own interpreter (GitPython and friends live there, not in the trainer venv);
     the bridge, tests/test_trainer_patches.py, passes it in LAUNCHER_PYTHON."""
     return os.environ.get("LAUNCHER_PYTHON", sys.executable)
+
+
+def is_quantized_linear(module) -> bool:
+    """A Linear quantized by either backend a target uses for uint4: the fork's torchao swaps the
+    weight for a tensor subclass; upstream's OstrisLinear keeps it in buffers (its `.weight` is
+    a dequantized plain tensor, so the flag is read first)."""
+    if getattr(module, "is_ostris_quantized", False):
+        return True
+    return type(module.weight) not in (torch.Tensor, torch.nn.Parameter)
+
+
+def dense_weight(module) -> torch.Tensor:
+    """A quantized Linear's weight, dequantized (either backend)."""
+    if getattr(module, "is_ostris_quantized", False):
+        return module.dequantize_weight()
+    weight = module.weight
+    return weight.dequantize() if hasattr(weight, "dequantize") else weight
+
+
+def plain_linears(module) -> list[str]:
+    """Names of the Linears under `module` whose weight is a plain (not quantized) tensor."""
+    return [name for name, m in module.named_modules() if isinstance(m, torch.nn.Linear) and not is_quantized_linear(m)]
 
 
 def loader_model(flux2_module, params, quantize=True, qtype="uint4", **model_kwargs):

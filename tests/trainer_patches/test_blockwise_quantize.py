@@ -1,18 +1,24 @@
-"""Patches 0003 and 0005 on a tiny FLUX.2: block-by-block build + quantize, loud failures.
+"""The streamed-loader and loud-quantization patches on a tiny FLUX.2: block-by-block build +
+quantize, loud failures.
 
 The streamed path (Flux2Model.load_transformer_streamed) must give the same
 quantized weights as the fork's path (load_file + load_state_dict +
-quantize_model), and a transformer-block Linear that cannot be quantized must
-stop the load unless model_kwargs allow_unquantized_block_linears is set.
+quantize_model), must have quantized and released each block before it reads
+the next (wall 1: peak host RAM is one bf16 block plus what is already 4-bit),
+and a transformer-block Linear that cannot be quantized must stop the load
+unless model_kwargs allow_unquantized_block_linears is set.
 """
 
+import gc
 import importlib
+import re
 from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import loader_model
+from conftest import dense_weight, is_quantized_linear, loader_model, plain_linears
 from safetensors.torch import load_file, save_file
+from torch.multiprocessing.reductions import StorageWeakRef
 
 TINY = dict(
     in_channels=64,
@@ -93,16 +99,49 @@ def test_streamed_build_matches_fork_quantization(trainer, tmp_path):
     ref_params = dict(reference.named_parameters())
     new_params = dict(streamed.named_parameters())
     assert ref_params.keys() == new_params.keys()
-    quantized = 0
     for name, ref in ref_params.items():
         new = new_params[name]
         assert type(new) is type(ref), name
         assert new.device.type == "cpu", name
         assert torch.equal(dense(new), dense(ref)), name
-        quantized += type(ref).__name__ == "AffineQuantizedTensor"
-    linears = [m for m in reference.modules() if isinstance(m, torch.nn.Linear)]
-    assert quantized == len(linears) > 0  # the fork quantizes every Linear here
+    ref_modules, new_modules = dict(reference.named_modules()), dict(streamed.named_modules())
+    linears = [name for name, m in ref_modules.items() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(is_quantized_linear(ref_modules[n]) for n in linears)  # uint4 takes every Linear here
+    for name in linears:
+        assert type(new_modules[name]) is type(ref_modules[name]), name
+        assert is_quantized_linear(new_modules[name]), name
+        assert torch.equal(dense_weight(new_modules[name]), dense_weight(ref_modules[name])), name
     assert torch.equal(forward(streamed, TINY), forward(reference, TINY))
+
+
+def test_each_block_is_quantized_and_released_before_the_next_is_read(trainer, tmp_path, monkeypatch):
+    path = tmp_path / "flux2-tiny.safetensors"
+    write_checkpoint(trainer, TINY, path)  # fp32 on disk: what is read is never what the model keeps
+    transformer = meta_transformer(trainer, TINY)
+    reader = trainer.flux2.load_blockwise.__globals__["StreamedSafetensors"]
+    real_read_many = reader.read_many
+    read = []  # (block prefix, weak reference to the storage of a tensor read for it)
+    seen = []  # at each read: (its first name, earlier blocks with plain Linears, earlier reads still alive)
+
+    def read_many(self, names):
+        gc.collect()
+        earlier = sorted({prefix for prefix, _ in read} - {""})
+        plain = [prefix for prefix in earlier if plain_linears(transformer.get_submodule(prefix))]
+        alive = sorted({prefix for prefix, ref in read if not ref.expired()})
+        seen.append((names[0], plain, alive))
+        tensors = real_read_many(self, names)
+        prefix = ".".join(names[0].split(".")[:2]) if names[0].split(".")[0].endswith("_blocks") else ""
+        read.extend((prefix, StorageWeakRef(tensor.untyped_storage())) for tensor in tensors.values())
+        return tensors
+
+    monkeypatch.setattr(reader, "read_many", read_many)
+    loader_model(trainer.flux2, TINY).load_transformer_streamed(transformer, str(path))
+
+    assert len(seen) == 4 + 1, seen  # 2 double + 2 single blocks, then the remaining tensors
+    for first_name, plain, alive in seen:
+        assert plain == [], f"reading {first_name} while {plain} still hold bf16 Linears"
+        assert alive == [], f"reading {first_name} while tensors read for {alive} are still alive"
+    assert plain_linears(transformer) == []
 
 
 def test_streamed_build_without_quantization_keeps_cast_weights(trainer, tmp_path):
@@ -139,7 +178,7 @@ def test_bad_quantize_device_is_refused(trainer, tmp_path):
         streamed_path(trainer, loader_model(trainer.flux2, TINY, quantize_device="npu"), TINY, path)
 
 
-# -- patch 0005: loud quantization failures ----------------------------------
+# -- the loud-quantization patch: Linears that cannot be quantized ----------------------------
 
 
 @pytest.mark.parametrize("loader", [streamed_path, fork_path], ids=["streamed", "fork-loader"])
@@ -151,8 +190,8 @@ def test_block_linear_that_cannot_be_quantized_fails_loudly(trainer, tmp_path, l
         loader(trainer, model, ODD, path)
     message = str(info.value)
     assert "double_blocks.0" in message  # the first block stops the load
-    assert "img_attn.qkv (in 96, out 288)" in message
-    assert "divisible" in message  # torchao's reason
+    assert re.search(r"img_attn\.qkv \(in 96, out 288\): \S", message)  # with the backend's reason
+    assert "group size divides these widths" in message
     assert "allow_unquantized_block_linears" in message
 
 

@@ -1,4 +1,4 @@
-"""The trainer on qtype int4_fused (issue 8 item 4): Int4Linear for the FLUX.2 block Linears.
+"""The trainer on qtype int4_fused: Int4Linear for the FLUX.2 block Linears.
 
 On the tiny FLUX.2 (launcher/in_trainer/tiny_assets.py shapes): both loaders (streamed block by block, and
 the fork's whole-model path) put an Int4Linear in place of every block Linear, with the
@@ -14,20 +14,19 @@ import math
 import re
 import statistics
 import struct
-import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-import yaml
 from conftest import launcher_python, loader_model
 from safetensors.torch import load_file, save_file
+from tiny_run import REPO, RUN_NAME, run_tiny, tiny_preset
 
 from launcher.envs.torchenv import clean_env
 from launcher.in_trainer.tiny_assets import FLUX2_PARAMS
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.patch("qtype-int4_fused")
 BLOCKS = ("double_blocks", "single_blocks")
 LOADED = "Loaded quantized transformer from cache"
 
@@ -132,7 +131,7 @@ def test_accuracy_recovery_adapter_is_refused(trainer, checkpoint):
 
 
 def test_unfit_block_linear_fails_loudly(trainer):
-    """A block Linear whose width the group size does not divide stops the load (patch 0005)."""
+    """A block Linear whose width the group size does not divide stops the load (the loud-quantization patch)."""
     block = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(96, 64))
     model = loader_model(trainer.flux2, FLUX2_PARAMS, qtype="int4_fused")
     with pytest.raises(trainer.quantize.UnquantizedLinearError, match=r"blk\.1 \(in 96, out 64\).*group size"):
@@ -349,7 +348,6 @@ def test_lora_attaches_to_int4linear_with_the_uint4_keys(trainer, checkpoint, mo
 STEPS = 50
 SEED = 1234
 LOSS = re.compile(r"loss: ([0-9.eE+-]+)\]")
-RUN_NAME = "tiny_flux2"
 
 
 def losses(log: Path) -> list[float]:
@@ -363,22 +361,13 @@ def losses(log: Path) -> list[float]:
 def runs(trainer_checkout, tmp_path_factory):
     """One 50-step `python -m launcher run` per qtype on the tiny preset, same training_seed."""
     workdir = trainer_checkout.parent
-    preset = yaml.safe_load((REPO / "presets" / "tiny.yaml").read_text(encoding="utf-8"))
     done = {}
     for qtype in ("uint4", "int4_fused"):
         tmp = tmp_path_factory.mktemp(qtype)
-        config = json.loads(json.dumps(preset))
-        process = config["config"]["process"][0]
-        process["training_seed"] = SEED
-        process["train"]["steps"] = STEPS
-        process["model"]["qtype"] = qtype
-        path = tmp / "tiny.yaml"
-        path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-        result = subprocess.run(
-            [launcher_python(), "-m", "launcher", "run", str(path), "--workdir", str(workdir), "--output", str(tmp / "out")],
-            cwd=REPO, env={**clean_env(), "PYTHONPATH": str(REPO)}, capture_output=True, text=True, errors="replace",
-        )
-        assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+        path = tiny_preset(tmp / "tiny.yaml", steps=STEPS, process={"training_seed": SEED}, model={"qtype": qtype})
+        result = run_tiny(workdir, path, tmp / "out", python=launcher_python(),
+                          env={**clean_env(), "PYTHONPATH": str(REPO)})
+        assert result.returncode == 0, result.stdout[-8000:]
         done[qtype] = tmp / "out" / RUN_NAME
     return done
 

@@ -1,4 +1,4 @@
-"""Patch 0004: loading never puts a whole bf16 model on the GPU (walls 2-4).
+"""The loading patches of walls 2-4: loading never puts a whole bf16 model on the GPU.
 
 Runs the real Flux2Model.load_model on the embedded tiny FLUX.2 with the
 device set to ``cpu:0``: a device distinct from ``cpu`` for torch's
@@ -12,6 +12,7 @@ import importlib
 
 import pytest
 import torch
+from conftest import plain_linears
 from torch.multiprocessing.reductions import StorageWeakRef
 
 DEVICE = torch.device("cpu", 0)
@@ -30,14 +31,6 @@ def tiny_assets(trainer_on_path, tmp_path_factory):
 @pytest.fixture(scope="module")
 def flux2_model(trainer_on_path):
     return importlib.import_module("extensions_built_in.diffusion_models.flux2.flux2_model")
-
-
-def plain_linears(module):
-    return [
-        name
-        for name, m in module.named_modules()
-        if isinstance(m, torch.nn.Linear) and type(m.weight) in (torch.Tensor, torch.nn.Parameter)
-    ]
 
 
 @pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "fork-loader"])

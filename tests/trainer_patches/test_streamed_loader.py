@@ -1,4 +1,4 @@
-"""Patch 0003: the plain-read safetensors loader (toolkit/streamed_safetensors.py)."""
+"""The streamed-loader patch: the plain-read safetensors reader (overlay/toolkit/streamed_safetensors.py)."""
 
 import io
 import json

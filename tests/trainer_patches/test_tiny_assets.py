@@ -23,7 +23,7 @@ def test_chat_template_uses_control_tokens_and_known_words():
         {"role": "system", "content": [{"type": "text", "text": "You give structured responses."}]},
         {"role": "user", "content": [{"type": "text", "text": "a red circle on a black background"}]},
     ]
-    ids = tokenizer.apply_chat_template(messages, tokenize=True)
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
     tokens = tokenizer.convert_ids_to_tokens(ids)
     assert tokens[0] == "<s>"
     assert "[SYSTEM_PROMPT]" in tokens and "[INST]" in tokens and "[/INST]" in tokens
