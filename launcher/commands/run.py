@@ -24,7 +24,7 @@ from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, venv_python
 from launcher.errors import LauncherError
 from launcher.patching.checkout import read_state
 from launcher.progress import say, warn
-from launcher.runs import files, tiny, validate
+from launcher.runs import disk_budget, files, tiny, validate
 from launcher.runs.dataset import DEFAULT_BUCKET_TOLERANCE, DatasetCheck, check_dataset
 from launcher.runs.exit_status import describe, launcher_code
 from launcher.runs.folders import RunFolder
@@ -146,8 +146,22 @@ def check(preset: Preset, config: dict, workdir: Workdir, run: RunFolder,
                      f"{result.folder} (launcher.skip_bad_images); they are listed in {run.metadata}")
                 datasets.append((listed, result))
     if full_size:
-        validate.check_free_disk(run.root)
+        check_disk(config, run, workdir)
     return datasets
+
+
+def check_disk(config: dict, run: RunFolder, workdir: Workdir) -> None:
+    """Room on each volume for what the run still writes; what already exists is said and not counted."""
+    needs = disk_budget.run_needs(config, run.root, quantized_cache_dir(workdir))
+    for need in needs:
+        if need.already:
+            say(f"disk: {need.what}: {need.already}, {need.gib:.1f} GiB still to write")
+    disk_budget.check_free_disk(needs)
+
+
+def quantized_cache_dir(workdir: Workdir) -> Path:
+    """One quantized-transformer cache per workdir (wall 8), unless AITK_QUANT_CACHE_DIR says otherwise."""
+    return Path(os.environ.get(files.ENV_QUANT_CACHE_DIR) or workdir.quantized_cache)
 
 
 def write_dataset_lists(datasets: list[tuple[Path, DatasetCheck]]) -> None:
@@ -187,7 +201,7 @@ def env_changes(preset: Preset, run: RunFolder, workdir: Workdir) -> dict[str, s
         files.ENV_TELEMETRY_INTERVAL: str(preset.telemetry["interval_s"]),
         # One quantized-transformer cache per workdir (wall 8), shared by every run: its key
         # (checkpoint, qtype, fork commit, format) keeps runs of other models apart.
-        files.ENV_QUANT_CACHE_DIR: os.environ.get(files.ENV_QUANT_CACHE_DIR) or str(workdir.quantized_cache),
+        files.ENV_QUANT_CACHE_DIR: str(quantized_cache_dir(workdir)),
         # The text phase's prompt embeddings, keyed by encoder and template (walls 3-4).
         files.ENV_TEXT_CACHE_DIR: os.environ.get(files.ENV_TEXT_CACHE_DIR) or str(workdir.text_cache),
     }
