@@ -24,7 +24,7 @@ from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, venv_python
 from launcher.errors import LauncherError
 from launcher.patching.checkout import read_state
 from launcher.progress import say, warn
-from launcher.runs import disk_budget, files, tiny, validate
+from launcher.runs import disk_budget, files, load_report, tiny, validate
 from launcher.runs.dataset import DEFAULT_BUCKET_TOLERANCE, DatasetCheck, check_dataset
 from launcher.runs.exit_status import describe, launcher_code
 from launcher.runs.folders import RunFolder
@@ -84,10 +84,21 @@ def handle(args) -> int:
         write_dataset_lists(datasets)
         write_metadata(run, preset, workdir, python, datasets)
         say(f"run folder: {run.root}")
-        with TelemetryRecorder(run, preset.telemetry), stall_watchdog(preset, run, python, env):
-            code = train(python, workdir.trainer, run, env)
+        offset = load_report.telemetry_offset(run)
+        try:
+            with TelemetryRecorder(run, preset.telemetry), stall_watchdog(preset, run, python, env):
+                code = train(python, workdir.trainer, run, env)
+        finally:
+            report_load(run, offset)
     (say if code == 0 else warn)(f"{describe(code)}; log: {run.log}")
     return launcher_code(code)
+
+
+def report_load(run: RunFolder, offset: int) -> None:
+    """This launch's peak host RSS and load-phase times into run.json, and one line here."""
+    summary = load_report.record(run, offset)
+    if summary:
+        say(f"host memory and load: {load_report.describe(summary)} (in {run.metadata})")
 
 
 def trainer_vocabulary(workdir: Workdir, keep: bool) -> Vocabulary:
