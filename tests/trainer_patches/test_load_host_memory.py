@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "load_rss_depth.py"
-SIZES = ("512:1:2", "512:2:4")  # hidden:double:single at depth N and 2N
+# hidden:double:single at depth N and 2N: the blocks add ~117 MiB of bf16, ~32 MiB quantized
+SIZES = ("768:2:4", "768:4:8")
 MIB = 2**20 / 2**30  # in GiB
 
 
@@ -45,15 +46,17 @@ def growth(rows, mode, place, figure):
 def test_peak_does_not_grow_with_depth_off_the_host(rows, mode):
     parked = growth(rows, mode, "cpu", "peak_gib")
     placed = growth(rows, mode, "offhost", "peak_gib")
-    assert parked > 8 * MIB, f"the parked control should grow with depth (+{parked / MIB:.1f} MiB): no signal"
-    assert placed < max(0.2 * parked, 2 * MIB), (
+    assert parked > 16 * MIB, f"the parked control should grow with depth (+{parked / MIB:.1f} MiB): no signal"
+    assert placed < parked / 3, (
         f"{mode}: peak host RSS grew by {placed / MIB:.1f} MiB from depth N to 2N with the blocks off the "
         f"host (parked on the CPU: +{parked / MIB:.1f} MiB)"
     )
 
 
 def test_nothing_of_the_model_stays_on_the_host(rows):
+    """What stays is module objects, not weights: a fraction of the parked model."""
     for size in SIZES:
         for mode in ("first", "cache"):
             kept = rows[(size, mode, "offhost")]["kept_gib"]
-            assert kept < 4 * MIB, f"{size} {mode}: {kept / MIB:.1f} MiB left on the host after the load"
+            parked = rows[(size, mode, "cpu")]["kept_gib"]
+            assert kept < parked / 4, f"{size} {mode}: {kept / MIB:.1f} MiB left on the host (parked: {parked / MIB:.1f})"
