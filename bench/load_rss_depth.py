@@ -78,7 +78,10 @@ def child(args) -> dict:
     class NoTextEncoder:
         @staticmethod
         def from_pretrained(*_, **__):
-            loaded.append(sys._getframe(1).f_locals["transformer"])
+            frame = sys._getframe(1)  # load_model's local (the encoder may load in a method of its own)
+            while "transformer" not in frame.f_locals:
+                frame = frame.f_back
+            loaded.append(frame.f_locals["transformer"])
             raise StopAtTextEncoder
 
     flux2.Mistral3ForConditionalGeneration = NoTextEncoder
