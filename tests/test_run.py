@@ -30,7 +30,7 @@ def fake_safetensors(path: Path, nbytes: int, truncate_by: int = 0) -> None:
 
 @pytest.fixture
 def places(tmp_path, monkeypatch):
-    monkeypatch.setattr(validate, "free_disk_gib", lambda path: 500.0)  # not this machine's disk
+    monkeypatch.setattr(disk_budget, "free_disk_gib", lambda path: 500.0)  # not this machine's disk
     model = tmp_path / "model"
     fake_safetensors(model / "flux2-dev.safetensors", 64_000_000_000)
     fake_safetensors(model / "ae.safetensors", 168_000_000)
@@ -162,7 +162,7 @@ def test_each_bad_input_is_refused_with_how_to_fix(places, capsys, monkeypatch, 
 
 def test_an_encoder_folder_gone_is_accepted_when_the_text_cache_remembers_it(places, capsys, monkeypatch):
     monkeypatch.delenv("AITK_TEXT_CACHE_DIR", raising=False)
-    monkeypatch.setattr(validate, "free_disk_gib", lambda path: 1000.0)  # disk is not what this checks
+    monkeypatch.setattr(disk_budget, "free_disk_gib", lambda path: 1000.0)  # disk is not what this checks
     record = places["workdir"] / "cache" / "text" / "encoder-0123456789abcdef.json"
     record.parent.mkdir(parents=True)
     record.write_text(json.dumps({"path": str(places["encoder"].resolve()), "identity": "x", "hidden_size": 5120}))
