@@ -13,7 +13,12 @@
    (copy + sha256 + rebuild) from the disk.
 5. sha256 rate of this CPU on 1 GiB in memory.
 
-    python bench/cache_load.py --trainer DIR --workdir QC --out r.json                # full size
+With --load-device cuda, every cold load fills the model on the GPU instead: once the way the
+trainer did before (the whole model read into host RAM, then moved), and once per --staging
+kind through toolkit/staged_load.py's bounded staging buffers (pinned or plain host memory),
+each with the peak host RSS it added (VmHWM, reset before the load).
+
+    python bench/cache_load.py --trainer DIR --workdir QC --out r.json                 # full size
     python bench/cache_load.py --trainer DIR --hidden 1536 --heads 12 --device cpu ... # reduced
 
 The cache file stays in --workdir (bench/train_step.py --cache can then load it).
@@ -40,6 +45,8 @@ p.add_argument("--single", type=int, default=None)
 p.add_argument("--tiny", action="store_true")
 p.add_argument("--qtype", default="uint4", help="a torchao qtype of the trainer (cached kinds only)")
 p.add_argument("--skip-warm", action="store_true")
+p.add_argument("--load-device", default="cpu", help="where load_into puts the tensors: cpu or cuda")
+p.add_argument("--staging", default="pinned,plain", help="staging kinds to time with --load-device cuda")
 p.add_argument("--out", required=True, type=Path)
 args = p.parse_args()
 
@@ -106,22 +113,38 @@ log(f"built in {R['build_s']:.1f}s; wrote {R['cache_gib']:.2f} GiB in {R['write_
 save()
 
 
-def load_once(label):
+def reset_peak_rss() -> int:
+    """Restart VmHWM at the current RSS (Linux); the current RSS."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return T.proc_status().get("VmRSS", 0)
+
+
+def load_once(label, device="cpu", pin=True, then_move=None):
+    """load_into on `device` (then, for the former path, the whole model moved to `then_move`)."""
     m = T.meta_model(tr, params)
     c = make_cache(m)
-    before = T.proc_status()
+    c.staging = {**tr.qcache.staging_options({}), "pin": pin}
+    before = reset_peak_rss()
     t0 = time.perf_counter()
-    loaded = c.load_into(m)
+    loaded = c.load_into(m, torch.device(device))
+    if then_move:
+        m.to(then_move)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     dt = time.perf_counter() - t0
     after = T.proc_status()
     if not loaded:
         raise SystemExit(f"{label}: load_into refused the cache")
     w = m.single_blocks[0].linear1.weight
-    R[label] = {"s": dt, "gib_s": R["cache_gib"] / dt, "weight_type": type(w).__name__,
-                "rss_added_gib": (after.get("VmRSS", 0) - before.get("VmRSS", 0)) / T.GiB}
-    log(f"{label}: {dt:.2f}s = {R['cache_gib'] / dt:.2f} GiB/s")
+    R[label] = {"s": dt, "gib_s": R["cache_gib"] / dt, "weight_type": type(w).__name__, "device": str(w.device),
+                "rss_added_gib": (after.get("VmRSS", 0) - before) / T.GiB,
+                "peak_rss_added_gib": (after.get("VmHWM", 0) - before) / T.GiB}
+    log(f"{label}: {dt:.2f}s = {R['cache_gib'] / dt:.2f} GiB/s, peak host RSS +{R[label]['peak_rss_added_gib']:.2f} GiB")
     del m, c
     gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def raw_read(label):
@@ -143,12 +166,19 @@ def raw_read(label):
 # ---- 2-4
 R["phase"] = "measure"
 R["page_cache_dropped"] = T.drop_file_cache(cache.path)
-load_once("cold_load")
+if args.load_device == "cpu":
+    load_once("cold_load")
+else:
+    load_once("cold_load_host_then_move", "cpu", then_move=args.load_device)
+    for kind in args.staging.split(","):
+        T.drop_file_cache(cache.path)
+        load_once(f"cold_load_{kind}", args.load_device, pin=kind == "pinned")
+    R["cold_load"] = R[f"cold_load_{args.staging.split(',')[0]}"]
 T.drop_file_cache(cache.path)
 raw_read("cold_read")
 if not args.skip_warm:
     raw_read("warm_read")
-    load_once("warm_load")
+    load_once("warm_load", args.load_device)
 # ---- 5
 blob = os.urandom(2**28) * 4
 t0 = time.perf_counter()

@@ -24,6 +24,8 @@ CARRY_FILES = [
     Path("toolkit/quantized_cache.py"),
     Path("toolkit/streamed_safetensors.py"),
     Path("toolkit/int4_linear.py"),  # qtype int4_fused (quantize.py and quantized_cache.py import it)
+    Path("toolkit/staged_load.py"),  # the cache's bounded-staging reader
+    Path("toolkit/host_memory.py"),
 ]
 
 

@@ -23,7 +23,7 @@ from launcher.cli import main
 from launcher.envs.trainer_python import child_env
 from launcher.envs.workdir import venv_python
 from launcher.in_trainer.tiny_assets import FLUX2_PARAMS
-from launcher.runs import comfy, validate
+from launcher.runs import comfy, disk_budget, validate
 from launcher.runs.presets import PRESETS_DIR
 
 NAME = "sks_flux2"
@@ -264,7 +264,7 @@ def test_a_different_file_in_loras_is_replaced_only_with_force(fake_run, comfy_d
 
 
 def test_dry_run_warns_about_a_network_comfyui_cannot_load(places, tmp_path, capsys, monkeypatch):  # noqa: F811
-    monkeypatch.setattr(validate, "free_disk_gib", lambda path: 100.0)  # whatever this machine has
+    monkeypatch.setattr(disk_budget, "free_disk_gib", lambda path: 100.0)  # whatever this machine has
     preset = yaml.safe_load((PRESETS_DIR / "7900xtx_512.yaml").read_text())
     preset["config"]["process"][0]["network"] = {"type": "lokr", "lokr_full_rank": True}
     path = tmp_path / "lokr.yaml"

@@ -1,6 +1,7 @@
 """`run` before training starts: validation errors, --dry-run of every preset, flags, Windows paths."""
 
 import json
+import os
 import struct
 from pathlib import Path, PureWindowsPath
 
@@ -10,7 +11,8 @@ from conftest import REPO_ROOT, write_png
 
 from launcher.cli import main
 from launcher.envs.workdir import venv_python
-from launcher.runs import validate
+from launcher.envs.workdir import Workdir
+from launcher.runs import disk_budget, validate
 from launcher.runs.folders import RunFolder
 from launcher.runs.presets import PRESETS_DIR, load_preset, render
 
@@ -29,7 +31,7 @@ def fake_safetensors(path: Path, nbytes: int, truncate_by: int = 0) -> None:
 
 @pytest.fixture
 def places(tmp_path, monkeypatch):
-    monkeypatch.setattr(validate, "free_disk_gib", lambda path: 500.0)  # not this machine's disk
+    monkeypatch.setattr(disk_budget, "free_disk_gib", lambda path: 500.0)  # not this machine's disk
     model = tmp_path / "model"
     fake_safetensors(model / "flux2-dev.safetensors", 64_000_000_000)
     fake_safetensors(model / "ae.safetensors", 168_000_000)
@@ -189,7 +191,7 @@ def test_each_bad_input_is_refused_with_how_to_fix(places, capsys, monkeypatch, 
 
 def test_an_encoder_folder_gone_is_accepted_when_the_text_cache_remembers_it(places, capsys, monkeypatch):
     monkeypatch.delenv("AITK_TEXT_CACHE_DIR", raising=False)
-    monkeypatch.setattr(validate, "free_disk_gib", lambda path: 1000.0)  # disk is not what this checks
+    monkeypatch.setattr(disk_budget, "free_disk_gib", lambda path: 1000.0)  # disk is not what this checks
     record = places["workdir"] / "cache" / "text" / "encoder-0123456789abcdef.json"
     record.parent.mkdir(parents=True)
     record.write_text(json.dumps({"path": str(places["encoder"].resolve()), "identity": "x", "hidden_size": 5120}))
@@ -229,9 +231,66 @@ def test_resolution_must_be_a_multiple_of_16(places, tmp_path, capsys):
 
 
 def test_too_little_disk(places, capsys, monkeypatch):
-    monkeypatch.setattr(validate, "free_disk_gib", lambda path: 3.5)
+    monkeypatch.setattr(disk_budget, "free_disk_gib", lambda path: 3.5)
     assert dry_run(places) == 2
-    assert "only 3.5 GiB free" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "only 3.5 GiB free" in err and "quantized transformer cache" in err
+
+
+def write_quantized_cache(cache_dir: Path, checkpoint: Path, qtype: str, truncate_by: int = 0) -> Path:
+    """A cache file as toolkit/quantized_cache.py writes it: safetensors whose metadata keys the
+    source checkpoint (name, size, mtime, header hash) and the qtype."""
+    key = {"qtype": qtype, "source": disk_budget._checkpoint_fingerprint(checkpoint)}
+    header = json.dumps({
+        "__metadata__": {"format": "aitk-quantized-cache", "aitk_qcache": json.dumps({"key": key})},
+        "w": {"dtype": "U8", "shape": [4096], "data_offsets": [0, 4096]},
+    }).encode()
+    path = cache_dir / f"flux2-dev-{qtype}-0123456789.qcache.safetensors"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(struct.pack("<Q", len(header)) + header + bytes(4096 - truncate_by))
+    return path
+
+
+def test_a_valid_quantized_cache_is_not_counted_again(places, capsys, monkeypatch):
+    """20 GiB free: too little for a first launch (a ~17 GiB cache to write plus checkpoints),
+    enough for a relaunch whose cache exists; a stale or truncated cache still counts."""
+    monkeypatch.setattr(disk_budget, "free_disk_gib", lambda path: 20.0)
+    monkeypatch.delenv("AITK_QUANT_CACHE_DIR", raising=False)
+    cache_dir = Workdir(places["workdir"].resolve()).quantized_cache
+    checkpoint = places["model"].resolve() / "flux2-dev.safetensors"
+    assert dry_run(places) == 2
+    assert "quantized transformer cache" in capsys.readouterr().err
+
+    write_quantized_cache(cache_dir, checkpoint, "uint4", truncate_by=1)
+    assert dry_run(places) == 2, "a truncated cache is not valid"
+    capsys.readouterr()
+    write_quantized_cache(cache_dir, checkpoint, "int4_fused")
+    assert dry_run(places) == 2, "a cache of another qtype is not the one this run loads"
+    capsys.readouterr()
+
+    write_quantized_cache(cache_dir, checkpoint, "uint4")
+    assert dry_run(places) == 0
+    assert "disk: quantized transformer cache: valid cache flux2-dev-uint4" in capsys.readouterr().out
+
+    os.utime(checkpoint, ns=(0, 0))  # the checkpoint changed since: the cache is stale
+    assert dry_run(places) == 2
+
+
+def test_cached_latents_are_not_counted_again(places, monkeypatch):
+    config = render(load_preset("7900xtx_512"), places["workdir"] / "runs" / "x",
+                    places={"model_dir": places["model"], "dataset": places["data"], "text_encoder": places["encoder"]})
+    config["config"]["process"][0]["datasets"][0]["resolution"] = [1024] * 64  # make latents count
+    run_root = places["workdir"] / "runs" / "x"
+    cache_dir = places["workdir"] / "cache"
+
+    def latent_gib():
+        needs = disk_budget.run_needs(config, run_root, cache_dir)
+        return next(n.gib for n in needs if n.what == "latent cache")
+
+    before = latent_gib()
+    (places["data"] / "_latent_cache").mkdir()
+    (places["data"] / "_latent_cache" / "a_Xy3.safetensors").write_bytes(b"")
+    assert latent_gib() == pytest.approx(before / 2)
 
 
 def test_windows_paths_render_and_venv_layout():

@@ -43,6 +43,11 @@ def test_run_json_names_what_ran(tiny_run):
     assert meta["commit"] == state["commit"] and meta["patches"] == state["patches"]
     assert len(meta["preset_sha256"]) == 64
     assert meta["torch"]["torch"].startswith("2.11.0")
+    load = meta["load"]  # this launch's figures, from the trainer's telemetry rows
+    assert 0 < load["host_peak_rss_gib"] < 64
+    transformer = load["phases"]["transformer"]
+    assert transformer["source"] in ("cache", "streamed") and transformer["seconds"] > 0
+    assert load["to_first_step_s"] > transformer["seconds"]
 
 
 def test_plot_writes_a_png_with_data(tiny_run, capsys):

@@ -24,7 +24,7 @@ from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, venv_python
 from launcher.errors import LauncherError
 from launcher.patching.checkout import read_state
 from launcher.progress import say, warn
-from launcher.runs import files, tiny, validate
+from launcher.runs import disk_budget, files, load_report, tiny, validate
 from launcher.runs.dataset import DEFAULT_BUCKET_TOLERANCE, DatasetCheck, check_dataset
 from launcher.runs.exit_status import describe, launcher_code
 from launcher.runs.folders import RunFolder
@@ -84,10 +84,21 @@ def handle(args) -> int:
         write_dataset_lists(datasets)
         write_metadata(run, preset, workdir, python, datasets)
         say(f"run folder: {run.root}")
-        with TelemetryRecorder(run, preset.telemetry), stall_watchdog(preset, run, python, env):
-            code = train(python, workdir.trainer, run, env)
+        offset = load_report.telemetry_offset(run)
+        try:
+            with TelemetryRecorder(run, preset.telemetry), stall_watchdog(preset, run, python, env):
+                code = train(python, workdir.trainer, run, env)
+        finally:
+            report_load(run, offset)
     (say if code == 0 else warn)(f"{describe(code)}; log: {run.log}")
     return launcher_code(code)
+
+
+def report_load(run: RunFolder, offset: int) -> None:
+    """This launch's peak host RSS and load-phase times into run.json, and one line here."""
+    summary = load_report.record(run, offset)
+    if summary:
+        say(f"host memory and load: {load_report.describe(summary)} (in {run.metadata})")
 
 
 def trainer_vocabulary(workdir: Workdir, keep: bool) -> Vocabulary:
@@ -148,8 +159,22 @@ def check(preset: Preset, config: dict, workdir: Workdir, run: RunFolder,
                      f"{result.folder} (launcher.skip_bad_images); they are listed in {run.metadata}")
                 datasets.append((listed, result))
     if full_size:
-        validate.check_free_disk(run.root)
+        check_disk(config, run, workdir)
     return datasets
+
+
+def check_disk(config: dict, run: RunFolder, workdir: Workdir) -> None:
+    """Room on each volume for what the run still writes; what already exists is said and not counted."""
+    needs = disk_budget.run_needs(config, run.root, quantized_cache_dir(workdir))
+    for need in needs:
+        if need.already:
+            say(f"disk: {need.what}: {need.already}, {need.gib:.1f} GiB still to write")
+    disk_budget.check_free_disk(needs)
+
+
+def quantized_cache_dir(workdir: Workdir) -> Path:
+    """One quantized-transformer cache per workdir (wall 8), unless AITK_QUANT_CACHE_DIR says otherwise."""
+    return Path(os.environ.get(files.ENV_QUANT_CACHE_DIR) or workdir.quantized_cache)
 
 
 def write_dataset_lists(datasets: list[tuple[Path, DatasetCheck]]) -> None:
@@ -189,7 +214,7 @@ def env_changes(preset: Preset, run: RunFolder, workdir: Workdir) -> dict[str, s
         files.ENV_TELEMETRY_INTERVAL: str(preset.telemetry["interval_s"]),
         # One quantized-transformer cache per workdir (wall 8), shared by every run: its key
         # (checkpoint, qtype, fork commit, format) keeps runs of other models apart.
-        files.ENV_QUANT_CACHE_DIR: os.environ.get(files.ENV_QUANT_CACHE_DIR) or str(workdir.quantized_cache),
+        files.ENV_QUANT_CACHE_DIR: str(quantized_cache_dir(workdir)),
         # The text phase's prompt embeddings, keyed by encoder and template (walls 3-4).
         files.ENV_TEXT_CACHE_DIR: os.environ.get(files.ENV_TEXT_CACHE_DIR) or str(workdir.text_cache),
     }

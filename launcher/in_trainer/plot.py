@@ -1,11 +1,13 @@
-"""Loss, s/it and board power over steps, with every watchdog decision marked on the s/it curve.
+"""Loss, s/it and board power over steps, with every watchdog decision marked on the s/it curve,
+and the trainer's host RSS over time (loading included).
 
 matplotlib lives in the trainer's venv, not the launcher's, so this runs there:
     <venv python> -m launcher.in_trainer.plot TELEMETRY.jsonl OUT.png [--events watchdog.jsonl]
 (`launcher.runs.plotting.plot_with(python, ...)` does that from the launcher). matplotlib is imported on use only.
 
 Telemetry rows need `step` and any of `loss`, `s_it`, `power_w` (the run telemetry rows, or a
-watchdog trace whose `progress` / `gpu` rows carry them).
+watchdog trace whose `progress` / `gpu` rows carry them); the memory panel reads `t`,
+`trainer_time`, `host_rss_gib` and `host_peak_rss_gib` of the run telemetry rows.
 """
 
 from __future__ import annotations
@@ -54,6 +56,41 @@ def series(rows: list[dict]) -> dict[str, tuple[list, list]]:
     return out
 
 
+def memory_series(rows: list[dict]) -> dict[str, list]:
+    """Host RSS and its peak over minutes since the first row, one point per trainer sample,
+    and the minute training started (the first row with a step), or None."""
+    out: dict[str, list] = {"minutes": [], "rss": [], "peak": []}
+    seen = set()
+    start = next((row["t"] for row in rows if row.get("t") is not None), None)
+    first_step = None
+    for row in rows:
+        if row.get("host_rss_gib") is None or row.get("t") is None or row.get("trainer_time") in seen:
+            continue
+        seen.add(row.get("trainer_time"))
+        minute = (row["t"] - start) / 60
+        out["minutes"].append(minute)
+        out["rss"].append(row["host_rss_gib"])
+        out["peak"].append(row.get("host_peak_rss_gib"))
+        if first_step is None and row.get("step"):
+            first_step = minute
+    out["first_step"] = first_step
+    return out
+
+
+def plot_memory(axis, rows: list[dict]) -> None:
+    memory = memory_series(rows)
+    axis.plot(memory["minutes"], memory["rss"], lw=0.9, color="tab:purple", label="host RSS")
+    peaks = [(m, p) for m, p in zip(memory["minutes"], memory["peak"]) if p is not None]
+    if peaks:
+        axis.plot(*zip(*peaks), lw=0.8, ls="--", color="tab:gray", label="peak host RSS")
+    if memory["first_step"] is not None:
+        axis.axvline(memory["first_step"], color="black", lw=0.8, ls=":", label="first step")
+    axis.set_ylabel("host RAM (GiB)")
+    axis.set_xlabel("minutes since launch")
+    if memory["minutes"]:
+        axis.legend(loc="lower right", fontsize=7)
+
+
 def plot_run(telemetry_jsonl: Path, events_jsonl: Path | None, out_png: Path) -> Path:
     """Write the PNG and return its path."""
     import matplotlib
@@ -61,10 +98,15 @@ def plot_run(telemetry_jsonl: Path, events_jsonl: Path | None, out_png: Path) ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    data = series(_rows(telemetry_jsonl))
+    rows = _rows(telemetry_jsonl)
+    data = series(rows)
     events = [event for event in _rows(events_jsonl) if event.get("step") is not None]
-    figure, (loss_ax, rate_ax, power_ax) = plt.subplots(3, 1, sharex=True, figsize=(13, 9),
-                                                          gridspec_kw={"height_ratios": [1, 1.6, 1]})
+    figure = plt.figure(figsize=(13, 11.5))
+    grid = figure.add_gridspec(4, 1, height_ratios=[1, 1.6, 1, 1])
+    loss_ax = figure.add_subplot(grid[0])
+    rate_ax = figure.add_subplot(grid[1], sharex=loss_ax)
+    power_ax = figure.add_subplot(grid[2], sharex=loss_ax)
+    plot_memory(figure.add_subplot(grid[3]), rows)
     loss_ax.plot(*data["loss"], lw=0.6, color="tab:blue")
     loss_ax.set_ylabel("loss")
     rate_ax.plot(*data["s_it"], lw=0.8, color="black", label="s/it")

@@ -36,11 +36,13 @@ def last_rows(path: Path) -> list[dict]:
 def trainer_figures(rows: list[dict]) -> dict | None:
     """The newest trainer row's figures, with `s_it` from the newest row that has a speed.
 
-    Rows the trainer writes for an event (start, save) carry the step and memory but no speed.
+    Rows the trainer writes for an event (start, save, while loading) carry the step and memory
+    but no speed; a load phase's own figures stay in the trainer's file (run.json gets them).
     """
     if not rows:
         return None
-    figures = {key: value for key, value in rows[0].items() if key not in ("time", "event", "s_per_it")}
+    event_only = ("time", "event", "s_per_it", "phase", "since_start_s")
+    figures = {key: value for key, value in rows[0].items() if key not in event_only}
     figures["trainer_time"] = rows[0].get("time")
     figures["s_it"] = next((row["s_per_it"] for row in rows if row.get("s_per_it") is not None), None)
     return figures

@@ -7,7 +7,6 @@ import os
 import struct
 from pathlib import Path
 
-from launcher.envs.hostinfo import free_disk_gib
 from launcher.errors import LauncherError
 from launcher.progress import say
 from launcher.runs.files import TEXT_ENCODER_RECORD
@@ -15,9 +14,8 @@ from launcher.runs.files import TEXT_ENCODER_RECORD
 TRANSFORMER_FILE = "flux2-dev.safetensors"
 VAE_FILE = "ae.safetensors"
 MAX_HEADER_BYTES = 100 * 2**20
-# The quantized transformer cache (~18 GB for the 32B model) plus latents and checkpoints.
+# Smaller than FLUX.2 [dev]'s 64 GB checkpoint: another model or an incomplete download.
 FULL_MODEL_BYTES = 30 * 2**30
-FREE_DISK_NEEDED_GIB = 25
 
 
 def safetensors_header(path: Path) -> dict:
@@ -188,12 +186,3 @@ def network_warnings(config: dict) -> list[str]:
                 "to try the result in ComfyUI"
             )
     return messages
-
-
-def check_free_disk(path: Path, needed_gib: float = FREE_DISK_NEEDED_GIB) -> None:
-    free = free_disk_gib(path)
-    if free < needed_gib:
-        raise LauncherError(
-            f"only {free} GiB free at {path}; the quantized cache, latent cache and checkpoints need about "
-            f"{needed_gib} GiB: free some space or choose another --output"
-        )

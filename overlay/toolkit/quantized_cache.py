@@ -27,7 +27,8 @@ The header's __metadata__ carries:
 
 Loading validates everything (header, offsets, sizes, checksums, names, shapes) before
 a single tensor is assigned into the model; a bad file is reported, renamed aside
-and the caller quantizes again. Writes go to a temp file, are fsynced, then moved
+and the caller quantizes again. A load onto the GPU goes through a few bounded staging
+buffers (toolkit/staged_load.py), so host RAM never holds the whole model. Writes go to a temp file, are fsynced, then moved
 into place with os.replace.
 
 One file serves both trainers: the AMD fork (torchao uint2..uint8 and float8, and
@@ -54,6 +55,8 @@ from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
+
+from toolkit.staged_load import STAGING_BUFFER_BYTES, STAGING_BUFFERS, StagedReadError, TensorSpan, read_spans
 
 FORMAT_NAME = "aitk-quantized-cache"
 # bump when the file layout or the meaning of an entry changes: old caches go stale
@@ -101,14 +104,15 @@ def _corrupt_on_error(what: str):
     (RecursionError), an attribute of the wrong type (TypeError), a constructor that
     refuses its arguments... each is a CacheError, so the loader sets the file aside
     and quantizes again instead of crashing at every launch. The model is not touched
-    before these checks pass, so nothing is half-loaded."""
+    before these checks pass, so nothing is half-loaded. Running out of device memory
+    while filling the model is not the file's fault and is passed on."""
 
     def wrap(function):
         @functools.wraps(function)
         def checked(*args, **kwargs):
             try:
                 return function(*args, **kwargs)
-            except (CacheError, OSError):
+            except (CacheError, OSError, torch.OutOfMemoryError):
                 raise
             except Exception as e:
                 raise CacheError(f"malformed {what} ({type(e).__name__}: {e})") from None
@@ -670,31 +674,27 @@ def _tensor_layout(tensor_index: Dict[str, Any], data_start: int, file_size: int
     return layout
 
 
-def _read_tensors(f, layout, checksums: Dict[str, str]) -> Dict[str, torch.Tensor]:
-    """Read every tensor with plain reads, each checked against its sha256."""
-    tensors: Dict[str, torch.Tensor] = {}
-    for begin, end, name, dtype, shape in layout:
-        nbytes = end - begin
-        buf = torch.empty(nbytes, dtype=torch.uint8)
-        h = hashlib.sha256()
-        if nbytes:
-            view = memoryview(buf.numpy())
-            got = 0
-            while got < nbytes:
-                n = f.readinto(view[got : min(nbytes, got + _CHUNK)])
-                if not n:
-                    raise CacheError(f"{name}: file ends inside the data")
-                got += n
-            h.update(view)
-        if h.hexdigest() != checksums.get(name):
-            raise CacheError(f"{name}: data checksum mismatch")
-        tensors[name] = buf.view(dtype).reshape(shape)
-    return tensors
+def _read_tensors(f, layout, data_start: int, checksums: Dict[str, str], device: torch.device,
+                  staging: Optional[Dict[str, Any]]) -> Dict[str, torch.Tensor]:
+    """Read every tensor onto `device` with plain reads, each checked against its sha256
+    (toolkit/staged_load.py: a GPU target through bounded staging buffers)."""
+    spans = [
+        TensorSpan(name, data_start + begin, data_start + end, dtype, tuple(shape), checksums.get(name))
+        for begin, end, name, dtype, shape in layout
+    ]
+    try:
+        return read_spans(f, spans, device, log=_say, **(staging or {}))
+    except StagedReadError as e:
+        raise CacheError(str(e)) from None
 
 
 @_corrupt_on_error("cache file")
-def read_cache(path: Path) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor]]:
-    """Read the whole file with plain reads and verify every byte. Raises CacheError."""
+def read_cache(
+    path: Path, device: torch.device = torch.device("cpu"), staging: Optional[Dict[str, Any]] = None
+) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor]]:
+    """Read the whole file with plain reads onto `device` and verify every byte; a GPU target
+    goes through bounded staging buffers (options in `staging`), so host RAM never holds the
+    model. Raises CacheError."""
     path = Path(path)
     with open(path, "rb") as f:
         file_size = os.fstat(f.fileno()).st_size
@@ -705,7 +705,7 @@ def read_cache(path: Path) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor]]:
         if set(checksums) != set(tensor_index):
             raise CacheError("checksum list does not match the stored tensors")
         layout = _tensor_layout(tensor_index, data_start, file_size)
-        tensors = _read_tensors(f, layout, checksums)
+        tensors = _read_tensors(f, layout, data_start, checksums, device, staging)
     return meta, tensors
 
 
@@ -998,6 +998,8 @@ class QuantizedCache:
         self.path = Path(cache_dir).expanduser().resolve() / name
         # names a rebuilt model must have; set by cache_for_model from the meta model
         self.expected_names: Optional[set] = None
+        # read_spans options for a GPU load (buffers, buffer_bytes, pin); see staging_options
+        self.staging: Dict[str, Any] = {}
         self.key = {
             "format_version": FORMAT_VERSION,
             "source": source_fingerprint(self.source_path),
@@ -1038,9 +1040,9 @@ class QuantizedCache:
             except OSError:
                 pass
 
-    def load_into(self, model: torch.nn.Module) -> bool:
-        """Fill `model` (built on meta) from the cache. False if there is no usable cache;
-        the model is untouched then, and a corrupt file has been set aside."""
+    def load_into(self, model: torch.nn.Module, device: torch.device = torch.device("cpu")) -> bool:
+        """Fill `model` (built on meta) from the cache, every tensor on `device`. False if there
+        is no usable cache; the model is untouched then, and a corrupt file has been set aside."""
         if not self.path.is_file():
             _say(f"no cache at {self.path} yet; it will be written after quantizing")
             return False
@@ -1051,8 +1053,9 @@ class QuantizedCache:
             if reason:
                 _say(f"stale cache {self.path} ({reason}); quantizing again, it will be replaced")
                 return False
-            meta, tensors = read_cache(self.path)
+            meta, tensors = read_cache(self.path, device, self.staging)
             rebuilt = rebuild_state(meta, tensors, model)
+            del tensors
         except CacheError as e:
             self._set_aside(str(e))
             return False
@@ -1060,9 +1063,10 @@ class QuantizedCache:
             _say(f"cannot read {self.path} ({e}); quantizing again")
             return False
         assign_state(model, *rebuilt)
+        size, seconds = self.path.stat().st_size / 2**30, time.perf_counter() - t0
         print(
-            f"Loaded quantized transformer from cache {self.path} "
-            f"({self.path.stat().st_size / 2**30:.2f} GiB in {time.perf_counter() - t0:.1f} s)",
+            f"Loaded quantized transformer from cache {self.path} onto {device} "
+            f"({size:.2f} GiB in {seconds:.1f} s, {size / max(seconds, 1e-9):.2f} GiB/s)",
             flush=True,
         )
         return True
@@ -1168,4 +1172,20 @@ def cache_for_model(base_model, source_path, model: torch.nn.Module) -> Optional
         _say(f"cannot fingerprint {source_path} ({e}); no cache")
         return None
     cache.expected_names = {n for n, _, _, _ in _named_state(model)}
+    cache.staging = staging_options(kwargs)
     return cache
+
+
+def staging_options(model_kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """read_spans options from model_kwargs: cache_staging_mib (host RAM for the staging
+    buffers of a GPU load, default 256, split in four) and pinned_staging (default true)."""
+    total = model_kwargs.get("cache_staging_mib", STAGING_BUFFERS * STAGING_BUFFER_BYTES >> 20)
+    if isinstance(total, bool) or not isinstance(total, int) or total < STAGING_BUFFERS:
+        raise ValueError(
+            f"model_kwargs cache_staging_mib must be a whole number of MiB, at least {STAGING_BUFFERS}; got {total!r}"
+        )
+    return {
+        "buffers": STAGING_BUFFERS,
+        "buffer_bytes": (total << 20) // STAGING_BUFFERS,
+        "pin": _bool(model_kwargs.get("pinned_staging", True)),
+    }

@@ -358,6 +358,7 @@ def load_blockwise(
             del tensors
             block.load_state_dict(state, assign=True)
             del state
+            _check_loaded(block, st.path, prefix + ".")
             if on_block is not None:
                 on_block(prefix, block)
             del block
@@ -367,11 +368,16 @@ def load_blockwise(
         del tensors
         model.load_state_dict(state, assign=True, strict=False)
         del state
-        left = [n for n, p in model.named_parameters() if p.is_meta]
-        if left:
-            raise ValueError(f"{st.path}: parameters left unloaded: {left[:5]}")
+        # blocks were checked as they loaded; on_block may have placed them on the meta device
+        _check_loaded(model, st.path, "", skip=tuple(p + "." for p in prefixes))
         if on_rest is not None:
             on_rest(model)
+
+
+def _check_loaded(module: torch.nn.Module, path, prefix: str, skip: Tuple[str, ...] = ()) -> None:
+    left = [prefix + n for n, p in module.named_parameters() if p.is_meta and not n.startswith(skip)]
+    if left:
+        raise ValueError(f"{path}: parameters left unloaded: {left[:5]}")
 
 
 def _cast(tensor: torch.Tensor, dtype: Optional[torch.dtype]) -> torch.Tensor:

@@ -2,6 +2,12 @@
 appended to the file named by AITK_TELEMETRY, plus a row at the start of training and after
 each checkpoint save (a stall watchdog uses saves as a trigger).
 
+Loading is reported too: a row at the end of each load phase (text encoder, transformer from
+the file or the quantized cache) with its duration, a row every interval while the model
+loads (host RSS over time), and a row at the first trained step with the time since the
+process started. Peak host RSS (VmHWM / PeakWorkingSetSize, toolkit/host_memory.py) is in
+every row: it is what decides whether a run needs a pagefile.
+
 VRAM is read here, in the training process: on ROCm/Windows a second process reading
 torch.cuda.mem_get_info() sees ~0 GB in use while the trainer holds 20 GB. Each row is
 appended and flushed on its own, so a crash loses at most the row being written. Without
@@ -9,13 +15,19 @@ AITK_TELEMETRY nothing is opened and each call returns at once.
 
     {"time": unix seconds, "step": steps done, "loss": float, "s_per_it": mean since last row,
      "vram_allocated_gib", "vram_reserved_gib", "vram_max_allocated_gib": null without a GPU,
-     "host_rss_gib", "event": "start" | "save" (event rows only)}
+     "host_rss_gib", "host_peak_rss_gib",
+     "event": "start" | "save" | "load" | "phase" | "first_step" (event rows only),
+     "phase": {"name", "seconds", what the phase reports} (phase rows),
+     "since_start_s": seconds since the process started (first_step row)}
 """
 
 import json
 import math
 import os
+import threading
 import time
+
+from toolkit.host_memory import peak_rss_bytes
 
 GIB = 2 ** 30
 
@@ -29,35 +41,75 @@ class TrainerTelemetry:
         self.row_time = time.time()
         self.row_step = None
         self.process = None
+        self.started = self.row_time
+        self._lock = threading.Lock()
+        self._loading = None  # the sampler thread's stop event while the model loads
+        self._first_step_seen = False
         try:
             import psutil
             self.process = psutil.Process()
+            self.started = self.process.create_time()
         except Exception:
             pass
 
     def on_step(self, step: int, losses: dict) -> None:
+        if not self._first_step_seen:
+            self._first_step_seen = True
+            self.write("first_step", step)
         self.step = step
         if losses:
             self.loss = losses.get('loss', next(iter(losses.values())))
         if time.time() - self.row_time >= self.interval:
             self.write()
 
-    def write(self, event: str = None, step: int = None) -> None:
+    def write(self, event: str = None, step: int = None, **fields) -> None:
+        with self._lock:
+            self._write(event, step, fields)
+
+    def _write(self, event, step, fields) -> None:
         if step is not None:
             self.step = step
         now = time.time()
+        # load and first-step rows report memory and time, and leave the s/it bookkeeping alone
+        timing_only = event in ("load", "phase", "first_step")
         s_per_it = None
-        if self.step is not None and self.row_step is not None and self.step > self.row_step:
+        if not timing_only and self.step is not None and self.row_step is not None and self.step > self.row_step:
             s_per_it = (now - self.row_time) / (self.step - self.row_step)
         row = {"time": round(now, 3), "step": self.step, "loss": number(self.loss), "s_per_it": number(s_per_it)}
         row.update(vram())
         row["host_rss_gib"] = round(self.process.memory_info().rss / GIB, 3) if self.process else None
+        peak = peak_rss_bytes()
+        row["host_peak_rss_gib"] = round(peak / GIB, 3) if peak is not None else None
         if event:
             row["event"] = event
-        self.row_time, self.row_step = now, self.step
+        if event == "first_step":
+            row["since_start_s"] = round(now - self.started, 3)
+        row.update(fields)
+        if not timing_only:
+            self.row_time, self.row_step = now, self.step
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(row) + "\n")
             handle.flush()
+
+    def sample_while_loading(self) -> None:
+        """A "load" row every interval from a daemon thread until training starts."""
+        if self._loading is not None:
+            return
+        self._loading = threading.Event()
+        stop = self._loading
+
+        def loop():
+            while not stop.wait(self.interval):
+                _safely(lambda: self.write("load"))
+
+        self._sampler = threading.Thread(target=loop, name="telemetry-load", daemon=True)
+        self._sampler.start()
+
+    def stop_sampling(self) -> None:
+        """Stop the "load" rows; a row being written is finished first."""
+        if self._loading is not None:
+            self._loading.set()
+            self._sampler.join(timeout=10)
 
 
 def number(value):
@@ -115,4 +167,29 @@ def record_event(event: str, step: int = None) -> None:
     """A row now, whatever the interval: "start" (step = where training starts) or "save"."""
     telemetry = _get()
     if telemetry:
+        if event == "start":
+            telemetry.stop_sampling()
         _safely(lambda: telemetry.write(event, step))
+
+
+class LoadPhase:
+    """A load phase being timed ("text_encoder", "transformer", ...); end() writes its row."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.began = time.time()
+
+    def end(self, **info) -> None:
+        """A "phase" row with the duration and the figures given (e.g. source="cache")."""
+        telemetry = _get()
+        if telemetry:
+            seconds = round(time.time() - self.began, 3)
+            _safely(lambda: telemetry.write("phase", phase={"name": self.name, "seconds": seconds, **info}))
+
+
+def start_phase(name: str) -> LoadPhase:
+    """Start timing a load phase; until training starts a "load" row is written every interval."""
+    telemetry = _get()
+    if telemetry:
+        _safely(telemetry.sample_while_loading)
+    return LoadPhase(name)

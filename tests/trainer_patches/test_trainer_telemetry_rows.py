@@ -2,7 +2,8 @@
 
 The end-to-end rows of a tiny run are checked in tests/test_trainer_telemetry.py; these cover
 what that run cannot show quickly: no file without AITK_TELEMETRY, the interval, s/it as the
-mean since the last row, a NaN loss, and a file that cannot be written.
+mean since the last row, a NaN loss, a file that cannot be written, the first-step row, and the
+load-phase rows with host RSS sampled while the model loads.
 """
 
 import importlib
@@ -36,21 +37,24 @@ def test_interval_events_and_speed(telemetry, tmp_path, monkeypatch):
     path = tmp_path / "t.jsonl"
     monkeypatch.setenv("AITK_TELEMETRY", str(path))
     monkeypatch.setenv("AITK_TELEMETRY_INTERVAL", "3600")
-    clock = iter([100.0, 100.0, 102.0, 104.0, 110.0, 130.0]).__next__
+    clock = iter([100.0, 100.0, 101.5, 102.0, 104.0, 110.0, 130.0]).__next__
     monkeypatch.setattr(telemetry.time, "time", clock)
     telemetry.record_event("start", step=10)          # t=100 (set-up reads the clock first)
-    telemetry.record_step(11, {"loss": 0.25})         # t=102: not due
+    telemetry.record_step(11, {"loss": 0.25})         # t=101.5: the first-step row; t=102: not due
     telemetry.record_step(12, {"loss": 0.75})         # t=104: not due
     telemetry.record_event("save", step=12)           # t=110: 2 steps in 10 s
     telemetry.record_event("save", step=12)           # t=130: no step since
-    first, save, again = rows(path)
+    first, first_step, save, again = rows(path)
     assert first["event"] == "start" and first["step"] == 10 and first["loss"] is None and first["s_per_it"] is None
+    assert first_step["event"] == "first_step" and first_step["step"] == 11 and first_step["s_per_it"] is None
+    assert isinstance(first_step["since_start_s"], float)
     assert save == {**save, "event": "save", "step": 12, "loss": 0.75, "s_per_it": 5.0}
     assert again["s_per_it"] is None
-    for row in (first, save, again):
+    for row in (first, first_step, save, again):
         assert {"time", "step", "loss", "s_per_it", "vram_allocated_gib", "vram_reserved_gib",
-                "vram_max_allocated_gib", "host_rss_gib"} <= row.keys()
+                "vram_max_allocated_gib", "host_rss_gib", "host_peak_rss_gib"} <= row.keys()
         assert row["host_rss_gib"] > 0
+        assert row["host_peak_rss_gib"] >= row["host_rss_gib"]
 
 
 def test_a_row_per_step_at_interval_zero_and_nan_loss_is_null(telemetry, tmp_path, monkeypatch):
@@ -59,7 +63,8 @@ def test_a_row_per_step_at_interval_zero_and_nan_loss_is_null(telemetry, tmp_pat
     monkeypatch.setenv("AITK_TELEMETRY_INTERVAL", "0")
     telemetry.record_step(1, {"loss": float("nan")})
     telemetry.record_step(2, {"other": 3.0})
-    nan_row, other_row = rows(path)
+    first_step, nan_row, other_row = rows(path)
+    assert first_step["event"] == "first_step"
     assert nan_row["loss"] is None and other_row["loss"] == 3.0
 
 
@@ -69,3 +74,30 @@ def test_unwritable_file_turns_telemetry_off_not_the_run(telemetry, tmp_path, mo
     telemetry.record_step(1, {"loss": 1.0})
     assert telemetry._telemetry is False
     assert capsys.readouterr().out.count("Telemetry off") == 1
+
+
+def test_load_phases_and_rss_sampled_while_loading(telemetry, tmp_path, monkeypatch):
+    """A phase row when a load phase ends, "load" rows every interval until training starts."""
+    import time
+
+    path = tmp_path / "t.jsonl"
+    monkeypatch.setenv("AITK_TELEMETRY", str(path))
+    monkeypatch.setenv("AITK_TELEMETRY_INTERVAL", "0.05")
+    phase = telemetry.start_phase("transformer")
+    ballast = bytearray(64 << 20)  # 64 MiB touched: the peak must see it
+    time.sleep(0.4)
+    del ballast
+    phase.end(source="cache", device="cuda:0")
+    telemetry.record_event("start", step=0)
+    written = len(rows(path))
+    time.sleep(0.3)
+    assert len(rows(path)) == written, "the load sampler kept writing after training started"
+
+    found = rows(path)
+    loads = [row for row in found if row.get("event") == "load"]
+    assert len(loads) >= 3, found
+    assert all(row["step"] is None and row["host_rss_gib"] > 0 for row in loads)
+    (done,) = [row for row in found if row.get("event") == "phase"]
+    assert done["phase"]["name"] == "transformer" and done["phase"]["source"] == "cache"
+    assert 0.3 < done["phase"]["seconds"] < 5
+    assert done["host_peak_rss_gib"] - done["host_rss_gib"] > 0.05, "the 64 MiB ballast is not in the peak"

@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""Peak host RSS of the trainer's transformer load vs depth: streamed + quantize, and from the cache.
+
+Runs the patched trainer's own Flux2Model.load_model (stopped where the text encoder would
+load: the transformer is complete there) in a fresh process per measurement, on a random
+FLUX.2-shaped checkpoint written by loader_rss.write_checkpoint, and reports:
+
+  peak_gib   VmHWM above the RSS after imports (the kernel's high-water mark, reset after
+             imports through /proc/self/clear_refs), i.e. what the load itself needed
+  kept_gib   RSS above that baseline once the load returned
+  moved_gib  RSS above the baseline once the transformer has left the host (moved to the meta
+             device, as training moves it to the GPU): what stays for the whole training
+  trimmed_gib  the same after gc + returning the C heap's free pages (malloc_trim)
+
+Modes, each at every size given:
+  first   no cache yet: streamed read + quantize per block (+ the cache written)
+  cache   the cache written by `first` is loaded
+and placements of the quantized blocks:
+  cpu       the fork's parking: the whole quantized model in host RAM
+  offhost   blocks placed on a device as they are built; on a CPU machine the meta device
+            stands in for the GPU (it holds no host memory, as the GPU would not), so what
+            remains is the host RAM the loader itself needs
+
+Linux only (VmHWM, clear_refs). Run with the trainer venv's interpreter:
+
+    <venv>/bin/python bench/load_rss_depth.py --trainer <workdir>/trainer --dir <scratch> \
+        --sizes 1024:2:8,1024:4:16 --qtypes uint4,int4_fused --out rss.jsonl
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+GIB = 2**30
+
+
+def proc_status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def model_config(checkpoint: Path, params: dict, qtype: str, cache_dir: Path, cache: bool, staging_mib):
+    from toolkit.config_modules import ModelConfig
+
+    kwargs = {"flux2_params": params, "quantize_device": "cpu", "quantized_cache": cache,
+              "quantized_cache_dir": str(cache_dir)}
+    if staging_mib:
+        kwargs["cache_staging_mib"] = staging_mib
+    return ModelConfig(name_or_path=str(checkpoint.parent), arch="flux2", quantize=True, qtype=qtype,
+                       quantize_te=False, low_vram=False, layer_offloading=False, model_kwargs=kwargs)
+
+
+class StopAtTextEncoder(Exception):
+    pass
+
+
+def child(args) -> dict:
+    """One load in this process; returns the figures."""
+    import gc
+
+    import torch
+
+    sys.path.insert(0, str(args.trainer))
+    os.chdir(args.trainer)
+    import extensions_built_in.diffusion_models.flux2.flux2_model as flux2
+
+    loaded = []
+
+    class NoTextEncoder:
+        @staticmethod
+        def from_pretrained(*_, **__):
+            frame = sys._getframe(1)  # load_model's local (the encoder may load in a method of its own)
+            while "transformer" not in frame.f_locals:
+                frame = frame.f_back
+            loaded.append(frame.f_locals["transformer"])
+            raise StopAtTextEncoder
+
+    flux2.Mistral3ForConditionalGeneration = NoTextEncoder
+    params = json.loads(args.params)
+    # offhost: nothing of the meta device's is host memory, like a GPU's; no cache can be
+    # written from it, so `first` runs without one there
+    cache = not (args.place == "offhost" and args.mode == "first")
+    config = model_config(args.checkpoint, params, args.qtype, args.cache_dir, cache, args.staging_mib)
+    base = flux2.Flux2Model(device="meta" if args.place == "offhost" else "cpu", model_config=config, dtype="bf16")
+    base.training_folder = str(args.cache_dir)
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # VmHWM restarts from the current RSS
+    baseline = proc_status("VmRSS")
+    start = time.perf_counter()
+    try:
+        base.load_model()
+    except StopAtTextEncoder:
+        pass
+    seconds = time.perf_counter() - start
+    gc.collect()
+    figures = {
+        "peak_gib": (proc_status("VmHWM") - baseline) / GIB,
+        "kept_gib": (proc_status("VmRSS") - baseline) / GIB,
+        "baseline_gib": baseline / GIB,
+        "seconds": seconds,
+    }
+    loaded.pop().to("meta")
+    gc.collect()
+    figures["moved_gib"] = (proc_status("VmRSS") - baseline) / GIB
+    ctypes.CDLL(None).malloc_trim(0)
+    figures["trimmed_gib"] = (proc_status("VmRSS") - baseline) / GIB
+    return figures
+
+
+def measure(args, size: str, qtype: str, mode: str, place: str, checkpoint: Path, cache_dir: Path) -> dict:
+    import loader_rss
+
+    params = loader_rss.flux2_params(size)
+    command = [sys.executable, __file__, "--child", "--trainer", str(args.trainer), "--checkpoint", str(checkpoint),
+               "--params", json.dumps(params), "--qtype", qtype, "--mode", mode, "--place", place,
+               "--cache-dir", str(cache_dir)] + (["--staging-mib", str(args.staging_mib)] if args.staging_mib else [])
+    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if result.returncode:
+        raise SystemExit(f"{size} {qtype} {mode} {place} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    return {"size": size, "qtype": qtype, "mode": mode, "place": place, **figures}
+
+
+def parent(args) -> None:
+    sys.path.insert(0, str(HERE))
+    import loader_rss
+
+    trainer = loader_rss.import_trainer(args.trainer)
+    args.dir.mkdir(parents=True, exist_ok=True)
+    out = open(args.out, "a", encoding="utf-8") if args.out else None
+    for size in args.sizes.split(","):
+        params = loader_rss.flux2_params(size)
+        folder = args.dir / size.replace(":", "x")
+        checkpoint = folder / "flux2-dev.safetensors"
+        if not checkpoint.is_file():
+            folder.mkdir(parents=True, exist_ok=True)
+            loader_rss.write_checkpoint(trainer, params, checkpoint)
+        for qtype in args.qtypes.split(","):
+            cache_dir = folder / f"cache-{qtype}"
+            for place in args.places.split(","):
+                for mode in ("first", "cache"):
+                    if mode == "first" and place == "cpu":
+                        for old in cache_dir.glob("*"):
+                            old.unlink()
+                    row = measure(args, size, qtype, mode, place, checkpoint, cache_dir)
+                    row["file_gib"] = checkpoint.stat().st_size / GIB
+                    print(json.dumps(row), flush=True)
+                    if out:
+                        out.write(json.dumps(row) + "\n")
+                        out.flush()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trainer", required=True, type=Path)
+    p.add_argument("--dir", type=Path, help="where checkpoints and caches go")
+    p.add_argument("--sizes", default="1024:2:8,1024:4:16", help="hidden:double:single, comma-separated")
+    p.add_argument("--qtypes", default="uint4,int4_fused")
+    p.add_argument("--places", default="cpu,offhost", help="cpu: parked on the host; offhost: placed on meta")
+    p.add_argument("--out", type=Path, help="append JSON rows here")
+    p.add_argument("--staging-mib", type=int, help="model_kwargs cache_staging_mib (default: the trainer's)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--checkpoint", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--params", help=argparse.SUPPRESS)
+    p.add_argument("--qtype", help=argparse.SUPPRESS)
+    p.add_argument("--mode", help=argparse.SUPPRESS)
+    p.add_argument("--place", help=argparse.SUPPRESS)
+    p.add_argument("--cache-dir", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    args.trainer = args.trainer.resolve()
+    if args.child:
+        print(json.dumps(child(args)), flush=True)
+    else:
+        parent(args)
+
+
+if __name__ == "__main__":
+    main()

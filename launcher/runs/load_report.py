@@ -1,0 +1,80 @@
+"""The trainer's peak host RSS and the time of each load phase, from its telemetry rows, into run.json.
+
+The trainer writes a "phase" row when a load phase ends (text encoder, transformer from the
+file or the quantized cache), a "first_step" row with the seconds since its process started,
+and its peak RSS (VmHWM / PeakWorkingSetSize) in every row. Whether a run needs a pagefile,
+and how long a relaunch takes to train, are read here and kept beside the LoRA.
+"""
+
+import json
+import os
+from pathlib import Path
+
+from launcher.runs.folders import RunFolder
+
+
+def read_rows(path: Path, offset: int = 0) -> list[dict]:
+    """Every complete JSON row of a JSONL file from byte `offset` on (where this launch began;
+    a resumed run appends to the same file). A line still being written is skipped."""
+    if not path.is_file():
+        return []
+    with path.open("rb") as handle:
+        handle.seek(offset)
+        text = handle.read().decode("utf-8", errors="replace")
+    rows = []
+    for line in text.splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
+def summarize(rows: list[dict]) -> dict:
+    """{"host_peak_rss_gib", "phases": {name: {"seconds", ...}}, "to_first_step_s"}; unknowns left out."""
+    summary: dict = {}
+    peaks = [row["host_peak_rss_gib"] for row in rows if isinstance(row.get("host_peak_rss_gib"), (int, float))]
+    if peaks:
+        summary["host_peak_rss_gib"] = max(peaks)
+    phases = {}
+    for row in rows:
+        phase = row.get("phase")
+        if row.get("event") == "phase" and isinstance(phase, dict) and "name" in phase:
+            phases[phase["name"]] = {key: value for key, value in phase.items() if key != "name"}
+    if phases:
+        summary["phases"] = phases
+    first = next((row for row in rows if row.get("event") == "first_step"), None)
+    if first is not None and first.get("since_start_s") is not None:
+        summary["to_first_step_s"] = first["since_start_s"]
+    return summary
+
+
+def telemetry_offset(run: RunFolder) -> int:
+    """Where the rows of the launch about to start will begin in the trainer's telemetry file."""
+    return run.trainer_telemetry.stat().st_size if run.trainer_telemetry.is_file() else 0
+
+
+def record(run: RunFolder, offset: int = 0) -> dict:
+    """Add this launch's summary to run.json as "load" (replaced atomically); returns the summary."""
+    summary = summarize(read_rows(run.trainer_telemetry, offset))
+    if not summary or not run.metadata.is_file():
+        return summary
+    metadata = json.loads(run.metadata.read_text(encoding="utf-8"))
+    metadata["load"] = summary
+    partial = run.metadata.with_name(run.metadata.name + ".tmp")
+    partial.write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
+    os.replace(partial, run.metadata)
+    return summary
+
+
+def describe(summary: dict) -> str:
+    """One line for the console: peak RSS, each phase, time to the first step."""
+    parts = []
+    if "host_peak_rss_gib" in summary:
+        parts.append(f"peak host RSS {summary['host_peak_rss_gib']:.1f} GiB")
+    for name, phase in summary.get("phases", {}).items():
+        source = f" ({phase['source']})" if phase.get("source") else ""
+        parts.append(f"{name} {phase.get('seconds', 0):.1f} s{source}")
+    if "to_first_step_s" in summary:
+        parts.append(f"first step after {summary['to_first_step_s']:.1f} s")
+    return "; ".join(parts)
