@@ -24,6 +24,7 @@ CARRY_FILES = [
     Path("toolkit/quantized_cache.py"),
     Path("toolkit/streamed_safetensors.py"),
     Path("toolkit/int4_linear.py"),  # qtype int4_fused (quantize.py and quantized_cache.py import it)
+    Path("toolkit/int4_w4a8.py"),  # qtype int4_w4a8 (Int4Linear imports it in 8-bit mode)
 ]
 
 

@@ -1117,6 +1117,15 @@ def cache_dir_for(model_kwargs: Dict[str, Any], training_folder: Optional[str]) 
     return None
 
 
+def _cache_qtype(qtype: str) -> str:
+    """int4_w4a8 is the int4_fused model with other matmuls: one cache file serves both."""
+    from toolkit.util import quantize
+
+    if qtype == getattr(quantize, "INT4_W4A8", None):
+        return quantize.INT4_FUSED
+    return qtype
+
+
 def _cached_backend(qtype: str) -> Optional[str]:
     """Which cacheable backend quantizes `qtype` in this trainer: "torchao", "int4_fused"
     (the fork's Int4Linear), "ostris" (upstream's OstrisLinear), or None (optimum-quanto)."""
@@ -1139,6 +1148,7 @@ def cache_for_model(base_model, source_path, model: torch.nn.Module) -> Optional
     if not cfg.quantize or not _bool(kwargs.get("quantized_cache", True)):
         return None
     qtype = cfg.qtype if isinstance(cfg.qtype, str) else getattr(cfg.qtype, "name", str(cfg.qtype))
+    qtype = _cache_qtype(qtype)
     backend = _cached_backend(qtype)
     if backend is None:
         _say(
