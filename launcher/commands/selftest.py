@@ -9,6 +9,7 @@ needs. Without a GPU only the reference path runs, and the report says so.
 """
 
 import json
+import os
 from pathlib import Path
 
 from launcher import __version__
@@ -60,8 +61,8 @@ def run_selftest(args) -> int:
                             f"Nothing was written to {workdir.selftest}")
     report = json.loads(partial.read_text(encoding="utf-8"))
     report.update(launcher=__version__, trainer=trainer_build(workdir), driver=gpu_driver_version())
-    workdir.selftest.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    partial.unlink()
+    partial.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    os.replace(partial, workdir.selftest)  # a reader never sees half a verdict
     if args.json:
         print(json.dumps(report, indent=2), flush=True)
     else:
