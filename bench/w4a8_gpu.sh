@@ -11,9 +11,9 @@
 # Triton's cache is shared by all of them (TRITON_CACHE_AUTOTUNING=1): the steps reuse the
 # self-test's compiled kernels and tuning at the same shapes.
 set -o pipefail
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRITON_CACHE_DIR=/tmp/triton-cache TRITON_CACHE_AUTOTUNING=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
-export PYTHONPATH=/tmp/site:$PWD
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRITON_CACHE_DIR=$PWD/.bench-triton TRITON_CACHE_AUTOTUNING=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .bench-site .whl/*.whl || exit 3
+export PYTHONPATH=$PWD/.bench-site:$PWD
 LOG=$OUT/all.log
 END=$(( $(date +%s) + ${BUDGET:-540} ))
 left() { local l=$(( END - $(date +%s) )); [ $l -gt $1 ] && echo $1 || echo $l; }

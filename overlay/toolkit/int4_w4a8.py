@@ -210,13 +210,17 @@ if HAVE_TRITON:
         return triton.testing.do_bench(fn, warmup=5, rep=25, quantiles=quantiles)
 
     def _autotune(**kwargs):
-        """triton.autotune with on-disk results (Triton >= 3.3: cache_results) where available;
-        TRITON_CACHE_AUTOTUNING=1, which `launcher run` sets, does the same for every kernel."""
+        """triton.autotune with on-disk results (cache_results) and short timings (do_bench) where
+        this Triton knows them (3.3 and newer); TRITON_CACHE_AUTOTUNING=1, which `launcher run`
+        and `selftest` set, keeps every kernel's results on disk too."""
         import inspect
 
-        if "cache_results" in inspect.signature(triton.autotune).parameters:
+        known = inspect.signature(triton.autotune).parameters
+        if "cache_results" in known:
             kwargs["cache_results"] = True
-        return triton.autotune(do_bench=_quick_bench, **kwargs)
+        if "do_bench" in known:
+            kwargs["do_bench"] = _quick_bench
+        return triton.autotune(**kwargs)
 
     @triton.jit
     def _to_grid(v, QMAX: tl.constexpr, FP8: tl.constexpr):
