@@ -86,8 +86,8 @@ def handle(args) -> int:
     else:
         config = render(preset, run.root, places=places)
     choice = resolve_config(config, workdir)
-    if choice and choice.line:
-        say(choice.line)
+    if choice and choice.line:  # a YAML comment in a dry run, whose output stays a config
+        say(f"# {choice.line}" if args.dry_run else choice.line)
     datasets = check(preset, config, workdir, run, full_size=not preset.tiny)
     extra = {**launch_env(run, workdir, args.profile), **(choice.env if choice else {})}
     env = trainer_env(preset, run, workdir, extra)
