@@ -16,6 +16,7 @@ from launcher.cli import main
 from launcher.envs import selftest
 from launcher.envs.workdir import Workdir
 from launcher.runs import validate
+from launcher.runs.schema import check_preset
 
 places = test_run.places  # the fake model, encoder and dataset folders of test_run
 
@@ -112,3 +113,14 @@ def test_selftest_without_a_gpu_checks_the_reference_path(trainer_workdir, capsy
 
     assert main(["doctor", "--workdir", str(workdir.root)]) == 0
     assert "selftest        " in capsys.readouterr().out
+
+
+def test_only_the_transformer_qtype_may_say_auto():
+    from test_preset_schema import TRAINER, shipped
+
+    preset = shipped()
+    assert preset["config"]["process"][0]["model"]["qtype"] == "auto"
+    assert check_preset(preset, TRAINER) == []
+    preset["config"]["process"][0]["model"]["qtype_te"] = "auto"
+    problems = check_preset(preset, TRAINER)
+    assert len(problems) == 1 and "model.qtype_te = 'auto': not one of the allowed values" in problems[0]
