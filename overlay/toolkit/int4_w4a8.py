@@ -46,7 +46,7 @@ from typing import Optional
 
 import torch
 
-from toolkit.int4_linear import GROUP_SIZE, HAVE_TRITON, KERNEL_DTYPES, unpack_uint4
+from toolkit.int4_linear import GROUP_SIZE, HAVE_TRITON, kernel_available, unpack_uint4
 
 FP8 = "fp8"
 INT8 = "int8"
@@ -450,17 +450,10 @@ class W4A8LinearFunction(torch.autograd.Function):
         return dx, None, None, None, None, None, None, None, None
 
 
-def kernel_supported(x: torch.Tensor) -> bool:
-    """The Triton path runs for GPU (or interpreter) tensors in bf16/fp16."""
-    from toolkit.int4_linear import kernel_available
-
-    return kernel_available(x) and x.dtype in KERNEL_DTYPES
-
-
 def w4a8_linear(module, x: torch.Tensor, use_kernel: Optional[bool] = None) -> torch.Tensor:
     """Int4Linear.forward for activations '8bit': the module's weight, 8-bit matmuls."""
     if use_kernel is None:
-        use_kernel = kernel_supported(x)
+        use_kernel = kernel_available(x)  # a GPU (or interpreter) tensor in bf16/fp16, Triton present
     fmt = activation_format(x.device)
     scales = weight_scales(module, fmt)
     return W4A8LinearFunction.apply(x, module.qweight, module.scale, module.zero, module.bias, scales, fmt,
