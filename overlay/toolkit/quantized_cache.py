@@ -769,12 +769,24 @@ def _check_ostris(meta: Dict[str, Any], model: torch.nn.Module, swaps: Dict[str,
             f"the cache holds OstrisLinear modules (qtype {qtype!r}), but this trainer has no "
             f"{_OSTRIS_MODULE}; it was written by another ai-toolkit"
         )
-    qtype = meta["key"].get("qtype")
+    qtype = _ostris_record_qtype(meta["key"].get("qtype"))
     for mod_name, rec in records.items():
         if mod_name in swaps:
             raise CacheError(f"{mod_name}: both a module entry and an ostris record")
         _check_ostris_record(api, mod_name, rec, model, qtype)
     return records
+
+
+def _ostris_record_qtype(cache_qtype: Optional[str]) -> Optional[str]:
+    """The qtype a cache's OstrisLinear records carry: the cache's own, or for int4_fused (Int4Linear
+    block Linears) the uint4 backend its qtype quantizes the rest of the model with."""
+    from toolkit.util import quantize
+
+    try:
+        quantizer = getattr(quantize.get_qtype(cache_qtype), "quantizer", None)
+    except Exception:  # not a qtype this trainer knows: the records' check reports it
+        return cache_qtype
+    return getattr(quantizer, "qtype", None) or cache_qtype
 
 
 def _check_ostris_record(api, mod_name: str, rec: Any, model: torch.nn.Module, qtype: Optional[str]) -> None:
