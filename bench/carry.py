@@ -26,6 +26,7 @@ CARRY_FILES = [
     Path("toolkit/int4_linear.py"),  # qtype int4_fused (quantize.py and quantized_cache.py import it)
     Path("toolkit/staged_load.py"),  # the cache's bounded-staging reader
     Path("toolkit/host_memory.py"),
+    Path("toolkit/int4_w4a8.py"),  # qtype int4_w4a8 (Int4Linear imports it in 8-bit mode)
 ]
 
 

@@ -58,7 +58,8 @@ args = p.parse_args()
 
 R = {"tag": args.tag or args.weights, "argv": sys.argv[1:], "phase": "start", "shapes": {},
      "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "errors": [],
-     "env": {k: os.environ[k] for k in ("INT4_LINEAR_VARIANT", "INT4_LINEAR_CHUNK_MIB", "INT4_LINEAR_KERNEL")
+     "env": {k: os.environ[k] for k in ("INT4_LINEAR_VARIANT", "INT4_LINEAR_CHUNK_MIB", "INT4_LINEAR_KERNEL",
+                                        "INT4_W4A8_ACT", "INT4_W4A8_GEMM", "TRITON_CACHE_AUTOTUNING")
              if k in os.environ}}
 
 
@@ -149,6 +150,8 @@ try:
         R["weights_from"] = "random, built block by block" + (
             " (trainer quantize_transformer_block on the device, parked on the CPU)"
             if QT else " on the device")
+    if QT and hasattr(tr.quantize, "set_int4_activations"):  # qtype int4_w4a8: 8-bit activations
+        R["int4_8bit_linears"] = tr.quantize.set_int4_activations(model, tr.quantize.get_qtype(QT))
     t1 = time.perf_counter()
     model.to(DEV)  # the trainer moves the whole (quantized) transformer to the GPU
     sync()

@@ -28,7 +28,7 @@ def test_qtypes_come_from_the_trainers_get_qtype_once_per_head(trainer_workdir, 
     python = venv_python(trainer_workdir.venv)
     cache = tmp_path / "qtypes.json"
     qtypes = vocabulary.trainer_qtypes(trainer_workdir.trainer, python, cache, "abc")
-    assert {"uint4", "uint3", "float8", "int4_fused", "qint4", "qint8"} <= qtypes
+    assert {"uint4", "uint3", "float8", "int4_fused", "int4_w4a8", "qint4", "qint8"} <= qtypes
     assert "int3" not in qtypes and "QLinear" not in qtypes
     assert json.loads(cache.read_text()) == {"head": "abc", "qtypes": sorted(qtypes)}
 

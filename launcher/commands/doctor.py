@@ -8,6 +8,7 @@ from pathlib import Path
 from launcher import __version__
 from launcher.envs.hostinfo import free_disk_gib, memory_gib
 from launcher.envs.probe import probe_with
+from launcher.envs.selftest import load_result, staleness, summary_line
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, venv_python
 
 ALLOCATOR_VARIABLES = ("PYTORCH_HIP_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
@@ -44,9 +45,17 @@ def collect(workdir: Workdir) -> dict:
         "allocator": {name: os.environ.get(name) for name in ALLOCATOR_VARIABLES},
         "memory_gib": memory_gib(),
         "free_disk_gib": free_disk_gib(workdir.root),
+        "selftest": selftest_state(workdir),
     }
     report["warnings"] = known_problems(report)
     return report
+
+
+def selftest_state(workdir: Workdir) -> dict:
+    """The stored self-test in one line, and whether it still describes this workdir."""
+    result = load_result(workdir)
+    return {"summary": summary_line(result), "stale": staleness(result, workdir) if result else None,
+            "fastest": (result or {}).get("fastest")}
 
 
 def probe_torch(workdir: Workdir) -> dict:
@@ -76,6 +85,9 @@ def known_problems(report: dict) -> list[str]:
         )
     if report["torch"].get("torch") and not report["torch"].get("gpu_available"):
         problems.append("torch sees no GPU: training will run on the CPU (only the tiny preset is meant for that)")
+    if report["selftest"]["stale"]:
+        problems.append(f"selftest.json is stale ({report['selftest']['stale']}): `qtype: auto` presets train on "
+                        "uint4 until `python -m launcher selftest` runs again")
     if report["free_disk_gib"] < MIN_FREE_DISK_GIB:
         problems.append(
             f"only {report['free_disk_gib']} GiB free at {report['workdir']}; a full FLUX.2 run needs about "
@@ -112,5 +124,6 @@ def print_report(report: dict) -> None:
     lines.append(f"host memory     {memory['ram_total']} GiB RAM ({memory['ram_available']} available), "
                  f"{memory['swap_total']} GiB swap/pagefile")
     lines.append(f"free disk       {report['free_disk_gib']} GiB")
+    lines.append(f"selftest        {report['selftest']['summary']}")
     lines += [f"warning         {problem}" for problem in report["warnings"]] or ["warnings        none"]
     print("\n".join(lines), flush=True)

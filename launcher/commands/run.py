@@ -5,6 +5,7 @@ its output is copied line by line to the console and to the run's train.log: a d
 with redirected output loses the early lines when the child dies, which are the ones that say why.
 """
 
+import argparse
 import hashlib
 import json
 import os
@@ -19,6 +20,7 @@ import yaml
 from launcher import __version__
 from launcher.atomic import write_text_atomic
 from launcher.envs.probe import probe_with
+from launcher.envs.selftest import load_result, resolve_config, summary_line
 from launcher.envs.torchenv import clean_env
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, venv_python
 from launcher.errors import LauncherError
@@ -55,7 +57,20 @@ def register(subparsers) -> None:
         parser.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=Path, help=f"{meaning}; or ${variable}")
     parser.add_argument("--dry-run", action="store_true", help="print the rendered config and environment, exit")
     parser.add_argument("--resume", action="store_true", help="continue the run already in the output folder")
+    parser.add_argument("--profile", type=positive_int, metavar="N",
+                        help="profile N training steps (after 2 warm-up steps) with torch.profiler; the Chrome "
+                             "trace and a top-20 table go to <run>/profile/")
     parser.set_defaults(handler=handle)
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--profile takes a number of steps (1 or more), not {text!r}")
+    return value
 
 
 def handle(args) -> int:
@@ -70,11 +85,15 @@ def handle(args) -> int:
         config = render(preset, run.root, tiny_manifest=manifest)
     else:
         config = render(preset, run.root, places=places)
+    choice = resolve_config(config, workdir)
+    if choice and choice.line:  # a YAML comment in a dry run, whose output stays a config
+        say(f"# {choice.line}" if args.dry_run else choice.line)
     datasets = check(preset, config, workdir, run, full_size=not preset.tiny)
-    env = trainer_env(preset, run, workdir)
+    extra = {**launch_env(run, workdir, args.profile), **(choice.env if choice else {})}
+    env = trainer_env(preset, run, workdir, extra)
     if args.dry_run:
         print(yaml.safe_dump(config, sort_keys=False), end="", flush=True)
-        for name in sorted(env_changes(preset, run, workdir)):
+        for name in sorted(env_changes(preset, run, workdir, extra)):
             print(f"{name}={env[name]}", flush=True)
         return 0
     python = checked_python(workdir)
@@ -82,7 +101,7 @@ def handle(args) -> int:
         check_resume(run, args.resume)
         write_config(config, run.config)
         write_dataset_lists(datasets)
-        write_metadata(run, preset, workdir, python, datasets)
+        write_metadata(run, preset, workdir, python, datasets, config)
         say(f"run folder: {run.root}")
         offset = load_report.telemetry_offset(run)
         try:
@@ -207,8 +226,20 @@ def checked_python(workdir: Workdir) -> Path:
     return python
 
 
-def env_changes(preset: Preset, run: RunFolder, workdir: Workdir) -> dict[str, str]:
-    """What `run` adds to the trainer's environment: allocator (wall 7), telemetry, the preset's env."""
+def launch_env(run: RunFolder, workdir: Workdir, profile_steps: int | None) -> dict[str, str]:
+    """Triton's kernel and autotuning cache in the workdir (tuned once, reused by every later
+    process), and the step profiler when asked for."""
+    changes = {"TRITON_CACHE_DIR": os.environ.get("TRITON_CACHE_DIR") or str(workdir.triton_cache),
+               "TRITON_CACHE_AUTOTUNING": "1"}
+    if profile_steps:
+        changes.update({files.ENV_PROFILE_STEPS: str(profile_steps),
+                        files.ENV_PROFILE_DIR: str(run.root / files.PROFILE_DIR)})
+    return changes
+
+
+def env_changes(preset: Preset, run: RunFolder, workdir: Workdir, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """What `run` adds to the trainer's environment: allocator (wall 7), telemetry, `extra` (Triton's
+    cache, the profiler, the self-test's kernel choice), and last the preset's own env."""
     changes = {
         files.ENV_TELEMETRY: str(run.trainer_telemetry),
         files.ENV_TELEMETRY_INTERVAL: str(preset.telemetry["interval_s"]),
@@ -220,15 +251,15 @@ def env_changes(preset: Preset, run: RunFolder, workdir: Workdir) -> dict[str, s
     }
     if preset.allocator == "expandable_segments":
         changes.update(PYTORCH_HIP_ALLOC_CONF=EXPANDABLE, PYTORCH_CUDA_ALLOC_CONF=EXPANDABLE)
-    return {**changes, **preset.env}
+    return {**changes, **(extra or {}), **preset.env}
 
 
-def trainer_env(preset: Preset, run: RunFolder, workdir: Workdir) -> dict[str, str]:
-    return {**clean_env(), **env_changes(preset, run, workdir), "PYTHONUNBUFFERED": "1"}
+def trainer_env(preset: Preset, run: RunFolder, workdir: Workdir, extra: dict[str, str] | None = None) -> dict[str, str]:
+    return {**clean_env(), **env_changes(preset, run, workdir, extra), "PYTHONUNBUFFERED": "1"}
 
 
 def write_metadata(run: RunFolder, preset: Preset, workdir: Workdir, python: Path,
-                   datasets: list[tuple[Path, DatasetCheck]]) -> None:
+                   datasets: list[tuple[Path, DatasetCheck]], config: dict) -> None:
     """run.json beside the LoRA: enough to reproduce the run and to file a bug report."""
     state = read_state(workdir.state_file)
     metadata = {
@@ -241,6 +272,8 @@ def write_metadata(run: RunFolder, preset: Preset, workdir: Workdir, python: Pat
         "preset_sha256": hashlib.sha256(preset.path.read_bytes()).hexdigest(),
         "torch": probe_with(python),
         "skipped_images": [item for _, result in datasets for item in result.skipped()],
+        "qtype": sorted({(p.get("model") or {}).get("qtype") for p in config["config"]["process"]} - {None}),
+        "selftest": summary_line(load_result(workdir)),
     }
     write_text_atomic(run.metadata, json.dumps(metadata, indent=2) + "\n")
 

@@ -1,8 +1,9 @@
-"""Host memory, swap/pagefile and disk, with the standard library only (Linux, Windows, macOS)."""
+"""Host memory, swap/pagefile, disk and the GPU driver, with the standard library only (Linux, Windows, macOS)."""
 
 import ctypes
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -55,3 +56,34 @@ def free_disk_gib(path: Path) -> float:
         if candidate.exists():
             return round(shutil.disk_usage(candidate).free / 2**30, 2)
     return round(shutil.disk_usage(os.getcwd()).free / 2**30, 2)
+
+
+DRIVER_QUERIES = (
+    # (tool, arguments, how to read its output); the first that answers wins
+    ("nvidia-smi", ["--query-gpu=driver_version", "--format=csv,noheader"], lambda out: out.splitlines()[0]),
+    ("amd-smi", ["version"], lambda out: out.strip()),  # Linux ROCm 6.1+: tool, library and amdgpu versions
+    ("rocm-smi", ["--showdriverversion"], lambda out: next(
+        (line.split(":", 1)[1] for line in out.splitlines() if "version" in line.lower() and ":" in line), "")),
+    ("powershell", ["-NoProfile", "-Command",
+                    "(Get-CimInstance Win32_VideoController | ForEach-Object { $_.Name + ' ' + $_.DriverVersion }) -join '; '"],
+     lambda out: out.strip()),
+)
+
+
+def gpu_driver_version(timeout: float = 15) -> str | None:
+    """The GPU driver's version as the vendor tool (or Windows) reports it; None when none answers.
+    Only nvidia-smi is tested (Linux); the AMD and Windows queries follow the tools' documentation."""
+    for tool, arguments, read in DRIVER_QUERIES:
+        if tool == "powershell" and sys.platform != "win32":
+            continue
+        found = shutil.which(tool)
+        if not found:
+            continue
+        try:
+            result = subprocess.run([found, *arguments], capture_output=True, text=True, timeout=timeout)
+            text = read(result.stdout).strip() if result.returncode == 0 else ""
+        except (OSError, subprocess.SubprocessError, StopIteration, IndexError):
+            text = ""
+        if text:
+            return f"{text} ({tool})"[:300]
+    return None

@@ -26,9 +26,9 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def run_module(python: Path, module: str, *args: str, capture: bool = False,
-               timeout: float | None = None) -> subprocess.CompletedProcess:
-    """Run an in-trainer module to completion; its output is captured as text when asked."""
-    return subprocess.run(module_command(python, module, *args), cwd=LAUNCHER_ROOT, env=child_env(),
+               timeout: float | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run an in-trainer module to completion; its output is captured as text when asked; `env` adds variables."""
+    return subprocess.run(module_command(python, module, *args), cwd=LAUNCHER_ROOT, env=child_env(env),
                           capture_output=capture, text=capture or None, timeout=timeout)
 
 

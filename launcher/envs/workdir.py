@@ -43,6 +43,16 @@ class Workdir:
         return self.root / "cache" / "text"
 
     @property
+    def triton_cache(self) -> Path:
+        """Triton's compiled kernels and autotuning results, kept across processes (TRITON_CACHE_DIR)."""
+        return self.root / "cache" / "triton"
+
+    @property
+    def selftest(self) -> Path:
+        """What `selftest` found on this machine; `qtype: auto` reads it."""
+        return self.root / "selftest.json"
+
+    @property
     def state_file(self) -> Path:
         """What setup last applied (target, commit, patch hashes)."""
         return self.root / "setup-state.json"

@@ -24,5 +24,16 @@ QUANT_CACHE_SUFFIX = ".qcache.safetensors"
 QUANT_CACHE_META_KEY = "aitk_qcache"
 """The cache header's metadata entry holding its key (source checkpoint fingerprint, qtype)."""
 
+ENV_PROFILE_STEPS = "AITK_PROFILE_STEPS"
+"""`run --profile N`: the train loop profiles N whole steps with torch.profiler."""
+ENV_PROFILE_DIR = "AITK_PROFILE_DIR"
+"""Where the profile goes: the run folder's PROFILE_DIR."""
+PROFILE_DIR = "profile"
+PROFILE_TRACE = "trace.json"
+"""Chrome trace of the profiled steps (chrome://tracing, ui.perfetto.dev)."""
+PROFILE_TABLE = "top20.txt"
+"""The 20 operators with the most GPU time, the 20 with the most CPU time, and a summary line."""
+
 SHARED_WITH_TRAINER = (SAVE_NOW, STOP_NOW, CHECKPOINT_MANIFEST, ENV_TELEMETRY, ENV_TELEMETRY_INTERVAL,
-                       ENV_QUANT_CACHE_DIR, ENV_TEXT_CACHE_DIR, QUANT_CACHE_SUFFIX, QUANT_CACHE_META_KEY)
+                       ENV_QUANT_CACHE_DIR, ENV_TEXT_CACHE_DIR, QUANT_CACHE_SUFFIX, QUANT_CACHE_META_KEY,
+                       ENV_PROFILE_STEPS, ENV_PROFILE_DIR, PROFILE_TRACE, PROFILE_TABLE)

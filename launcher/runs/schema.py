@@ -22,6 +22,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 
+from launcher.envs.selftest import AUTO
 from launcher.suggest import did_you_mean
 from launcher.watchdog.gpu_sources import SOURCES
 from launcher.watchdog.policy import WatchdogConfig
@@ -281,6 +282,9 @@ def watchdog_block() -> Block:
 
 RESOLUTION = Integer(minimum=16, multiple_of=16)
 QTYPE = Text(lambda v: v.qtypes)
+# `auto` is the launcher's: `run` turns it into a qtype from the self-test (launcher/envs/selftest.py)
+# before the trainer reads the config, so only the transformer's qtype may say it
+MODEL_QTYPE = Text(lambda v: v.qtypes | {AUTO} if v.qtypes is not None else None)
 DTYPE = Text(lambda v: v.dtypes)
 
 
@@ -333,7 +337,7 @@ PROCESS = Block({
                                         "cache_text_embeddings", "disable_sampling")},
     }, extra="train"),
     "model": Block({
-        "name_or_path": Text(), "arch": Text(), "qtype": QTYPE, "qtype_te": QTYPE,
+        "name_or_path": Text(), "arch": Text(), "qtype": MODEL_QTYPE, "qtype_te": QTYPE,
         **{flag: Boolean() for flag in ("quantize", "quantize_te", "low_vram", "layer_offloading")},
         "model_kwargs": MODEL_KWARGS,
     }, extra="model"),

@@ -29,6 +29,8 @@ Ways to run the matmuls, chosen per call:
     INT4_LINEAR_VARIANT picks one; INT4_LINEAR_KERNEL=0 forces the reference.
   * a plain PyTorch reference (dequantize, then matmul) that runs anywhere,
     including the CPU, and is the correctness oracle for the kernels.
+An Int4Linear whose `activations` is "8bit" (qtype int4_w4a8) hands its matmuls to
+toolkit/int4_w4a8.py instead: 8-bit activations and 8-bit weight slices, same stored weight.
 The base weight never gets a gradient; only the input does.
 
 The kernels use Triton's portable language only (no inline assembly, no
@@ -53,6 +55,8 @@ GROUP_SIZE = 64
 FORMAT = "int4_fused"
 FORMAT_VERSION = 1
 QMAX = 15  # unsigned 4-bit codes 0..15
+ACTIVATIONS_BF16 = "bf16"
+ACTIVATIONS_8BIT = "8bit"
 
 try:  # Triton is optional: without it (CPU-only installs) the reference path runs.
     import triton
@@ -691,6 +695,9 @@ class Int4Linear(nn.Module):
         else:
             self.bias = None
         self.use_kernel: Optional[bool] = None  # None: kernel when available, else reference
+        # "bf16": matmuls in the activations' dtype (qtype int4_fused); "8bit": 8-bit activations
+        # and weight slices, toolkit/int4_w4a8.py (qtype int4_w4a8). Not stored in the cache.
+        self.activations = ACTIVATIONS_BF16
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = GROUP_SIZE, dtype=None) -> "Int4Linear":
@@ -751,6 +758,10 @@ class Int4Linear(nn.Module):
         return dequantize_weight(self.qweight, self.scale, self.zero, self.group_size, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.activations == ACTIVATIONS_8BIT:
+            from toolkit.int4_w4a8 import w4a8_linear
+
+            return w4a8_linear(self, x, self.use_kernel)
         use_kernel = self.use_kernel
         if use_kernel is None:
             use_kernel = kernel_available(x)
@@ -759,7 +770,8 @@ class Int4Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, group_size={self.group_size}, 4-bit")
+                f"bias={self.bias is not None}, group_size={self.group_size}, 4-bit, "
+                f"activations={self.activations}")
 
 
 def quantize_linears(module: nn.Module, filter_fn=None, group_size: int = GROUP_SIZE, dtype=None) -> list[str]:

@@ -769,12 +769,24 @@ def _check_ostris(meta: Dict[str, Any], model: torch.nn.Module, swaps: Dict[str,
             f"the cache holds OstrisLinear modules (qtype {qtype!r}), but this trainer has no "
             f"{_OSTRIS_MODULE}; it was written by another ai-toolkit"
         )
-    qtype = meta["key"].get("qtype")
+    qtype = _ostris_record_qtype(meta["key"].get("qtype"))
     for mod_name, rec in records.items():
         if mod_name in swaps:
             raise CacheError(f"{mod_name}: both a module entry and an ostris record")
         _check_ostris_record(api, mod_name, rec, model, qtype)
     return records
+
+
+def _ostris_record_qtype(cache_qtype: Optional[str]) -> Optional[str]:
+    """The qtype a cache's OstrisLinear records carry: the cache's own, or for int4_fused (Int4Linear
+    block Linears) the uint4 backend its qtype quantizes the rest of the model with."""
+    from toolkit.util import quantize
+
+    try:
+        quantizer = getattr(quantize.get_qtype(cache_qtype), "quantizer", None)
+    except Exception:  # not a qtype this trainer knows: the records' check reports it
+        return cache_qtype
+    return getattr(quantizer, "qtype", None) or cache_qtype
 
 
 def _check_ostris_record(api, mod_name: str, rec: Any, model: torch.nn.Module, qtype: Optional[str]) -> None:
@@ -1121,6 +1133,15 @@ def cache_dir_for(model_kwargs: Dict[str, Any], training_folder: Optional[str]) 
     return None
 
 
+def _cache_qtype(qtype: str) -> str:
+    """int4_w4a8 is the int4_fused model with other matmuls: one cache file serves both."""
+    from toolkit.util import quantize
+
+    if qtype == getattr(quantize, "INT4_W4A8", None):
+        return quantize.INT4_FUSED
+    return qtype
+
+
 def _cached_backend(qtype: str) -> Optional[str]:
     """Which cacheable backend quantizes `qtype` in this trainer: "torchao", "int4_fused"
     (the fork's Int4Linear), "ostris" (upstream's OstrisLinear), or None (optimum-quanto)."""
@@ -1143,6 +1164,7 @@ def cache_for_model(base_model, source_path, model: torch.nn.Module) -> Optional
     if not cfg.quantize or not _bool(kwargs.get("quantized_cache", True)):
         return None
     qtype = cfg.qtype if isinstance(cfg.qtype, str) else getattr(cfg.qtype, "name", str(cfg.qtype))
+    qtype = _cache_qtype(qtype)
     backend = _cached_backend(qtype)
     if backend is None:
         _say(

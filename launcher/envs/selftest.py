@@ -1,0 +1,105 @@
+"""The self-test's result in the workdir, and what it decides: the qtype behind `qtype: auto`.
+
+`python -m launcher selftest` writes `<workdir>/selftest.json` (written by
+`launcher.in_trainer.selftest` under the trainer's interpreter, stamped here with the trainer
+build it tested). A preset's `qtype: auto` becomes the fastest 4-bit qtype that passed there,
+with the environment variables that pick its GPU path; in every other case it becomes
+`uint4`, the fork's own torchao path, and `run` says in one line why.
+"""
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+from launcher.envs.workdir import Workdir
+from launcher.patching.checkout import read_state
+
+AUTO = "auto"
+FALLBACK_QTYPE = "uint4"
+FAST_QTYPES = ("int4_fused", "int4_w4a8")
+HOW_TO_TEST = "`python -m launcher selftest` (a few minutes) tests the 4-bit kernels on this GPU"
+
+
+@dataclass(frozen=True)
+class QtypeChoice:
+    qtype: str
+    env: dict = field(default_factory=dict)
+    line: str | None = None
+    """What `run` prints about the choice, or None when the preset named the qtype itself."""
+
+
+def trainer_build(workdir: Workdir) -> dict:
+    """What setup put in the workdir (target, commit, overlay, a hash of the patch list):
+    a self-test is valid for this build only."""
+    state = read_state(workdir.state_file)
+    patches = json.dumps(state.get("patches") or {}, sort_keys=True).encode()
+    return {"target": state.get("target"), "commit": state.get("commit"), "overlay": state.get("overlay"),
+            "patches_sha256": hashlib.sha256(patches).hexdigest(), "patch_count": len(state.get("patches") or {})}
+
+
+def load_result(workdir: Workdir) -> dict | None:
+    try:
+        result = json.loads(workdir.selftest.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return result if isinstance(result, dict) else None
+
+
+def staleness(result: dict, workdir: Workdir) -> str | None:
+    """Why a stored result no longer describes this workdir, or None."""
+    if result.get("trainer") != trainer_build(workdir):
+        return "it tested another trainer build (setup ran since)"
+    return None
+
+
+def describe_gpu(result: dict) -> str:
+    gpu = (result.get("environment") or {}).get("gpu")
+    return gpu["name"] if gpu else "no GPU"
+
+
+def resolve_qtype(qtype: str, workdir: Workdir) -> QtypeChoice:
+    """`auto` -> the self-test's fastest passing qtype, else uint4; any other qtype stays."""
+    if qtype != AUTO:
+        return QtypeChoice(qtype)
+    result = load_result(workdir)
+    if result is None:
+        return QtypeChoice(FALLBACK_QTYPE, line=f"qtype auto -> {FALLBACK_QTYPE}: no self-test result in "
+                                               f"{workdir.root}; {HOW_TO_TEST}")
+    stale = staleness(result, workdir)
+    if stale:
+        return QtypeChoice(FALLBACK_QTYPE, line=f"qtype auto -> {FALLBACK_QTYPE}: {workdir.selftest.name} is stale "
+                                               f"({stale}); {HOW_TO_TEST}")
+    fastest = result.get("fastest") or {}
+    when = str(result.get("created", "?"))[:10]
+    if fastest.get("qtype") not in FAST_QTYPES:
+        reason = fastest.get("reason") or "no 4-bit kernel passed"
+        return QtypeChoice(FALLBACK_QTYPE, line=f"qtype auto -> {FALLBACK_QTYPE}: {reason} (self-test of {when}, "
+                                               f"{describe_gpu(result)}); {HOW_TO_TEST}")
+    speed = f", block Linears {fastest['x_bf16']:.2f}x the bf16 time" if fastest.get("x_bf16") else ""
+    return QtypeChoice(fastest["qtype"], dict(fastest.get("env") or {}),
+                       f"qtype auto -> {fastest['qtype']} ({fastest.get('candidate')}): passed the self-test of "
+                       f"{when} on {describe_gpu(result)}{speed}")
+
+
+def resolve_config(config: dict, workdir: Workdir) -> QtypeChoice | None:
+    """Resolve `qtype: auto` in every trainer process of a rendered config, in place; returns the
+    choice made (one per config: every process of a preset trains the same model), or None."""
+    choice = None
+    for process in config["config"]["process"]:
+        model = process.get("model") or {}
+        if model.get("qtype") == AUTO:
+            choice = choice or resolve_qtype(AUTO, workdir)
+            model["qtype"] = choice.qtype
+    return choice
+
+
+def summary_line(report: dict | None) -> str:
+    """One line for `doctor` and run.json readers."""
+    if report is None:
+        return "none yet: `python -m launcher selftest` tests the 4-bit kernels on this GPU"
+    fastest = report.get("fastest") or {}
+    gpu = (report.get("environment") or {}).get("gpu")
+    where = gpu["name"] if gpu else "no GPU"
+    verdict = (f"qtype auto -> {fastest['qtype']} ({fastest.get('candidate')})" if fastest.get("qtype")
+               else f"qtype auto -> uint4 ({fastest.get('reason')})")
+    return f"{str(report.get('created'))[:19]} on {where}: {verdict}"

@@ -1,0 +1,219 @@
+"""The self-test's kernel checks and timings, on the trainer's own 4-bit modules.
+
+A *candidate* is a qtype plus the environment variables that pick its GPU path:
+`int4_fused` (bf16 activations, 4-bit weight dequantized a slice at a time), and
+`int4_w4a8` with FP8 activations (GPUs with FP8 matrix units) or int8 activations, each
+through the portable Triton GEMM or, for FP8 on NVIDIA, torch._scaled_mm. Every function
+takes the trainer's modules as arguments (`Modules`): nothing here imports torch at module
+level, because the launcher imports this file in its own interpreter for the constants.
+"""
+
+import contextlib
+import os
+import time
+
+CHECK_SHAPES = [(320, 640, 576), (77, 192, 200)]
+"""(tokens, in, out) for the kernel-vs-reference checks: partial tiles, an odd token count (where
+torch._scaled_mm, which wants multiples of 16, hands over to the Triton GEMM)."""
+
+KERNEL_TOLERANCE = {"int4_fused": 1e-2, "int4_w4a8": 2e-2}
+"""Largest relative (Frobenius) difference between a kernel and its reference path. The
+reference computes the same codes; what differs is fp32 summation order, and for W4A8 the
+rare activation code on a rounding tie (the kernel divides in Triton, the reference in torch)."""
+
+QUALITY_TOLERANCE = {"int8": 0.03, "fp8": 0.06, "outliers": 0.06}
+"""Largest relative error of an 8-bit-activation layer (6144 -> 384, 256 tokens) against the
+bf16-activation one, on N(0, 1) activations and an N(0, 0.02) weight; "outliers": the same
+with 4 of the 6144 input channels scaled 100x, as transformer activations have. Measured
+(tests/trainer_patches/test_int4_w4a8.py, bench/RESULTS.md): int8 0.010, fp8 0.037; with the
+outliers int8 0.126 (one step per token is stretched by the outliers: fails), fp8 0.031."""
+
+HIDDEN, MLP = 6144, 18432  # full-size FLUX.2 [dev]: Flux2Params() hidden_size, 3 x hidden MLP
+DOUBLE_BLOCKS, SINGLE_BLOCKS = 8, 48
+BLOCK_LINEARS = [
+    # name, in, out, where: double blocks see image and text tokens apart, single blocks both
+    ("double.attn.qkv", HIDDEN, 3 * HIDDEN, "double"),
+    ("double.attn.proj", HIDDEN, HIDDEN, "double"),
+    ("double.mlp.0", HIDDEN, 2 * MLP, "double"),
+    ("double.mlp.2", MLP, HIDDEN, "double"),
+    ("single.linear1", HIDDEN, 3 * HIDDEN + 2 * MLP, "single"),
+    ("single.linear2", HIDDEN + MLP, HIDDEN, "single"),
+]
+
+
+class Modules:
+    """torch and the trainer's 4-bit modules, imported from a trainer checkout on sys.path."""
+
+    def __init__(self):
+        import torch
+        from toolkit import int4_linear, int4_w4a8
+
+        self.torch = torch
+        self.int4 = int4_linear
+        self.w4a8 = int4_w4a8
+
+
+def candidates(fp8_units: bool, hip: bool) -> list[dict]:
+    """The 4-bit paths worth trying on this GPU, each a qtype plus the variables that select it."""
+    found = [{"name": "int4_fused", "qtype": "int4_fused", "env": {}}]
+    formats = (["fp8"] if fp8_units else []) + ["int8"]
+    for fmt in formats:
+        gemms = ["triton"] + (["scaled_mm"] if fmt == "fp8" and not hip else [])
+        for gemm in gemms:
+            found.append({"name": f"int4_w4a8 {fmt} {gemm}", "qtype": "int4_w4a8",
+                          "env": {"INT4_W4A8_ACT": fmt, "INT4_W4A8_GEMM": gemm}})
+    return found
+
+
+@contextlib.contextmanager
+def environment(variables: dict):
+    """Set the candidate's variables for the length of the block (the modules read them per call)."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def random_layer(m: Modules, in_f: int, out_f: int, qtype: str, device, seed: int):
+    """An Int4Linear of an N(0, 0.02) weight, in the activation mode of the qtype."""
+    torch = m.torch
+    g = torch.Generator(device=device).manual_seed(seed)
+    weight = torch.randn(out_f, in_f, device=device, generator=g, dtype=torch.bfloat16) * 0.02
+    q, s, z = m.int4.quantize_weight(weight)
+    layer = m.int4.Int4Linear(in_f, out_f, device=device)
+    layer.qweight, layer.scale, layer.zero = q, s, z
+    layer.activations = m.int4.ACTIVATIONS_8BIT if qtype == "int4_w4a8" else m.int4.ACTIVATIONS_BF16
+    return layer
+
+
+def relative_error(a, b) -> float:
+    a, b = a.float(), b.float()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def forward_backward(m: Modules, layer, x, dy, use_kernel):
+    layer.use_kernel = use_kernel
+    xr = x.detach().clone().requires_grad_(True)
+    y = layer(xr)
+    y.backward(dy)
+    layer.use_kernel = None
+    return y.detach(), xr.grad
+
+
+def check_candidate(m: Modules, candidate: dict, device) -> dict:
+    """The candidate's kernels against its reference path on CHECK_SHAPES: y and dx."""
+    torch = m.torch
+    worst = 0.0
+    try:
+        with environment(candidate["env"]):
+            for i, (tokens, in_f, out_f) in enumerate(CHECK_SHAPES):
+                layer = random_layer(m, in_f, out_f, candidate["qtype"], device, seed=i)
+                g = torch.Generator(device=device).manual_seed(100 + i)
+                x = torch.randn(tokens, in_f, device=device, generator=g, dtype=torch.bfloat16)
+                dy = torch.randn(tokens, out_f, device=device, generator=g, dtype=torch.bfloat16)
+                y, dx = forward_backward(m, layer, x, dy, use_kernel=True)
+                y_ref, dx_ref = forward_backward(m, layer, x, dy, use_kernel=False)
+                worst = max(worst, relative_error(y, y_ref), relative_error(dx, dx_ref))
+    except Exception as error:  # a kernel that does not compile or run on this GPU is a finding
+        return {"candidate": candidate["name"], "passed": False, "error": f"{type(error).__name__}: {error}"[:800]}
+    tolerance = KERNEL_TOLERANCE[candidate["qtype"]]
+    return {"candidate": candidate["name"], "passed": worst <= tolerance, "max_relative_error": worst,
+            "tolerance": tolerance}
+
+
+def check_quality(m: Modules, fmt: str, device, outliers: bool) -> dict:
+    """Reference path: an 8-bit-activation layer against the bf16-activation one (y and dx)."""
+    torch = m.torch
+    with environment({"INT4_W4A8_ACT": fmt}):
+        layer = random_layer(m, 6144, 384, "int4_w4a8", device, seed=7)
+        g = torch.Generator(device=device).manual_seed(8)
+        x = torch.randn(256, 6144, device=device, generator=g)
+        if outliers:
+            x[:, :4] *= 100
+        x = x.to(torch.bfloat16)
+        dy = torch.randn(256, 384, device=device, generator=g, dtype=torch.bfloat16)
+        y8, dx8 = forward_backward(m, layer, x, dy, use_kernel=False)
+        layer.activations = m.int4.ACTIVATIONS_BF16
+        y, dx = forward_backward(m, layer, x, dy, use_kernel=False)
+    worst = max(relative_error(y8, y), relative_error(dx8, dx))
+    tolerance = QUALITY_TOLERANCE["outliers" if outliers else fmt]
+    return {"check": f"{fmt}{', 100x outlier channels' if outliers else ''}", "format": fmt,
+            "outliers": outliers, "passed": worst <= tolerance, "max_relative_error": worst, "tolerance": tolerance}
+
+
+def reference_candidates() -> list[dict]:
+    """Without a GPU: the qtypes' reference paths (the CPU runs both activation formats)."""
+    return [{"name": "int4_fused (reference)", "qtype": "int4_fused", "env": {}}] + [
+        {"name": f"int4_w4a8 {fmt} (reference)", "qtype": "int4_w4a8", "env": {"INT4_W4A8_ACT": fmt}}
+        for fmt in ("fp8", "int8")]
+
+
+def quality_passed(checks: list, candidate: dict) -> bool:
+    """int4_w4a8 candidates need both quality checks of their format; int4_fused has none."""
+    fmt = candidate["env"].get("INT4_W4A8_ACT")
+    return fmt is None or all(c["passed"] for c in checks if c.get("format") == fmt)
+
+
+def block_linear_cases(image_tokens: int, text_tokens: int) -> list[tuple]:
+    """(name, in, out, tokens, calls per step) for the FLUX.2 block Linears at one batch."""
+    cases = []
+    for name, in_f, out_f, where in BLOCK_LINEARS:
+        if where == "double":
+            for tokens in (image_tokens, text_tokens):
+                cases.append((name, in_f, out_f, tokens, DOUBLE_BLOCKS))
+        else:
+            cases.append((name, in_f, out_f, image_tokens + text_tokens, SINGLE_BLOCKS))
+    return cases
+
+
+def timed_ms(torch, fn, reps: int = 6) -> float:
+    """Mean ms of fn on the GPU after two warm-up calls (the first autotunes and compiles)."""
+    fn()
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def time_case(m: Modules, candidate: dict | None, case: tuple, device) -> dict:
+    """Forward and input-gradient ms of one block Linear: bf16 weights when candidate is None."""
+    torch = m.torch
+    name, in_f, out_f, tokens, _ = case
+    g = torch.Generator(device=device).manual_seed(tokens + out_f)
+    x = torch.randn(tokens, in_f, device=device, generator=g, dtype=torch.bfloat16)
+    dy = torch.randn(tokens, out_f, device=device, generator=g, dtype=torch.bfloat16)
+    if candidate is None:
+        weight = torch.randn(out_f, in_f, device=device, generator=g, dtype=torch.bfloat16) * 0.02
+        layer = lambda t: torch.nn.functional.linear(t, weight)  # noqa: E731
+    else:
+        layer = random_layer(m, in_f, out_f, candidate["qtype"], device, seed=tokens)
+    xr = x.detach().requires_grad_(True)
+    y = layer(xr)
+    with torch.no_grad():
+        fwd = timed_ms(torch, lambda: layer(x))
+    bwd = timed_ms(torch, lambda: torch.autograd.grad(y, xr, dy, retain_graph=True))
+    return {"linear": name, "in": in_f, "out": out_f, "tokens": tokens, "fwd_ms": fwd, "bwd_ms": bwd}
+
+
+def time_candidate(m: Modules, candidate: dict | None, cases: list[tuple], device, log) -> dict:
+    """Block-Linear ms of one training step (2 forwards, as checkpointing recomputes, + 1 input
+    gradient per call) and its TFLOP/s, with the per-Linear figures."""
+    label = candidate["name"] if candidate else "bf16"
+    t0 = time.perf_counter()
+    with environment(candidate["env"] if candidate else {}):
+        rows = [time_case(m, candidate, case, device) for case in cases]
+    step_ms = sum(case[4] * (2 * row["fwd_ms"] + row["bwd_ms"]) for case, row in zip(cases, rows))
+    flop = sum(case[4] * 3 * 2 * case[1] * case[2] * case[3] for case in cases)
+    log(f"  timed {label}: {step_ms:.1f} ms of block Linears per step ({time.perf_counter() - t0:.0f} s)")
+    return {"candidate": label, "step_ms": step_ms, "tflops": flop / (step_ms * 1e-3) / 1e12, "linears": rows}

@@ -1,0 +1,460 @@
+"""8-bit activations for the frozen 4-bit Linear (qtype int4_w4a8).
+
+The weight stays exactly what toolkit/int4_linear.py stores (packed 4-bit codes, one
+scale and zero point per group of 64 inputs, torchao-uint4 numerics, the same quantized
+cache). What changes is the precision the matmuls run in: both operands are 8-bit, so
+the GPU's 8-bit matrix units do the work (twice the bf16 rate on NVIDIA sm89+ and on
+RDNA3's int8 WMMA path):
+
+  forward   y  = x  @ W^T : x quantized per token (row), W requantized per output row
+  backward  dx = dy @ W   : dy quantized per token,     W requantized per input column
+
+  activations  per row r: amax_r = max |x[r, :]|, code = x / amax_r * QMAX
+  weight       per row n (forward) or column k (backward): amax over the dequantized
+               4-bit weight (computed once per layer), code = W / amax * QMAX
+  8-bit type   FP8 e4m3 (QMAX 448, round to nearest even) where the GPU has FP8 matrix
+               units (NVIDIA compute capability 8.9 and newer), int8 (QMAX 127, round
+               half up) elsewhere; INT4_W4A8_ACT=fp8|int8 overrides.
+  result       y[r, n] = sum_k code_x[r, k] * code_w[n, k] * (amax_r / QMAX) * (amax_n / QMAX),
+               accumulated in int32 (int8) or fp32 (fp8), written in the input's dtype.
+
+The 4-bit weight is requantized to 8 bits one slice at a time (INT4_W4A8_CHUNK_MIB, 64 MiB
+of 8-bit weight) by a Triton kernel, then multiplied by a Triton 8-bit GEMM with the two
+scales applied in its epilogue (INT4_W4A8_GEMM=triton, the portable default) or, for FP8 on
+NVIDIA, by torch._scaled_mm (cuBLASLt, INT4_W4A8_GEMM=scaled_mm). Nothing but the packed
+weight is kept between calls; LoRA adapters and every trainable tensor stay in bf16 (this
+module only computes the frozen base's matmuls and the input gradient through them).
+
+reference_fwd / reference_bwd compute the same quantization in plain PyTorch (fp32
+matmuls of the 8-bit values): the CPU path, and the oracle the kernels are checked
+against.
+
+Quality (relative error against the bf16-activation path on the same 4-bit weight, whose own
+error against the bf16 weight is ~0.09): fp8 ~0.037, int8 ~0.012 on N(0, 1) activations; with
+a few 100x outlier channels, as transformer activations have, fp8 stays ~0.032 while int8
+grows to 0.13-0.22 at FLUX.2 widths (one step per token is stretched by the outliers).
+Tested: NVIDIA H200 (every path against the reference at the FLUX.2 block shapes; see
+bench/RESULTS.md in the launcher repository) and Triton's CPU interpreter. Not tested on any
+AMD GPU: the int8 path is written for RDNA3 (Triton's int8 tl.dot) but has never run there;
+`python -m launcher selftest` is how it gets checked on a user's card.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+from toolkit.int4_linear import GROUP_SIZE, HAVE_TRITON, kernel_available, unpack_uint4
+
+FP8 = "fp8"
+INT8 = "int8"
+FORMATS = (FP8, INT8)
+QMAX = {FP8: 448.0, INT8: 127.0}
+GEMMS = ("triton", "scaled_mm")
+CHUNK_BYTES = int(os.environ.get("INT4_W4A8_CHUNK_MIB", "64")) * 2**20
+SLICE_ALIGN = 128  # rows / columns per requantized slice: a multiple of the GEMM tiles
+K_ALIGN = 128  # the GEMM's reduction width is zero-padded to this (its largest BLOCK_K)
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    from toolkit.int4_linear import _swizzle, _unpack_dequant
+
+
+# --------------------------------------------------------------------------- choices
+
+
+def torch_dtype(fmt: str) -> torch.dtype:
+    return torch.float8_e4m3fn if fmt == FP8 else torch.int8
+
+
+def has_fp8_units(device: torch.device) -> bool:
+    """NVIDIA compute capability 8.9+ (Ada, Hopper, Blackwell): FP8 tensor cores."""
+    if device.type != "cuda" or getattr(torch.version, "hip", None) or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def activation_format(device: torch.device) -> str:
+    """The 8-bit type for this device: INT4_W4A8_ACT if set, else fp8 where it has FP8 units."""
+    chosen = os.environ.get("INT4_W4A8_ACT", "").strip().lower()
+    if chosen:
+        if chosen not in FORMATS:
+            raise ValueError(f"INT4_W4A8_ACT={chosen!r}: pick one of {', '.join(FORMATS)}")
+        return chosen
+    return FP8 if has_fp8_units(device) else INT8
+
+
+def gemm_choice(fmt: str) -> str:
+    """INT4_W4A8_GEMM if set (scaled_mm needs fp8 on NVIDIA), else the portable Triton GEMM."""
+    chosen = os.environ.get("INT4_W4A8_GEMM", "triton").strip().lower()
+    if chosen not in GEMMS:
+        raise ValueError(f"INT4_W4A8_GEMM={chosen!r}: pick one of {', '.join(GEMMS)}")
+    if chosen == "scaled_mm" and (fmt != FP8 or getattr(torch.version, "hip", None)):
+        raise ValueError("INT4_W4A8_GEMM=scaled_mm needs FP8 activations on an NVIDIA GPU")
+    return chosen
+
+
+# --------------------------------------------------------------------------- weight scales
+
+
+def weight_absmax(qweight, scale, zero, group_size: int = GROUP_SIZE):
+    """(max |W[n, :]| per row, max |W[:, k]| per column) of the dequantized weight, fp32.
+
+    |(q - zero) * scale| is exact in fp32, so these are the exact maxima of the weight the
+    kernels compute with. Rows are taken a few MiB at a time.
+    """
+    n_rows, k_cols = qweight.shape[0], qweight.shape[1] * 2
+    groups = k_cols // group_size
+    rows_at_once = max(1, 2**22 // k_cols)
+    row_max = torch.empty(n_rows, dtype=torch.float32, device=qweight.device)
+    col_max = torch.zeros(k_cols, dtype=torch.float32, device=qweight.device)
+    for r0 in range(0, n_rows, rows_at_once):
+        r1 = min(n_rows, r0 + rows_at_once)
+        codes = unpack_uint4(qweight[r0:r1]).reshape(r1 - r0, groups, group_size).to(torch.int16)
+        centred = (codes - zero[r0:r1].to(torch.int16)[..., None]).abs().to(torch.float32)
+        w = centred * scale[r0:r1].to(torch.float32).abs()[..., None]
+        row_max[r0:r1] = w.amax(dim=(1, 2))
+        col_max = torch.maximum(col_max, w.reshape(r1 - r0, k_cols).amax(dim=0))
+    return row_max, col_max
+
+
+def scales_from_absmax(absmax: torch.Tensor, fmt: str):
+    """(scale, inverse) with code = value * inverse and value ~= code * scale; 0 maps to 0."""
+    safe = torch.where(absmax > 0, absmax, torch.ones_like(absmax))
+    return (safe / QMAX[fmt]).contiguous(), (QMAX[fmt] / safe).contiguous()
+
+
+class WeightScales:
+    """The per-row and per-column 8-bit scales of one 4-bit weight, for one format."""
+
+    def __init__(self, qweight, scale, zero, group_size: int, fmt: str):
+        row_max, col_max = weight_absmax(qweight, scale, zero, group_size)
+        self.row, self.row_inv = scales_from_absmax(row_max, fmt)
+        self.col, self.col_inv = scales_from_absmax(col_max, fmt)
+        self.key = (qweight.data_ptr(), qweight.device, fmt)
+
+
+def weight_scales(module, fmt: str) -> WeightScales:
+    """The module's scales, computed on first use on its device (the weight is frozen)."""
+    cached = getattr(module, "_w4a8_scales", None)
+    key = (module.qweight.data_ptr(), module.qweight.device, fmt)
+    if cached is None or cached.key != key:
+        cached = WeightScales(module.qweight, module.scale, module.zero, module.group_size, fmt)
+        module._w4a8_scales = cached
+    return cached
+
+
+# --------------------------------------------------------------------------- reference (CPU, oracle)
+
+
+def to_grid(values: torch.Tensor, fmt: str) -> torch.Tensor:
+    """fp32 values already divided by their scale -> the 8-bit codes, as fp32."""
+    values = values.clamp(-QMAX[fmt], QMAX[fmt])
+    if fmt == INT8:
+        return torch.floor(values + 0.5)
+    return values.to(torch.float8_e4m3fn).to(torch.float32)
+
+
+def quantize_rows_reference(x2d: torch.Tensor, fmt: str):
+    """Per-row (per-token) 8-bit codes as fp32, and the row scales."""
+    xf = x2d.to(torch.float32)
+    scale, inverse = scales_from_absmax(xf.abs().amax(dim=1), fmt)
+    return to_grid(xf * inverse[:, None], fmt), scale
+
+
+def requantized_weight_reference(qweight, scale, zero, inverse, per_column: bool, fmt: str,
+                                 group_size: int = GROUP_SIZE) -> torch.Tensor:
+    """W[N, K] as 8-bit codes (fp32) with one inverse scale per row, or per column."""
+    n_rows = qweight.shape[0]
+    codes = unpack_uint4(qweight).reshape(n_rows, -1, group_size).to(torch.float32)
+    w = ((codes - zero.to(torch.float32)[..., None]) * scale.to(torch.float32)[..., None]).reshape(n_rows, -1)
+    return to_grid(w * (inverse[None, :] if per_column else inverse[:, None]), fmt)
+
+
+def reference_fwd(x2d, qweight, scale, zero, scales: WeightScales, fmt: str, group_size: int = GROUP_SIZE):
+    xq, x_scale = quantize_rows_reference(x2d, fmt)
+    wq = requantized_weight_reference(qweight, scale, zero, scales.row_inv, False, fmt, group_size)
+    y = (xq @ wq.t()) * x_scale[:, None] * scales.row[None, :]
+    return y.to(x2d.dtype)
+
+
+def reference_bwd(dy2d, qweight, scale, zero, scales: WeightScales, fmt: str, group_size: int = GROUP_SIZE):
+    dyq, dy_scale = quantize_rows_reference(dy2d, fmt)
+    wq = requantized_weight_reference(qweight, scale, zero, scales.col_inv, True, fmt, group_size)
+    dx = (dyq @ wq) * dy_scale[:, None] * scales.col[None, :]
+    return dx.to(dy2d.dtype)
+
+
+# --------------------------------------------------------------------------- Triton kernels
+
+if HAVE_TRITON:
+
+    def _is_hip() -> bool:
+        return getattr(torch.version, "hip", None) is not None
+
+    def _gemm_configs():
+        if _is_hip():  # untested: RDNA3 (wave32 WMMA), small stage counts
+            shapes = [(128, 128, 64, 4, 2), (64, 128, 64, 4, 2), (128, 64, 64, 4, 2), (64, 64, 64, 4, 2)]
+        else:
+            shapes = [(128, 128, 128, 8, 3), (128, 256, 128, 8, 3), (256, 128, 128, 8, 3),
+                      (128, 128, 64, 4, 4), (64, 128, 128, 4, 4)]
+        return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=w, num_stages=s)
+                for bm, bn, bk, w, s in shapes]
+
+    def _quick_bench(fn, quantiles=None):
+        # 5 ms warm-up / 25 ms of runs per config: tuning a first launch costs seconds, not minutes
+        return triton.testing.do_bench(fn, warmup=5, rep=25, quantiles=quantiles)
+
+    def _autotune(**kwargs):
+        """triton.autotune with on-disk results (cache_results) and short timings (do_bench) where
+        this Triton knows them (3.3 and newer); TRITON_CACHE_AUTOTUNING=1, which `launcher run`
+        and `selftest` set, keeps every kernel's results on disk too."""
+        import inspect
+
+        known = inspect.signature(triton.autotune).parameters
+        if "cache_results" in known:
+            kwargs["cache_results"] = True
+        if "do_bench" in known:
+            kwargs["do_bench"] = _quick_bench
+        return triton.autotune(**kwargs)
+
+    @triton.jit
+    def _to_grid(v, QMAX: tl.constexpr, FP8: tl.constexpr):
+        v = tl.minimum(tl.maximum(v, -QMAX), QMAX)
+        if FP8:
+            codes = v.to(tl.float8e4nv)  # round to nearest even (Triton's default)
+        else:
+            codes = tl.floor(v + 0.5).to(tl.int8)
+        return codes
+
+    @triton.jit
+    def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q,
+                              QMAX: tl.constexpr, FP8: tl.constexpr, BLOCK: tl.constexpr):
+        # one program per row: max |x| over the row, then codes = x * QMAX / max
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        amax = tl.zeros((BLOCK,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK):
+            live = k0 + offs < K
+            v = tl.load(x_ptr + row * stride_x + k0 + offs, mask=live, other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, tl.abs(v))
+        top = tl.max(amax, axis=0)
+        top = tl.where(top > 0, top, 1.0)
+        inverse = QMAX / top
+        for k0 in range(0, K, BLOCK):
+            live = k0 + offs < K
+            v = tl.load(x_ptr + row * stride_x + k0 + offs, mask=live, other=0.0).to(tl.float32)
+            tl.store(q_ptr + row * stride_q + k0 + offs, _to_grid(v * inverse, QMAX, FP8), mask=live)
+        tl.store(s_ptr + row, top / QMAX)
+
+    @triton.jit
+    def _requantize_kernel(qw_ptr, s_ptr, z_ptr, inv_ptr, out_ptr, N, g_first, stride_qn, stride_sn, stride_out,
+                           QMAX: tl.constexpr, FP8: tl.constexpr, PER_COLUMN: tl.constexpr,
+                           GROUP: tl.constexpr, BLOCK_R: tl.constexpr):
+        # Group j of the slice (absolute group g_first + j) for BLOCK_R weight rows, as 8-bit codes.
+        # Per row (forward): out[r, j*GROUP + i] = W[r, ...] * inv[r]           (out: [rows, slice])
+        # Per column (backward): out[j*GROUP + i, r] = W[r, ...] * inv[col]    (out: [slice, rows])
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        j = tl.program_id(1)
+        g = g_first + j
+        live = rows < N
+        rows64 = rows.to(tl.int64)
+        offs_b = tl.arange(0, GROUP // 2)
+        b = tl.load(qw_ptr + (rows64 * stride_qn)[:, None] + (g * (GROUP // 2) + offs_b)[None, :],
+                    mask=live[:, None], other=0)
+        s = tl.load(s_ptr + rows64 * stride_sn + g, mask=live, other=0.0)
+        z = tl.load(z_ptr + rows64 * stride_sn + g, mask=live, other=0)
+        w = _unpack_dequant(b, s, z, tl.float32)
+        offs_c = j * GROUP + tl.arange(0, GROUP)
+        if PER_COLUMN:
+            inverse = tl.load(inv_ptr + g * GROUP + tl.arange(0, GROUP))
+            codes = _to_grid(w * inverse[None, :], QMAX, FP8)
+            ptrs = out_ptr + offs_c.to(tl.int64)[None, :] * stride_out + rows64[:, None]
+        else:
+            inverse = tl.load(inv_ptr + rows64, mask=live, other=0.0)
+            codes = _to_grid(w * inverse[:, None], QMAX, FP8)
+            ptrs = out_ptr + rows64[:, None] * stride_out + offs_c[None, :]
+        tl.store(ptrs, codes, mask=live[:, None])
+
+    @_autotune(configs=_gemm_configs(), key=["M", "N", "K"])
+    @triton.jit
+    def _scaled_gemm_kernel(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, M, N, K, stride_am, stride_bn, stride_cm,
+                            FP8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+        # c[m, n] = (sum_k a[m, k] * b[n, k]) * sa[m] * sb[n]; a and b 8-bit with contiguous rows,
+        # K a multiple of K_ALIGN (the callers zero-pad both operands), so no load needs a mask
+        pid_m, pid_n = _swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M  # wrap: loads need no row mask
+        offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+        offs_k = tl.arange(0, BLOCK_K)
+        a_ptrs = a_ptr + (offs_m.to(tl.int64) * stride_am)[:, None] + offs_k[None, :]
+        b_ptrs = b_ptr + (offs_n.to(tl.int64) * stride_bn)[None, :] + offs_k[:, None]
+        if FP8:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        for _ in range(0, K // BLOCK_K):
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+            if FP8:
+                acc = tl.dot(a, b, acc)
+            else:
+                acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+            a_ptrs += BLOCK_K
+            b_ptrs += BLOCK_K
+        sa = tl.load(sa_ptr + offs_m)
+        sb = tl.load(sb_ptr + offs_n)
+        out = acc.to(tl.float32) * sa[:, None] * sb[None, :]
+        out_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        out_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        c_ptrs = c_ptr + (out_m.to(tl.int64) * stride_cm)[:, None] + out_n[None, :]
+        tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=(out_m[:, None] < M) & (out_n[None, :] < N))
+
+
+def padded(width: int) -> int:
+    return -(-width // K_ALIGN) * K_ALIGN
+
+
+def quantize_rows(x2d: torch.Tensor, fmt: str):
+    """Triton: per-row 8-bit codes of x2d (zero-padded to a multiple of K_ALIGN columns) and the
+    fp32 row scales."""
+    rows, cols = x2d.shape
+    codes = torch.empty((rows, padded(cols)), device=x2d.device, dtype=torch_dtype(fmt))
+    codes[:, cols:].zero_()
+    row_scale = torch.empty(rows, device=x2d.device, dtype=torch.float32)
+    if rows:
+        _quantize_rows_kernel[(rows,)](x2d, codes, row_scale, cols, x2d.stride(0), codes.stride(0),
+                                       QMAX=QMAX[fmt], FP8=fmt == FP8, BLOCK=1024, num_warps=4)
+    return codes, row_scale
+
+
+def requantize_slice(qweight, scale, zero, inverse, out, fmt: str, per_column: bool, start: int,
+                     group_size: int = GROUP_SIZE):
+    """Triton: 8-bit codes of W rows start.. (per row, out [rows, K]) or of W columns
+    start.. (per column, transposed: out [columns, N])."""
+    if per_column:
+        n_rows, groups = qweight.shape[0], out.shape[0] // group_size
+        qw, sc, zr, g_first = qweight, scale, zero, start // group_size
+    else:
+        n_rows, groups = out.shape[0], out.shape[1] // group_size
+        qw, sc, zr, g_first, inverse = qweight[start:], scale[start:], zero[start:], 0, inverse[start:]
+    grid = (triton.cdiv(n_rows, 64), groups)
+    _requantize_kernel[grid](qw, sc, zr, inverse, out, n_rows, g_first, qweight.stride(0), scale.stride(0),
+                             out.stride(0), QMAX=QMAX[fmt], FP8=fmt == FP8, PER_COLUMN=per_column,
+                             GROUP=group_size, BLOCK_R=64, num_warps=4)
+    return out
+
+
+def scaled_gemm(a, a_scale, b_rows, b_scale, out, fmt: str, gemm: str):
+    """out[M, N] = (a[M, K] @ b_rows[N, K]^T) * a_scale[:, None] * b_scale[None, :]; out may be a
+    column slice of a larger tensor; K is a multiple of K_ALIGN."""
+    M, K = a.shape
+    N = b_rows.shape[0]
+    if gemm == "scaled_mm" and not (M % 16 or N % 16):  # cuBLASLt's FP8 GEMM wants multiples of 16
+        out.copy_(torch._scaled_mm(a, b_rows.t(), scale_a=a_scale[:, None], scale_b=b_scale[None, :].contiguous(),
+                                   out_dtype=out.dtype))
+        return out
+
+    def grid(meta):
+        return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+
+    _scaled_gemm_kernel[grid](a, b_rows, out, a_scale, b_scale, M, N, K, a.stride(0), b_rows.stride(0),
+                              out.stride(0), FP8=fmt == FP8)
+    return out
+
+
+def _slice_width(total: int, other: int) -> int:
+    """Rows (or columns) per slice: at most CHUNK_BYTES of 8-bit weight, split evenly."""
+    pieces = max(1, -(-total * other // CHUNK_BYTES))
+    width = -(-total // pieces)
+    return min(total, -(-width // SLICE_ALIGN) * SLICE_ALIGN)
+
+
+def w4a8_matmul_fwd(x2d, qweight, scale, zero, scales: WeightScales, fmt: str, gemm: Optional[str] = None,
+                    group_size: int = GROUP_SIZE):
+    """GPU: x2d[M, K] @ W^T -> [M, N] in x2d's dtype, through 8-bit operands."""
+    gemm = gemm or gemm_choice(fmt)
+    x2d = x2d.contiguous()
+    M = x2d.shape[0]
+    N, K = qweight.shape[0], qweight.shape[1] * 2
+    y = torch.empty((M, N), device=x2d.device, dtype=x2d.dtype)
+    if M == 0:
+        return y
+    xq, x_scale = quantize_rows(x2d, fmt)
+    rows = _slice_width(N, K)
+    buf = torch.empty((rows, padded(K)), device=x2d.device, dtype=torch_dtype(fmt))
+    buf[:, K:].zero_()
+    for n0 in range(0, N, rows):
+        n1 = min(N, n0 + rows)
+        w8 = requantize_slice(qweight, scale, zero, scales.row_inv, buf[: n1 - n0], fmt, False, n0, group_size)
+        scaled_gemm(xq, x_scale, w8, scales.row[n0:n1], y[:, n0:n1], fmt, gemm)
+    return y
+
+
+def w4a8_matmul_bwd(dy2d, qweight, scale, zero, scales: WeightScales, fmt: str, gemm: Optional[str] = None,
+                    group_size: int = GROUP_SIZE):
+    """GPU: dy2d[M, N] @ W -> [M, K] in dy2d's dtype, through 8-bit operands."""
+    gemm = gemm or gemm_choice(fmt)
+    dy2d = dy2d.contiguous()
+    M = dy2d.shape[0]
+    N, K = qweight.shape[0], qweight.shape[1] * 2
+    dx = torch.empty((M, K), device=dy2d.device, dtype=dy2d.dtype)
+    if M == 0:
+        return dx
+    dyq, dy_scale = quantize_rows(dy2d, fmt)
+    cols = _slice_width(K, N)
+    buf = torch.empty((cols, padded(N)), device=dy2d.device, dtype=torch_dtype(fmt))
+    buf[:, N:].zero_()
+    for k0 in range(0, K, cols):
+        k1 = min(K, k0 + cols)
+        w8t = requantize_slice(qweight, scale, zero, scales.col_inv, buf[: k1 - k0], fmt, True, k0, group_size)
+        scaled_gemm(dyq, dy_scale, w8t, scales.col[k0:k1], dx[:, k0:k1], fmt, gemm)
+    return dx
+
+
+# --------------------------------------------------------------------------- autograd + module entry
+
+
+class W4A8LinearFunction(torch.autograd.Function):
+    """y = x @ W^T (+ bias) through 8-bit operands; the gradient flows to x only."""
+
+    @staticmethod
+    def forward(ctx, x, qweight, scale, zero, bias, scales, fmt, use_kernel, group_size):
+        shape = x.shape
+        x2d = x.reshape(-1, shape[-1])
+        if use_kernel:
+            y = w4a8_matmul_fwd(x2d, qweight, scale, zero, scales, fmt, group_size=group_size)
+        else:
+            y = reference_fwd(x2d, qweight, scale, zero, scales, fmt, group_size)
+        if bias is not None:
+            y = y + bias.to(y.dtype)
+        ctx.save_for_backward(qweight, scale, zero)
+        ctx.scales, ctx.fmt, ctx.use_kernel, ctx.group_size, ctx.in_shape = scales, fmt, use_kernel, group_size, shape
+        return y.reshape(*shape[:-1], y.shape[-1])
+
+    @staticmethod
+    def backward(ctx, dy):
+        dx = None
+        if ctx.needs_input_grad[0]:
+            qweight, scale, zero = ctx.saved_tensors
+            dy2d = dy.reshape(-1, dy.shape[-1])
+            if ctx.use_kernel:
+                dx = w4a8_matmul_bwd(dy2d, qweight, scale, zero, ctx.scales, ctx.fmt, group_size=ctx.group_size)
+            else:
+                dx = reference_bwd(dy2d, qweight, scale, zero, ctx.scales, ctx.fmt, ctx.group_size)
+            dx = dx.reshape(ctx.in_shape)
+        return dx, None, None, None, None, None, None, None, None
+
+
+def w4a8_linear(module, x: torch.Tensor, use_kernel: Optional[bool] = None) -> torch.Tensor:
+    """Int4Linear.forward for activations '8bit': the module's weight, 8-bit matmuls."""
+    if use_kernel is None:
+        use_kernel = kernel_available(x)  # a GPU (or interpreter) tensor in bf16/fp16, Triton present
+    fmt = activation_format(x.device)
+    scales = weight_scales(module, fmt)
+    return W4A8LinearFunction.apply(x, module.qweight, module.scale, module.zero, module.bias, scales, fmt,
+                                    bool(use_kernel), module.group_size)

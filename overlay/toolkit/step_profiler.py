@@ -1,0 +1,125 @@
+"""Profile a few training steps with torch.profiler (`python -m launcher run PRESET --profile N`).
+
+With AITK_PROFILE_STEPS=N (and AITK_PROFILE_DIR, the folder to write to), the train loop
+profiles N whole steps (data loading, forward, backward, optimizer, logging) after
+AITK_PROFILE_SKIP warm-up steps (default 2: the first steps compile and autotune kernels and
+grow the allocator). Then it writes, into AITK_PROFILE_DIR:
+
+  trace.json   the Chrome trace (open it in chrome://tracing or https://ui.perfetto.dev)
+  top20.txt    the 20 operators with the most self time on the GPU (on the CPU without one),
+               then the 20 with the most CPU time, and a summary: wall time of the window, the
+               GPU's busy time within it, and what is left (host overhead, syncs, data loading)
+
+and prints the summary. Without AITK_PROFILE_STEPS each call returns at once. A failure to
+profile or to write is reported and never stops the training.
+"""
+
+import os
+import time
+
+ENV_STEPS = "AITK_PROFILE_STEPS"
+ENV_DIR = "AITK_PROFILE_DIR"
+ENV_SKIP = "AITK_PROFILE_SKIP"
+TRACE_FILE = "trace.json"
+TABLE_FILE = "top20.txt"
+
+
+class StepProfiler:
+    def __init__(self, steps: int, folder: str, skip: int):
+        self.steps, self.folder, self.skip = steps, folder, skip
+        self.seen = 0  # step starts seen so far
+        self.profile = None
+        self.started = None
+        self.done = False
+
+    def step_start(self) -> None:
+        """Called at the top of every train-loop iteration."""
+        if self.done:
+            return
+        if self.profile is None and self.seen == self.skip:
+            self._start()
+        elif self.profile is not None and self.seen == self.skip + self.steps:
+            self.finish()
+        self.seen += 1
+
+    def _start(self) -> None:
+        import torch
+
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+            torch.cuda.synchronize()
+        try:
+            self.profile = torch.profiler.profile(activities=activities, record_shapes=True)
+            self.profile.start()
+            self.started = time.perf_counter()
+            print(f"[profile] profiling {self.steps} steps", flush=True)
+        except Exception as error:  # the profiler is optional; training is not
+            print(f"[profile] could not start the profiler: {error}", flush=True)
+            self.profile, self.done = None, True
+
+    def finish(self) -> None:
+        """Stop and write the files (at the start of step skip + N, or when training ends)."""
+        if self.profile is None or self.done:
+            return
+        import torch
+
+        self.done = True
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - self.started
+        try:
+            self.profile.stop()
+            os.makedirs(self.folder, exist_ok=True)
+            self.profile.export_chrome_trace(os.path.join(self.folder, TRACE_FILE))
+            summary = write_tables(self.profile, wall, self.seen - self.skip,
+                                   os.path.join(self.folder, TABLE_FILE), torch.cuda.is_available())
+            print(f"[profile] {summary}; wrote {TRACE_FILE} and {TABLE_FILE} to {self.folder}", flush=True)
+        except Exception as error:
+            print(f"[profile] could not write the profile to {self.folder}: {error}", flush=True)
+
+
+def write_tables(profile, wall: float, steps: int, path: str, gpu: bool) -> str:
+    """The two top-20 tables and the one-line summary; returns the summary."""
+    averages = profile.key_averages()
+    device_key = "self_device_time_total" if gpu else "self_cpu_time_total"
+    busy = sum(getattr(e, "self_device_time_total", 0) for e in averages) / 1e6 if gpu else None
+    summary = f"{steps} steps in {wall:.3f} s wall ({wall / max(steps, 1):.3f} s/step)"
+    if busy is not None:
+        summary += (f", GPU busy {busy:.3f} s ({100 * busy / wall:.0f} %), "
+                    f"not busy {wall - busy:.3f} s: host work, syncs and data loading")
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(summary + "\n\n")
+        handle.write(f"top 20 by self {'GPU' if gpu else 'CPU'} time\n")
+        handle.write(averages.table(sort_by=device_key, row_limit=20) + "\n")
+        handle.write("top 20 by CPU time (operator and everything it calls)\n")
+        handle.write(averages.table(sort_by="cpu_time_total", row_limit=20) + "\n")
+    return summary
+
+
+def _from_environment():
+    raw = os.environ.get(ENV_STEPS)
+    if not raw:
+        return None
+    try:
+        steps, skip = int(raw), int(os.environ.get(ENV_SKIP, "2"))
+    except ValueError:
+        print(f"[profile] {ENV_STEPS}={raw!r} is not a whole number; not profiling", flush=True)
+        return None
+    if steps < 1:
+        return None
+    return StepProfiler(steps, os.environ.get(ENV_DIR) or os.path.join(os.getcwd(), "profile"), max(skip, 0))
+
+
+_PROFILER = _from_environment()
+
+
+def step_start() -> None:
+    if _PROFILER is not None:
+        _PROFILER.step_start()
+
+
+def training_done() -> None:
+    """Called after the train loop: writes what was profiled if training ended first."""
+    if _PROFILER is not None:
+        _PROFILER.finish()

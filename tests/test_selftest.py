@@ -1,0 +1,127 @@
+"""`selftest`, and what `qtype: auto` becomes from its result (`run`, `doctor`).
+
+The self-test itself runs in the trainer venv on this CPU machine: no GPU, so it must say so,
+check the reference paths (quality gate, tiny training steps) and pick nothing. The choice of
+`qtype: auto` is tested on stored results of each kind: none, stale, no GPU, a GPU that passed.
+"""
+
+import json
+
+import pytest
+import test_run
+import yaml
+from test_run import dry_run
+
+from launcher.cli import main
+from launcher.envs import selftest
+from launcher.envs.workdir import Workdir
+from launcher.runs import disk_budget
+from launcher.runs.schema import check_preset
+
+places = test_run.places  # the fake model, encoder and dataset folders of test_run
+
+GPU_RESULT = {
+    "created": "2026-11-30T10:21:00+0000",
+    "environment": {"gpu": {"name": "NVIDIA H200", "vram_gib": 139.8, "arch": "sm_90"}, "fp8_units": True},
+    "fastest": {"qtype": "int4_w4a8", "candidate": "int4_w4a8 fp8 scaled_mm", "step_ms": 1318.5, "x_bf16": 0.94,
+                "env": {"INT4_W4A8_ACT": "fp8", "INT4_W4A8_GEMM": "scaled_mm"}},
+}
+
+
+def workdir_with(tmp_path, result: dict | None, state: dict | None = None) -> Workdir:
+    workdir = Workdir(tmp_path / "wd")
+    workdir.root.mkdir(parents=True, exist_ok=True)
+    workdir.state_file.write_text(json.dumps(state or {"target": "amd-fork", "commit": "abc", "patches": {"p": "1"}}))
+    if result is not None:
+        stamped = {**result, "trainer": selftest.trainer_build(workdir)}
+        workdir.selftest.write_text(json.dumps(stamped))
+    return workdir
+
+
+def test_auto_without_a_selftest_is_uint4_and_says_how_to_test(tmp_path):
+    choice = selftest.resolve_qtype("auto", workdir_with(tmp_path, None))
+    assert choice.qtype == "uint4" and choice.env == {}
+    assert "no self-test result" in choice.line and "python -m launcher selftest" in choice.line
+
+
+def test_auto_follows_the_fastest_that_passed_with_its_variables(tmp_path):
+    choice = selftest.resolve_qtype("auto", workdir_with(tmp_path, GPU_RESULT))
+    assert choice.qtype == "int4_w4a8"
+    assert choice.env == {"INT4_W4A8_ACT": "fp8", "INT4_W4A8_GEMM": "scaled_mm"}
+    assert "NVIDIA H200" in choice.line and "0.94x" in choice.line and "2026-11-30" in choice.line
+
+
+def test_a_result_from_another_trainer_build_is_stale(tmp_path):
+    workdir = workdir_with(tmp_path, GPU_RESULT)
+    workdir.state_file.write_text(json.dumps({"target": "amd-fork", "commit": "abc", "patches": {"p": "2"}}))
+    choice = selftest.resolve_qtype("auto", workdir)
+    assert choice.qtype == "uint4" and "stale" in choice.line and "another trainer build" in choice.line
+
+
+def test_nothing_passed_falls_back_with_the_reason(tmp_path):
+    failed = {**GPU_RESULT, "fastest": {"qtype": None, "reason": "no 4-bit kernel path passed its checks"}}
+    choice = selftest.resolve_qtype("auto", workdir_with(tmp_path, failed))
+    assert choice.qtype == "uint4" and "no 4-bit kernel path passed its checks" in choice.line
+
+
+def test_a_named_qtype_is_left_alone(tmp_path):
+    choice = selftest.resolve_qtype("int4_fused", workdir_with(tmp_path, GPU_RESULT))
+    assert choice == selftest.QtypeChoice("int4_fused")
+
+
+def test_dry_run_renders_the_chosen_qtype_and_its_variables(places, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(disk_budget, "free_disk_gib", lambda path: 100.0)  # this machine's disk is not the point
+    workdir = workdir_with(tmp_path, GPU_RESULT)
+    assert dry_run(places, "rtx4090_512.yaml", "--profile", "3", workdir=workdir.root) == 0
+    out = capsys.readouterr().out
+    config = yaml.safe_load(out[: out.index("\nAITK_")])  # the choice is a comment line in it
+    assert config["config"]["process"][0]["model"]["qtype"] == "int4_w4a8"
+    assert config["config"]["process"][0]["model"]["qtype_te"] == "uint4"
+    assert out.startswith("# qtype auto -> int4_w4a8 (int4_w4a8 fp8 scaled_mm)")
+    for line in ("INT4_W4A8_ACT=fp8", "INT4_W4A8_GEMM=scaled_mm", "TRITON_CACHE_AUTOTUNING=1",
+                 f"TRITON_CACHE_DIR={workdir.triton_cache}", "AITK_PROFILE_STEPS=3",
+                 f"AITK_PROFILE_DIR={workdir.runs / 'flux2_rtx4090_512' / 'profile'}"):
+        assert line in out, line
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "three"])
+def test_profile_needs_a_positive_step_count(places, value, capsys):
+    with pytest.raises(SystemExit):
+        dry_run(places, "rtx4090_512.yaml", "--profile", value)
+    assert "--profile takes a number of steps" in capsys.readouterr().err
+
+
+@pytest.mark.trainer
+def test_selftest_without_a_gpu_checks_the_reference_path(trainer_workdir, capsys):
+    workdir = trainer_workdir
+    assert main(["selftest", "--workdir", str(workdir.root)]) == 0
+    out = capsys.readouterr().out
+    assert "gpu       NONE: torch sees no GPU, so only the reference path (CPU) was checked" in out
+    assert "kernels against the plain-PyTorch reference\n  not run" in out
+    for line in ("fp8                                pass", "fp8, 100x outlier channels         pass",
+                 "int8                               pass", "int8, 100x outlier channels        FAIL"):
+        assert line in out, line
+    for name in ("int4_fused (reference)", "int4_w4a8 fp8 (reference)", "int4_w4a8 int8 (reference)"):
+        assert f"  {name:<34} pass  loss" in out, name
+    assert "fastest that passed: none" in out and "use uint4" in out
+
+    result = json.loads(workdir.selftest.read_text())
+    assert result["trainer"] == selftest.trainer_build(workdir) and result["environment"]["gpu"] is None
+    assert result["fastest"]["qtype"] is None and not result["timing"]
+    assert all(row["passed"] and row["losses"][-1] < row["losses"][0] for row in result["training"])
+    choice = selftest.resolve_qtype("auto", workdir)
+    assert choice.qtype == "uint4" and "saw no GPU" in choice.line
+
+    assert main(["doctor", "--workdir", str(workdir.root)]) == 0
+    assert "selftest        " in capsys.readouterr().out
+
+
+def test_only_the_transformer_qtype_may_say_auto():
+    from test_preset_schema import TRAINER, shipped
+
+    preset = shipped()
+    assert preset["config"]["process"][0]["model"]["qtype"] == "auto"
+    assert check_preset(preset, TRAINER) == []
+    preset["config"]["process"][0]["model"]["qtype_te"] = "auto"
+    problems = check_preset(preset, TRAINER)
+    assert len(problems) == 1 and "model.qtype_te = 'auto': not one of the allowed values" in problems[0]
