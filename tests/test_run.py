@@ -100,7 +100,7 @@ def test_every_shipped_preset_renders_with_walls_5_and_6_kept_off(preset):
 
 
 def test_allocator_default_switches_wall_7_off(places, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(validate, "free_disk_gib", lambda path: 500.0)
+    monkeypatch.setattr(disk_budget, "free_disk_gib", lambda path: 500.0)
     preset = yaml.safe_load((PRESETS_DIR / "7900xtx_512.yaml").read_text())
     preset["launcher"]["allocator"] = "default"
     path = tmp_path / "default_allocator.yaml"
