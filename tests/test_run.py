@@ -10,9 +10,8 @@ import yaml
 from conftest import REPO_ROOT, write_png
 
 from launcher.cli import main
-from launcher.envs.workdir import venv_python
-from launcher.envs.workdir import Workdir
-from launcher.runs import disk_budget, validate
+from launcher.envs.workdir import Workdir, venv_python
+from launcher.runs import disk_budget
 from launcher.runs.folders import RunFolder
 from launcher.runs.presets import PRESETS_DIR, load_preset, render
 
@@ -100,7 +99,7 @@ def test_every_shipped_preset_renders_with_walls_5_and_6_kept_off(preset):
 
 
 def test_allocator_default_switches_wall_7_off(places, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(validate, "free_disk_gib", lambda path: 500.0)
+    monkeypatch.setattr(disk_budget, "free_disk_gib", lambda path: 500.0)
     preset = yaml.safe_load((PRESETS_DIR / "7900xtx_512.yaml").read_text())
     preset["launcher"]["allocator"] = "default"
     path = tmp_path / "default_allocator.yaml"
