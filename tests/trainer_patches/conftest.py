@@ -198,3 +198,19 @@ def load_transformer(monkeypatch):
         return seen.pop()
 
     return load
+
+
+@pytest.fixture(scope="module")
+def tiny_assets(trainer_on_path, tmp_path_factory):
+    """The embedded tiny FLUX.2's files, built once per test module; its manifest."""
+    from launcher.in_trainer import tiny_assets
+    from launcher.runs import tiny
+
+    out = tmp_path_factory.mktemp("tiny-assets")
+    tiny_assets.build(trainer_on_path, out, seed=0)
+    return tiny.read_manifest(out, seed=0)
+
+
+@pytest.fixture(scope="module")
+def flux2_model(trainer_on_path):
+    return importlib.import_module("extensions_built_in.diffusion_models.flux2.flux2_model")
