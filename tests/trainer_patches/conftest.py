@@ -127,6 +127,12 @@ def tiny_text_encoder(trainer_checkout, tmp_path_factory) -> Path:
     return Path(tiny.read_manifest(out, seed=0)["model_kwargs"]["text_encoder_path"])
 
 
+def mistral_output_layers(pipeline) -> tuple:
+    """The Mistral encoder layers FLUX.2 stacks; upstream main names the list for its encoder
+    (OUTPUT_LAYERS_MISTRAL: FLUX.2 klein's Qwen encoder has its own)."""
+    return tuple(getattr(pipeline, "OUTPUT_LAYERS", None) or pipeline.OUTPUT_LAYERS_MISTRAL)
+
+
 def launcher_python() -> str:
     """The launcher's own interpreter (GitPython and friends live there, not in the trainer venv);
     the bridge, tests/test_trainer_patches.py, passes it in LAUNCHER_PYTHON."""
