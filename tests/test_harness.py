@@ -4,7 +4,12 @@ that needs a real target cannot leave out the `trainer` marker."""
 from types import SimpleNamespace
 
 import pytest
-from conftest import Target, pytest_collection_modifyitems, require_reachable, workdir_variable
+from conftest import (
+    Target,
+    pytest_collection_modifyitems,
+    require_reachable,
+    workdir_variable,
+)
 
 NOWHERE = Target(name="gone", url="file:///nonexistent/flux2-24gb-test-target", commit="0" * 40,
                  series=None)

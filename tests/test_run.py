@@ -10,8 +10,7 @@ import yaml
 from conftest import REPO_ROOT, write_png
 
 from launcher.cli import main
-from launcher.envs.workdir import venv_python
-from launcher.envs.workdir import Workdir
+from launcher.envs.workdir import Workdir, venv_python
 from launcher.runs import disk_budget
 from launcher.runs.folders import RunFolder
 from launcher.runs.presets import PRESETS_DIR, load_preset, render

@@ -33,7 +33,7 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 # Where Mistral3 checkpoints keep the language model: the hub layout, then the layout
 # transformers >= 4.52 writes, then a plain MistralForCausalLM.
-LANGUAGE_MODEL_PREFIXES = ("language_model.model.", "model.language_model.", "model.")
+LANGUAGE_MODEL_PREFIXES = ("model.language_model.model.", "language_model.model.", "model.language_model.", "model.")
 # Files that decide how a prompt becomes token ids; part of the encoder's identity.
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",

@@ -127,6 +127,12 @@ def tiny_text_encoder(trainer_checkout, tmp_path_factory) -> Path:
     return Path(tiny.read_manifest(out, seed=0)["model_kwargs"]["text_encoder_path"])
 
 
+def mistral_output_layers(pipeline) -> tuple:
+    """The Mistral encoder layers FLUX.2 stacks; upstream main names the list for its encoder
+    (OUTPUT_LAYERS_MISTRAL: FLUX.2 klein's Qwen encoder has its own)."""
+    return tuple(getattr(pipeline, "OUTPUT_LAYERS", None) or pipeline.OUTPUT_LAYERS_MISTRAL)
+
+
 def launcher_python() -> str:
     """The launcher's own interpreter (GitPython and friends live there, not in the trainer venv);
     the bridge, tests/test_trainer_patches.py, passes it in LAUNCHER_PYTHON."""
@@ -198,3 +204,19 @@ def load_transformer(monkeypatch):
         return seen.pop()
 
     return load
+
+
+@pytest.fixture(scope="module")
+def tiny_assets(trainer_on_path, tmp_path_factory):
+    """The embedded tiny FLUX.2's files, built once per test module; its manifest."""
+    from launcher.in_trainer import tiny_assets
+    from launcher.runs import tiny
+
+    out = tmp_path_factory.mktemp("tiny-assets")
+    tiny_assets.build(trainer_on_path, out, seed=0)
+    return tiny.read_manifest(out, seed=0)
+
+
+@pytest.fixture(scope="module")
+def flux2_model(trainer_on_path):
+    return importlib.import_module("extensions_built_in.diffusion_models.flux2.flux2_model")

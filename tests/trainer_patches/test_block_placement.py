@@ -8,27 +8,12 @@ reach the device before the next block is read, not the whole model at the end. 
 recorder sees the fallbacks keep every block on the CPU, so the check can fail.
 """
 
-import importlib
 
 import pytest
 import torch
 
 DEVICE = torch.device("cpu", 0)
 
-
-@pytest.fixture(scope="module")
-def tiny_assets(trainer_on_path, tmp_path_factory):
-    from launcher.in_trainer import tiny_assets
-    from launcher.runs import tiny
-
-    out = tmp_path_factory.mktemp("tiny-assets")
-    tiny_assets.build(trainer_on_path, out, seed=0)
-    return tiny.read_manifest(out, seed=0)
-
-
-@pytest.fixture(scope="module")
-def flux2_model(trainer_on_path):
-    return importlib.import_module("extensions_built_in.diffusion_models.flux2.flux2_model")
 
 
 class StopAtTextEncoder(Exception):
@@ -58,6 +43,9 @@ def load_recording(flux2_model, tiny_assets, monkeypatch, tmp_path, qtype="uint4
             raise StopAtTextEncoder
 
     monkeypatch.setattr(flux2_model, "Mistral3ForConditionalGeneration", NoTextEncoder)
+    if text_phase_done:  # every prompt embedded: no encoder is loaded, so stop at the VAE instead
+        monkeypatch.setattr(flux2_model, "text_phase_for_model", lambda *_, **__: object())
+        monkeypatch.setattr(flux2_model, "AutoEncoder", NoTextEncoder.from_pretrained)
     cache_class = flux2_model.cache_for_model.__globals__["QuantizedCache"]
     real_load_into = cache_class.load_into
 
@@ -73,7 +61,6 @@ def load_recording(flux2_model, tiny_assets, monkeypatch, tmp_path, qtype="uint4
         model_kwargs=dict(tiny_assets["model_kwargs"], quantized_cache_dir=str(tmp_path / "cache"), **settings),
     )
     model = flux2_model.Flux2Model(device=DEVICE, model_config=config, dtype="bf16")
-    model.text_phase_done = text_phase_done
     model.training_folder = str(tmp_path)
     model.print_and_status_update = lambda message: events.append(message.strip())
     with pytest.raises(StopAtTextEncoder):

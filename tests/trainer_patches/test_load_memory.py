@@ -8,7 +8,6 @@ and that the bf16 transformer tensors are gone before the text encoder loads.
 """
 
 import gc
-import importlib
 
 import pytest
 import torch
@@ -17,20 +16,6 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 DEVICE = torch.device("cpu", 0)
 
-
-@pytest.fixture(scope="module")
-def tiny_assets(trainer_on_path, tmp_path_factory):
-    from launcher.in_trainer import tiny_assets
-    from launcher.runs import tiny
-
-    out = tmp_path_factory.mktemp("tiny-assets")
-    tiny_assets.build(trainer_on_path, out, seed=0)
-    return tiny.read_manifest(out, seed=0)
-
-
-@pytest.fixture(scope="module")
-def flux2_model(trainer_on_path):
-    return importlib.import_module("extensions_built_in.diffusion_models.flux2.flux2_model")
 
 
 @pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "fork-loader"])

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import mistral_output_layers
 from encoder_folders import resave_sharded, write_random_encoder
 
 PROMPTS = ["a photo of a red square on a white background", "", "a blue circle", "speculation " * 600]
@@ -26,7 +27,7 @@ def modules(trainer_on_path):
     pipeline = importlib.import_module("extensions_built_in.diffusion_models.flux2.src.pipeline")
     ste = importlib.import_module("toolkit.streamed_text_encoder")
     template = ste.PromptTemplate(lambda texts: pipeline.Flux2Pipeline.format_input(None, texts),
-                                  pipeline.MAX_LENGTH, tuple(pipeline.OUTPUT_LAYERS))
+                                  pipeline.MAX_LENGTH, mistral_output_layers(pipeline))
     return pipeline, ste, template
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import mistral_output_layers
 
 PROMPTS = ["", "a photo of a red square", "a green circle on a black background"]
 
@@ -26,7 +27,7 @@ def mods(trainer_on_path):
 def template(mods, max_length=16):
     pipeline, ste, _ = mods
     return ste.PromptTemplate(lambda texts: pipeline.Flux2Pipeline.format_input(None, texts), max_length,
-                              tuple(pipeline.OUTPUT_LAYERS))
+                              mistral_output_layers(pipeline))
 
 
 @pytest.fixture
