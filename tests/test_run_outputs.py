@@ -7,8 +7,7 @@ import sys
 import pytest
 from tiny_run import REPO, RUN_NAME, run_tiny, tiny_preset
 
-from launcher.envs.workdir import venv_python
-from launcher.patching.checkout import read_state
+from launcher.envs.workdir import read_state, venv_python
 from launcher.runs.folders import RunFolder
 
 pytestmark = pytest.mark.trainer

@@ -3,8 +3,9 @@
 The tiny preset runs 6 steps with a save every 3 and AITK_TELEMETRY_INTERVAL=0 (a row after
 every step), writing to <run folder>/trainer-telemetry.jsonl. The rows must carry the step,
 a finite loss, s/it, host RSS and the VRAM figures read inside the trainer (wall 10): numbers
-on a GPU, null on a CPU-only machine, never missing. A "start" row comes first and a "save"
-row follows each checkpoint.
+on a GPU, null on a CPU-only machine, never missing. While the model loads there is no step
+yet: "load" rows (host RSS over time, at most one a second) and a "phase" row per load phase
+come before the "start" row; a "first_step" row and a "save" row after each checkpoint follow.
 """
 
 import json
@@ -42,13 +43,33 @@ def is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def training_rows(rows: list[dict]) -> list[dict]:
+    """The rows from the "start" row on: everything after the model has loaded."""
+    start = next(i for i, row in enumerate(rows) if row.get("event") == "start")
+    return rows[start:]
+
+
 def test_every_row_has_the_fields(telemetry_rows):
     for row in telemetry_rows:
-        assert is_number(row["time"]) and isinstance(row["step"], int), row
+        assert is_number(row["time"]), row
         assert is_number(row["host_rss_gib"]) and row["host_rss_gib"] > 0, row
+        assert is_number(row["host_peak_rss_gib"]) and row["host_peak_rss_gib"] >= row["host_rss_gib"] * 0.99, row
         for key in VRAM:
             assert key in row, f"{key} missing from {row}"
             assert row[key] is None or (is_number(row[key]) and row[key] >= 0), row
+    assert all(isinstance(row["step"], int) for row in training_rows(telemetry_rows)), telemetry_rows
+
+
+def test_loading_rows_come_first_without_a_step(telemetry_rows):
+    start = telemetry_rows.index(training_rows(telemetry_rows)[0])
+    loading = telemetry_rows[:start]
+    assert all(row["step"] is None and row.get("event") in ("load", "phase") for row in loading), loading
+    phases = [row["phase"]["name"] for row in loading if row.get("event") == "phase"]
+    assert "transformer" in phases, loading
+    assert all(is_number(row["phase"]["seconds"]) for row in loading if row.get("event") == "phase"), loading
+    samples = [row["time"] for row in loading if row.get("event") == "load"]
+    gaps = [b - a for a, b in zip(samples, samples[1:])]
+    assert all(gap >= 0.9 for gap in gaps), f"load rows closer than a second apart: {gaps}"
 
 
 def test_vram_is_read_in_process_when_there_is_a_gpu(telemetry_rows, trainer_workdir):
@@ -76,7 +97,7 @@ def test_step_rows_have_step_loss_and_speed(telemetry_rows):
 
 
 def test_start_and_save_events(telemetry_rows):
-    events = [(row["event"], row["step"]) for row in telemetry_rows if "event" in row]
+    events = [(row["event"], row["step"]) for row in telemetry_rows if row.get("event") in ("start", "save")]
     # the loop saves after step index 3 (index 0 never saves), when 4 steps are done; then the final save
     assert events[0] == ("start", 0), events
     assert events[1:] == [("save", SAVE_EVERY + 1), ("save", STEPS)], events

@@ -6,8 +6,7 @@ import pytest
 from tiny_run import tiny_preset
 
 from launcher.cli import main
-from launcher.envs.workdir import venv_python
-from launcher.patching.checkout import read_state
+from launcher.envs.workdir import read_state, venv_python
 from launcher.runs import vocabulary
 
 

@@ -22,9 +22,8 @@ from launcher.atomic import write_text_atomic
 from launcher.envs.probe import probe_with
 from launcher.envs.selftest import load_result, resolve_config, summary_line
 from launcher.envs.torchenv import clean_env
-from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, venv_python
+from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, read_state, venv_python
 from launcher.errors import LauncherError
-from launcher.patching.checkout import read_state
 from launcher.progress import say, warn
 from launcher.runs import disk_budget, files, load_report, tiny, validate
 from launcher.runs.dataset import DEFAULT_BUCKET_TOLERANCE, DatasetCheck, check_dataset

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from launcher.envs.install import install
 from launcher.envs.torchenv import CHANNEL_CHOICES, default_python, resolve_channel
-from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir
+from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, read_state
 from launcher.errors import LauncherError
 from launcher.patching import checkout, gitops, series
 from launcher.patching.lock import find_target
@@ -32,7 +32,7 @@ def run_setup(args) -> int:
     workdir.check_contained()
     target = find_target(args.target, args.lock)
     patches = series.load_checked(target.series)
-    state = checkout.read_state(workdir.state_file)
+    state = read_state(workdir.state_file)
     if state and state.get("target") != target.name:
         raise LauncherError(
             f"{workdir.root} was set up for target {state.get('target')!r}, not {target.name!r}. "

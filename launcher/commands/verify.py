@@ -4,7 +4,7 @@ import argparse
 import json
 from pathlib import Path
 
-from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir
+from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, read_state
 from launcher.patching import checkout, gitops, overlay, series
 from launcher.patching.lock import find_target
 from launcher.progress import quiet_stdout, say
@@ -29,7 +29,7 @@ def run_verify(args) -> int:
     gitops.require_git()
     workdir = Workdir(args.workdir.resolve())
     with quiet_stdout(args.json):
-        target = find_target(checkout.read_state(workdir.state_file).get("target"), args.lock)
+        target = find_target(read_state(workdir.state_file).get("target"), args.lock)
         patches = series.load_checked(target.series)
         drift = checkout.problems(workdir.trainer, target, patches)
         files = overlay.read_overlay(target.overlay)

@@ -11,8 +11,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from launcher.envs.workdir import Workdir
-from launcher.patching.checkout import read_state
+from launcher.envs.workdir import Workdir, read_state
 
 AUTO = "auto"
 FALLBACK_QTYPE = "uint4"

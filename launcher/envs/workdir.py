@@ -1,5 +1,6 @@
 """Where things live inside a workdir (default `.aitk` in the current folder)."""
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,3 +98,13 @@ def venv_python(venv: Path, windows: bool | None = None) -> Path:
     if windows is None:
         windows = os.name == "nt"
     return venv / "Scripts" / "python.exe" if windows else venv / "bin" / "python"
+
+
+def read_state(state_file: Path) -> dict:
+    """The recorded state; {} when the file is missing or damaged (setup then rewrites it).
+    Here, not in launcher.patching, so that code the trainer's venv imports needs no gitpython."""
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}

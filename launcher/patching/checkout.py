@@ -159,10 +159,3 @@ def write_state(state_file: Path, state: dict) -> None:
     write_text_atomic(state_file, json.dumps(state, indent=2) + "\n")
 
 
-def read_state(state_file: Path) -> dict:
-    """The recorded state; {} when the file is missing or damaged (setup then rewrites it)."""
-    try:
-        state = json.loads(state_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return state if isinstance(state, dict) else {}
