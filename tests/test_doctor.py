@@ -8,7 +8,7 @@ from launcher.cli import main
 from launcher.commands.doctor import known_problems
 
 
-def report(system="Linux", hip=None, gpu=True, free=500.0, ram=64.0, swap=32.0, allocator=None):
+def report(system="Linux", hip=None, gpu=True, free=500.0, ram=64.0, swap=32.0, allocator=None, stale=None):
     return {
         "platform": {"system": system},
         "torch": {"torch": "2.12.0", "hip": hip, "gpu_available": gpu},
@@ -16,6 +16,7 @@ def report(system="Linux", hip=None, gpu=True, free=500.0, ram=64.0, swap=32.0, 
         "free_disk_gib": free,
         "workdir": "/w",
         "memory_gib": {"ram_total": ram, "swap_total": swap},
+        "selftest": {"summary": "passed", "stale": stale, "fastest": "int4_fused"},
     }
 
 
@@ -60,3 +61,8 @@ def test_healthy_cuda_box_has_no_warnings():
 def test_small_disk_and_memory_are_flagged():
     problems = known_problems(report(free=10.0, ram=32.0, swap=0.0))
     assert any("10.0 GiB free" in p for p in problems) and any("pagefile" in p for p in problems)
+
+
+def test_a_stale_selftest_is_flagged_with_what_to_run():
+    problems = known_problems(report(stale="the trainer build changed"))
+    assert any("the trainer build changed" in p and "launcher selftest" in p for p in problems), problems
