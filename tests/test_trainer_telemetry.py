@@ -4,7 +4,7 @@ The tiny preset runs 6 steps with a save every 3 and AITK_TELEMETRY_INTERVAL=0 (
 every step), writing to <run folder>/trainer-telemetry.jsonl. The rows must carry the step,
 a finite loss, s/it, host RSS and the VRAM figures read inside the trainer (wall 10): numbers
 on a GPU, null on a CPU-only machine, never missing. While the model loads there is no step
-yet: "load" rows (host RSS over time, at most one a second) and a "phase" row per load phase
+yet: "load" rows (host RSS over time, one a second at interval 0) and a "phase" row per load phase
 come before the "start" row; a "first_step" row and a "save" row after each checkpoint follow.
 """
 

@@ -30,8 +30,8 @@ import time
 from toolkit.host_memory import peak_rss_bytes
 
 GIB = 2 ** 30
-LOAD_SAMPLE_MIN_S = 1.0
-"""Loading is sampled at most once a second, also when AITK_TELEMETRY_INTERVAL is 0 (a row per step)."""
+LOAD_SAMPLE_AT_INTERVAL_ZERO_S = 1.0
+"""AITK_TELEMETRY_INTERVAL=0 means a row per step; while loading there are no steps: once a second."""
 
 
 class TrainerTelemetry:
@@ -94,14 +94,14 @@ class TrainerTelemetry:
             handle.flush()
 
     def sample_while_loading(self) -> None:
-        """A "load" row every interval (at least a second) from a daemon thread until training starts."""
+        """A "load" row every interval (a second at interval 0) from a daemon thread until training starts."""
         if self._loading is not None:
             return
         self._loading = threading.Event()
         stop = self._loading
 
         def loop():
-            while not stop.wait(max(self.interval, LOAD_SAMPLE_MIN_S)):
+            while not stop.wait(self.interval or LOAD_SAMPLE_AT_INTERVAL_ZERO_S):
                 _safely(lambda: self.write("load"))
 
         self._sampler = threading.Thread(target=loop, name="telemetry-load", daemon=True)

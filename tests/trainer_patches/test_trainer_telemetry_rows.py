@@ -101,3 +101,17 @@ def test_load_phases_and_rss_sampled_while_loading(telemetry, tmp_path, monkeypa
     assert done["phase"]["name"] == "transformer" and done["phase"]["source"] == "cache"
     assert 0.3 < done["phase"]["seconds"] < 5
     assert done["host_peak_rss_gib"] - done["host_rss_gib"] > 0.05, "the 64 MiB ballast is not in the peak"
+
+
+def test_interval_zero_samples_loading_once_a_second_not_continuously(telemetry, tmp_path, monkeypatch):
+    """Interval 0 means a row per step; loading has no steps, so it must not write rows in a loop."""
+    import time
+
+    path = tmp_path / "t.jsonl"
+    monkeypatch.setenv("AITK_TELEMETRY", str(path))
+    monkeypatch.setenv("AITK_TELEMETRY_INTERVAL", "0")
+    telemetry.start_phase("transformer").end(source="streamed", device="cpu")
+    time.sleep(0.5)
+    telemetry.record_event("start", step=0)
+    loads = [row for row in rows(path) if row.get("event") == "load"]
+    assert loads == [], f"{len(loads)} load rows in half a second at interval 0"
