@@ -39,6 +39,9 @@ def trainer(trainer_on_path):
         quantize=importlib.import_module("toolkit.util.quantize"),
         int4=importlib.import_module("toolkit.int4_linear"),
         qc=importlib.import_module("toolkit.quantized_cache"),
+        # upstream's LoRA network reads every leaf's .weight once while it decides which layers
+        # train a full weight (it dequantizes its own OstrisLinear there too); the fork never does
+        reads_leaf_weights="is_leaf_with_weight" in (trainer_on_path / "toolkit/lora_special.py").read_text(),
     )
 
 
@@ -329,9 +332,10 @@ def test_lora_attaches_to_int4linear_with_the_uint4_keys(trainer, checkpoint, mo
 
     net_uint4 = make_network(trainer, uint4)
     net_fused = make_network(trainer, fused)
-    assert counts["dequantize"] == 0, "attaching LoRA dequantized an Int4Linear weight"
-
     names = block_linear_names(trainer)
+    allowed = len(names) if trainer.reads_leaf_weights else 0  # once per Int4Linear of the fused model
+    assert counts["dequantize"] == allowed, "attaching LoRA dequantized Int4Linear weights beyond the leaf check"
+
     assert sorted(m.lora_name for m in net_fused.unet_loras) == sorted(m.lora_name for m in net_uint4.unet_loras)
     assert sorted(m.lora_name.replace("$$", ".") for m in net_fused.unet_loras) == [f"transformer.{n}" for n in names]
     assert list(net_fused.state_dict()) == list(net_uint4.state_dict())
