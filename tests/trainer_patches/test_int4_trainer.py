@@ -26,6 +26,7 @@ from tiny_run import REPO, RUN_NAME, run_tiny, tiny_preset
 
 from launcher.envs.torchenv import clean_env
 from launcher.in_trainer.tiny_assets import FLUX2_PARAMS
+from launcher.runs.files import ENV_QUANT_CACHE_DIR
 
 pytestmark = pytest.mark.patch("qtype-int4_fused")
 BLOCKS = ("double_blocks", "single_blocks")
@@ -385,8 +386,9 @@ def runs(trainer_checkout, tmp_path_factory):
         env = {"INT4_W4A8_ACT": "fp8"} if qtype == "int4_w4a8" else None
         path = tiny_preset(tmp / "tiny.yaml", steps=STEPS, process={"training_seed": SEED}, model={"qtype": qtype},
                            env=env)
+        # a quantized cache of its own: the workdir's may already hold this tiny model's
         result = run_tiny(workdir, path, tmp / "out", python=launcher_python(),
-                          env={**clean_env(), "PYTHONPATH": str(REPO)})
+                          env={**clean_env(), "PYTHONPATH": str(REPO), ENV_QUANT_CACHE_DIR: str(tmp / "qcache")})
         assert result.returncode == 0, result.stdout[-8000:]
         done[qtype] = tmp / "out" / RUN_NAME
     return done

@@ -2,7 +2,7 @@
 
 bench/load_rss_depth.py runs the real Flux2Model.load_model (to where the text encoder would
 load) in a fresh process per measurement and reports the peak RSS the load added (VmHWM,
-reset after imports). Depth N and 2N, for the streamed phase (read + quantize per block) and
+reset after imports). Depth N and 4N, for the streamed phase (read + quantize per block) and
 the cache load (4 MiB of staging, so the cache is many times the buffers). On a CPU machine
 the meta device stands in for the GPU: it holds no host memory, as the GPU would not. The
 same runs with the blocks parked on the CPU (the fallback) grow with depth: the check can fail.
@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "load_rss_depth.py"
-# hidden:double:single at depth N and 2N: the blocks add ~117 MiB of bf16, ~32 MiB quantized
-SIZES = ("768:2:4", "768:4:8")
+# hidden:double:single at depth N and 4N: the blocks add ~350 MiB of bf16, ~96 MiB quantized.
+# The peak of a streamed load moves by up to ~20 MiB between runs of one size (allocator and
+# quantization temporaries), so the parked control must grow by several times that.
+SIZES = ("768:2:4", "768:8:16")
 MIB = 2**20 / 2**30  # in GiB
 
 
@@ -46,9 +48,9 @@ def growth(rows, mode, place, figure):
 def test_peak_does_not_grow_with_depth_off_the_host(rows, mode):
     parked = growth(rows, mode, "cpu", "peak_gib")
     placed = growth(rows, mode, "offhost", "peak_gib")
-    assert parked > 16 * MIB, f"the parked control should grow with depth (+{parked / MIB:.1f} MiB): no signal"
+    assert parked > 64 * MIB, f"the parked control should grow with depth (+{parked / MIB:.1f} MiB): no signal"
     assert placed < parked / 3, (
-        f"{mode}: peak host RSS grew by {placed / MIB:.1f} MiB from depth N to 2N with the blocks off the "
+        f"{mode}: peak host RSS grew by {placed / MIB:.1f} MiB from depth N to 4N with the blocks off the "
         f"host (parked on the CPU: +{parked / MIB:.1f} MiB)"
     )
 
