@@ -19,8 +19,8 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "load_rss_depth.py"
 # hidden:double:single at depth N and 4N: the blocks add ~350 MiB of bf16, ~96 MiB quantized.
-# The peak of a streamed load moves by up to ~20 MiB between runs of one size (allocator and
-# quantization temporaries), so the parked control must grow by several times that.
+# Off the host, the peak of a streamed load varies by up to ~30 MiB with no trend in depth
+# (allocator and quantization temporaries), so the parked control must grow by several times that.
 SIZES = ("768:2:4", "768:8:16")
 MIB = 2**20 / 2**30  # in GiB
 
