@@ -379,6 +379,9 @@ def losses(log: Path) -> list[float]:
 def runs(trainer_checkout, tmp_path_factory):
     """One 50-step `python -m launcher run` per qtype on the tiny preset, same training_seed."""
     workdir = trainer_checkout.parent
+    # one quantized cache for these runs alone (the workdir's may already hold this tiny model's):
+    # int4_fused writes it, int4_w4a8 must read the same file
+    qcache = tmp_path_factory.mktemp("qcache")
     done = {}
     for qtype in ("uint4", "int4_fused", "int4_w4a8"):
         tmp = tmp_path_factory.mktemp(qtype)
@@ -386,9 +389,8 @@ def runs(trainer_checkout, tmp_path_factory):
         env = {"INT4_W4A8_ACT": "fp8"} if qtype == "int4_w4a8" else None
         path = tiny_preset(tmp / "tiny.yaml", steps=STEPS, process={"training_seed": SEED}, model={"qtype": qtype},
                            env=env)
-        # a quantized cache of its own: the workdir's may already hold this tiny model's
         result = run_tiny(workdir, path, tmp / "out", python=launcher_python(),
-                          env={**clean_env(), "PYTHONPATH": str(REPO), ENV_QUANT_CACHE_DIR: str(tmp / "qcache")})
+                          env={**clean_env(), "PYTHONPATH": str(REPO), ENV_QUANT_CACHE_DIR: str(qcache)})
         assert result.returncode == 0, result.stdout[-8000:]
         done[qtype] = tmp / "out" / RUN_NAME
     return done
