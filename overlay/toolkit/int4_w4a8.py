@@ -374,46 +374,40 @@ def _slice_width(total: int, other: int) -> int:
     return min(total, -(-width // SLICE_ALIGN) * SLICE_ALIGN)
 
 
+def _sliced_8bit_matmul(a2d, qweight, scale, zero, scales: WeightScales, fmt: str, gemm: Optional[str],
+                        group_size: int, transposed: bool):
+    """a2d @ W^T (forward) or a2d @ W (transposed: the input gradient) in a2d's dtype, through
+    8-bit operands: a2d quantized per row once, the 4-bit weight requantized to 8 bits one slice
+    of output columns at a time into one reused buffer."""
+    gemm = gemm or gemm_choice(fmt)
+    a2d = a2d.contiguous()
+    N, K = qweight.shape[0], qweight.shape[1] * 2
+    width, inner = (K, N) if transposed else (N, K)
+    inverse, column_scale = (scales.col_inv, scales.col) if transposed else (scales.row_inv, scales.row)
+    out = torch.empty((a2d.shape[0], width), device=a2d.device, dtype=a2d.dtype)
+    if a2d.shape[0] == 0:
+        return out
+    aq, a_scale = quantize_rows(a2d, fmt)
+    step = _slice_width(width, inner)
+    buf = torch.empty((step, padded(inner)), device=a2d.device, dtype=torch_dtype(fmt))
+    buf[:, inner:].zero_()
+    for first in range(0, width, step):
+        last = min(width, first + step)
+        w8 = requantize_slice(qweight, scale, zero, inverse, buf[: last - first], fmt, transposed, first, group_size)
+        scaled_gemm(aq, a_scale, w8, column_scale[first:last], out[:, first:last], fmt, gemm)
+    return out
+
+
 def w4a8_matmul_fwd(x2d, qweight, scale, zero, scales: WeightScales, fmt: str, gemm: Optional[str] = None,
                     group_size: int = GROUP_SIZE):
     """GPU: x2d[M, K] @ W^T -> [M, N] in x2d's dtype, through 8-bit operands."""
-    gemm = gemm or gemm_choice(fmt)
-    x2d = x2d.contiguous()
-    M = x2d.shape[0]
-    N, K = qweight.shape[0], qweight.shape[1] * 2
-    y = torch.empty((M, N), device=x2d.device, dtype=x2d.dtype)
-    if M == 0:
-        return y
-    xq, x_scale = quantize_rows(x2d, fmt)
-    rows = _slice_width(N, K)
-    buf = torch.empty((rows, padded(K)), device=x2d.device, dtype=torch_dtype(fmt))
-    buf[:, K:].zero_()
-    for n0 in range(0, N, rows):
-        n1 = min(N, n0 + rows)
-        w8 = requantize_slice(qweight, scale, zero, scales.row_inv, buf[: n1 - n0], fmt, False, n0, group_size)
-        scaled_gemm(xq, x_scale, w8, scales.row[n0:n1], y[:, n0:n1], fmt, gemm)
-    return y
+    return _sliced_8bit_matmul(x2d, qweight, scale, zero, scales, fmt, gemm, group_size, transposed=False)
 
 
 def w4a8_matmul_bwd(dy2d, qweight, scale, zero, scales: WeightScales, fmt: str, gemm: Optional[str] = None,
                     group_size: int = GROUP_SIZE):
     """GPU: dy2d[M, N] @ W -> [M, K] in dy2d's dtype, through 8-bit operands."""
-    gemm = gemm or gemm_choice(fmt)
-    dy2d = dy2d.contiguous()
-    M = dy2d.shape[0]
-    N, K = qweight.shape[0], qweight.shape[1] * 2
-    dx = torch.empty((M, K), device=dy2d.device, dtype=dy2d.dtype)
-    if M == 0:
-        return dx
-    dyq, dy_scale = quantize_rows(dy2d, fmt)
-    cols = _slice_width(K, N)
-    buf = torch.empty((cols, padded(N)), device=dy2d.device, dtype=torch_dtype(fmt))
-    buf[:, N:].zero_()
-    for k0 in range(0, K, cols):
-        k1 = min(K, k0 + cols)
-        w8t = requantize_slice(qweight, scale, zero, scales.col_inv, buf[: k1 - k0], fmt, True, k0, group_size)
-        scaled_gemm(dyq, dy_scale, w8t, scales.col[k0:k1], dx[:, k0:k1], fmt, gemm)
-    return dx
+    return _sliced_8bit_matmul(dy2d, qweight, scale, zero, scales, fmt, gemm, group_size, transposed=True)
 
 
 # --------------------------------------------------------------------------- autograd + module entry
