@@ -26,6 +26,7 @@ import os
 import sys
 import time
 import traceback
+from pathlib import Path
 
 p = argparse.ArgumentParser()
 p.add_argument("--module", required=True, help="path of toolkit/int4_linear.py")
@@ -46,6 +47,10 @@ spec.loader.exec_module(il)
 import triton  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# the six block Linear shapes (name, in_features, out_features, where), as the self-test times them
+from launcher.in_trainer.selftest_kernels import BLOCK_LINEARS  # noqa: E402
+
 VARIANTS = [v for v in args.variants.split(",") if v]
 KERNELS = {"fused": (il._int4_fwd2_kernel, il._int4_bwd2_kernel), "fused1": (il._int4_fwd_kernel, il._int4_bwd_kernel)}
 il.DEFAULT_VARIANT = VARIANTS[0]  # what the module below runs
@@ -61,16 +66,6 @@ if DEV == "cpu":
             _kern.configs = _kern.configs[:1]  # no autotuning without a GPU
 bf16 = torch.bfloat16
 ACT = bf16 if DEV == "cuda" else torch.float16  # the CPU interpreter mishandles bf16
-HIDDEN, MLP = 6144, 18432  # Flux2Params(): hidden_size 6144, mlp_ratio 3.0
-# (name, in_features, out_features, where)
-SHAPES = [
-    ("double.attn.qkv", HIDDEN, 3 * HIDDEN, "double"),
-    ("double.attn.proj", HIDDEN, HIDDEN, "double"),
-    ("double.mlp.0", HIDDEN, 2 * MLP, "double"),
-    ("double.mlp.2", MLP, HIDDEN, "double"),
-    ("single.linear1", HIDDEN, 3 * HIDDEN + 2 * MLP, "single"),
-    ("single.linear2", HIDDEN + MLP, HIDDEN, "single"),
-]
 RES = {512: (1024, 512), 1024: (4096, 512)}  # px: (image tokens, text tokens)
 
 
@@ -143,7 +138,7 @@ log(f"bf16 8192^3 ceiling {R['matmul_ceiling_tflops']:.1f} TFLOP/s")
 save()
 
 cases = []
-for name, k, n, where in SHAPES:
+for name, k, n, where in BLOCK_LINEARS:
     for m, pxs in token_counts(where).items():
         cases.append((name, k, n, m, pxs))
 if args.quick:
