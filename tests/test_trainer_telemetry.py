@@ -43,10 +43,10 @@ def is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def training_rows(rows: list[dict]) -> list[dict]:
-    """The rows from the "start" row on: everything after the model has loaded."""
+def split_at_start(rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(the rows while the model loads, the rows from the "start" row on)."""
     start = next(i for i, row in enumerate(rows) if row.get("event") == "start")
-    return rows[start:]
+    return rows[:start], rows[start:]
 
 
 def test_every_row_has_the_fields(telemetry_rows):
@@ -57,12 +57,12 @@ def test_every_row_has_the_fields(telemetry_rows):
         for key in VRAM:
             assert key in row, f"{key} missing from {row}"
             assert row[key] is None or (is_number(row[key]) and row[key] >= 0), row
-    assert all(isinstance(row["step"], int) for row in training_rows(telemetry_rows)), telemetry_rows
+    _, training = split_at_start(telemetry_rows)
+    assert all(isinstance(row["step"], int) for row in training), telemetry_rows
 
 
 def test_loading_rows_come_first_without_a_step(telemetry_rows):
-    start = telemetry_rows.index(training_rows(telemetry_rows)[0])
-    loading = telemetry_rows[:start]
+    loading, _ = split_at_start(telemetry_rows)
     assert all(row["step"] is None and row.get("event") in ("load", "phase") for row in loading), loading
     phases = [row["phase"]["name"] for row in loading if row.get("event") == "phase"]
     assert "transformer" in phases, loading
