@@ -23,7 +23,7 @@ def default_prompts(config: dict) -> list[str]:
     trigger = process.get("trigger_word")
     listed = (process.get("sample") or {}).get("prompts") or []
     if listed:
-        return [comfy.with_trigger(p, trigger) if isinstance(p, str) else p for p in listed]
+        return [comfy.with_trigger(p, trigger) if isinstance(p, str) and p.strip() else p for p in listed]
     caption = comfy.caption_prompt(config)
     return [caption] if caption else []
 
