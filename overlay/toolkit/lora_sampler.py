@@ -16,7 +16,7 @@ sample with the step or stage that made it, instead of writing a black picture.
 
 from __future__ import annotations
 
-import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -153,8 +153,10 @@ class SampleRequest:
     out_dir: Path
 
 
-def sample_grid(model, hooks: Optional[LoraHooks], request: SampleRequest, log=print) -> List[Path]:
-    """Every prompt at every strength, same seed; PNGs and `contact_sheet.png` in out_dir."""
+def sample_grid(model, hooks, request: SampleRequest, log=print) -> List[Path]:
+    """Every prompt at every strength, same seed; PNGs and `contact_sheet.png` in out_dir.
+
+    `hooks` has a settable `strength` (LoraHooks, NetworkStrength) or is None (base model only)."""
     request.out_dir.mkdir(parents=True, exist_ok=True)
     embeds = model.text_embeddings.get(request.prompts) if getattr(model, "text_embeddings", None) is not None \
         else torch.cat([model.get_prompt_embeds(p).text_embeds.cpu() for p in request.prompts])
@@ -181,6 +183,70 @@ def sample_grid(model, hooks: Optional[LoraHooks], request: SampleRequest, log=p
     return written
 
 
+IN_TRAINING_STRENGTHS = [0.0, 1.0]  # the base model beside the LoRA as trained so far
+
+
+def sample_in_training(process, step: int) -> Path:
+    """The train loop's samples at `step`, with the model already on the device.
+
+    Prompts, seed, size and steps come from the process's `sample:` block; the columns are
+    strengths 0 and 1 of the LoRA being trained (the trainer's own network, its multiplier set
+    per column, so nothing is copied). Telemetry gets a "sample_start" and a "sample" row, each
+    with VRAM and host RSS, to show that nothing stays resident; the training RNG is untouched
+    (the noise has its own generator) and the network and transformer modes are restored.
+    """
+    from toolkit import trainer_telemetry
+    from toolkit.accelerator import unwrap_model
+    from toolkit.basic import flush
+    from toolkit.config_modules import GenerateImageConfig
+
+    config, model = process.sample_config, process.sd
+    prompts = [model.inject_trigger_into_prompt(GenerateImageConfig(prompt=p, output_path="unused.jpg").prompt,
+                                                process.trigger_word, add_if_not_present=False)
+               if process.trigger_word else GenerateImageConfig(prompt=p, output_path="unused.jpg").prompt
+               for p in config.prompts]
+    request = SampleRequest(prompts, IN_TRAINING_STRENGTHS, int(config.seed or 0), int(config.width),
+                            int(config.sample_steps), Path(process.training_folder) / "samples" / str(step))
+    network = unwrap_model(process.network) if process.network is not None else None
+    transformer = model.transformer
+    was_training, start = transformer.training, time.perf_counter()
+    trainer_telemetry.record_event("sample_start", step)
+    transformer.eval()
+    try:
+        if network is None:
+            written = sample_grid(model, None, request)
+        else:
+            multiplier = network.multiplier
+            network.eval()
+            try:
+                with network:
+                    written = sample_grid(model, NetworkStrength(network), request)
+            finally:
+                network.multiplier = multiplier
+                network.train()
+    finally:
+        transformer.train(was_training)
+        flush()
+    trainer_telemetry.record_event("sample", step, seconds=round(time.perf_counter() - start, 3),
+                                   images=len(written) - 1)
+    return written[-1]
+
+
+class NetworkStrength:
+    """The trainer's own LoRA network seen as LoraHooks: `strength` is its multiplier."""
+
+    def __init__(self, network):
+        self.network = network
+
+    @property
+    def strength(self) -> float:
+        return self.network.multiplier
+
+    @strength.setter
+    def strength(self, value: float) -> None:
+        self.network.multiplier = value
+
+
 def load_model(model_config: dict, dtype: str, prompts: Sequence[str], training_folder: str, device=None):
     """The run's model, loaded as training loads it, with `prompts` planned for the text phase."""
     from toolkit.config_modules import ModelConfig
@@ -202,11 +268,3 @@ def load_lora(path: Path) -> Dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     return load_file(str(path), device="cpu")
-
-
-def image_stats(path: Path) -> dict:
-    """Mean and spread of a written PNG, for the log and the tests."""
-    from PIL import Image, ImageStat
-
-    stat = ImageStat.Stat(Image.open(path).convert("L"))
-    return {"mean": stat.mean[0], "stddev": stat.stddev[0], "finite": not math.isnan(stat.mean[0])}
