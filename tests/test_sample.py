@@ -5,6 +5,7 @@ LoRA written with the standard library, no trainer venv): a request that passes 
 reaches the venv check and stops there, so "refused before loading" is what each asserts.
 """
 
+import json
 import subprocess
 import sys
 
@@ -121,3 +122,51 @@ def test_the_sample_folder_is_named_by_the_step(tmp_path):
     run = RunFolder(tmp_path, "my_run_2")
     assert samples.sample_folder(run, tmp_path / "my_run_2_000000500.safetensors") == tmp_path / "samples" / "500"
     assert samples.sample_folder(run, tmp_path / "my_run_2.safetensors") == tmp_path / "samples" / "final"
+
+
+def sampling_config(disable: bool | None = False) -> dict:
+    train = {} if disable is None else {"disable_sampling": disable}
+    return {"config": {"process": [{"train": train, "sample": {"sample_every": 10}}]}}
+
+
+def write_selftest(workdir, **sampling) -> None:
+    from launcher.envs.selftest import trainer_build
+
+    result = {"created": "2026-12-01T12:00:00", "environment": {"gpu": {"name": "Radeon RX 7900 XTX"}},
+              "trainer": trainer_build(workdir)}
+    if sampling:
+        result["sampling"] = sampling
+    workdir.selftest.write_text(json.dumps(result), encoding="utf-8")
+
+
+@pytest.mark.parametrize("sampling, why", [
+    (None, "no self-test result"),
+    ({}, "did not pass (not run)"),
+    ({"passed": False, "error": "did not finish in 600 s"}, "did not finish in 600 s"),
+])
+def test_in_training_sampling_is_off_until_the_selftest_sampled(tmp_path, sampling, why):
+    from launcher.envs.selftest import resolve_sampling
+    from launcher.envs.workdir import Workdir
+
+    workdir = Workdir(tmp_path)
+    if sampling is not None:
+        write_selftest(workdir, **sampling)
+    for disable in (False, None):  # the trainer samples unless disable_sampling is true
+        config = sampling_config(disable)
+        line = resolve_sampling(config, workdir, "auto")
+        assert config["config"]["process"][0]["train"]["disable_sampling"] is True
+        assert line.startswith("in-training sampling off") and why in line and "sampling: force" in line
+
+
+def test_in_training_sampling_stays_on_after_a_passing_selftest_or_when_forced(tmp_path):
+    from launcher.envs.selftest import resolve_sampling
+    from launcher.envs.workdir import Workdir
+
+    workdir = Workdir(tmp_path)
+    config = sampling_config()
+    assert resolve_sampling(config, workdir, "force").startswith("in-training sampling on: forced")
+    write_selftest(workdir, passed=True, device="cuda", seconds=12.0)
+    line = resolve_sampling(config, workdir, "auto")
+    assert config["config"]["process"][0]["train"]["disable_sampling"] is False
+    assert "Radeon RX 7900 XTX" in line
+    assert resolve_sampling(sampling_config(True), workdir, "auto") is None, "no line when sampling is off anyway"
