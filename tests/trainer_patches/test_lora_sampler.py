@@ -8,6 +8,7 @@ three block Linears makes strength 0 and 1 differ. 128 px and 3 steps keep it a 
 
 import pytest
 import torch
+from conftest import is_quantized_linear
 
 PROMPTS = ["a photo of a red square on a white background", "a blue circle"]
 SIZE, STEPS = 128, 3
@@ -46,7 +47,7 @@ def lora(model):
 
 def test_the_base_is_4_bit(model):
     qkv = dict(model.transformer.named_modules())["double_blocks.0.img_attn.qkv"]
-    assert type(qkv.weight) not in (torch.Tensor, torch.nn.Parameter), "the test must sample a quantized base"
+    assert is_quantized_linear(qkv), "the test must sample a quantized base"
 
 
 def test_images_are_finite_not_constant_and_the_lora_strength_shows(sampler, model, lora, tmp_path):
