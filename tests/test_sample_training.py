@@ -62,3 +62,6 @@ def test_in_training_samples_leave_nothing_resident(trainer_workdir, tmp_path):
     for before, after in zip(starts, ends):
         if before["vram_allocated_gib"] is not None:  # on a GPU: nothing left on the device
             assert after["vram_allocated_gib"] <= before["vram_allocated_gib"] + 0.01
+    assert main(["plot", str(run.root), "--workdir", str(trainer_workdir.root), "--out", str(tmp_path / "p.png")]) == 0
+    width, _ = png_size(tmp_path / "p.png")
+    assert width > 1800, "the newest contact sheet is beside the curves (a column of its own)"
