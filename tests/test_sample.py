@@ -170,3 +170,25 @@ def test_in_training_sampling_stays_on_after_a_passing_selftest_or_when_forced(t
     assert config["config"]["process"][0]["train"]["disable_sampling"] is False
     assert "Radeon RX 7900 XTX" in line
     assert resolve_sampling(sampling_config(True), workdir, "auto") is None, "no line when sampling is off anyway"
+
+
+def test_a_sampling_check_that_hangs_is_a_failure_not_a_hung_selftest(tmp_path, monkeypatch):
+    from launcher.commands import selftest
+    from launcher.envs.workdir import Workdir
+
+    limits = []
+
+    def hang(python, module, *args, timeout=None, **kwargs):
+        limits.append(timeout)
+        raise subprocess.TimeoutExpired(module, timeout)
+
+    monkeypatch.setattr(selftest.tiny, "ensure_assets", lambda *args: {"name_or_path": "x"})
+    monkeypatch.setattr(selftest, "run_module", hang)
+    result = selftest.sampling_check(Workdir(tmp_path), tmp_path / "python", {})
+    assert limits == [selftest.SAMPLING_LIMIT_S]
+    assert result == {"passed": False, "error": f"did not finish in {selftest.SAMPLING_LIMIT_S} s "
+                                                 "(a driver deadlock looks like this)"}
+    assert "FAIL  did not finish" in "\n".join(selftest.sampling_lines({"sampling": result}))
+    passed = {"passed": True, "device": "cuda", "seconds": 9.5, "size": 128, "steps": 4}
+    assert "pass  128 px, 4 steps, strengths 0 and 1 on the cuda in 9.5 s" in "\n".join(
+        selftest.sampling_lines({"sampling": passed}))
