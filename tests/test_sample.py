@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import yaml
-from test_comfy import BASE, NAME, fake_run, lora_shapes, write_safetensors  # noqa: F401 (fixture)
+from test_comfy import NAME, fake_run, lora_shapes, write_safetensors  # noqa: F401 (fixture)
 
 from launcher.cli import main
 from launcher.errors import LauncherError
