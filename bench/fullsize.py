@@ -364,6 +364,8 @@ def launch(args) -> int:
         for part in path:
             target = target.setdefault(part, {})
         target[last] = yaml.safe_load(value)
+    for key, value in (args.launcher_set or []):
+        preset.setdefault("launcher", {})[key] = yaml.safe_load(value)
     short = root / "presets" / f"{args.label}.yaml"
     short.parent.mkdir(parents=True, exist_ok=True)
     short.write_text(yaml.safe_dump(preset, sort_keys=False), encoding="utf-8")
@@ -442,6 +444,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cap-gib", type=float, default=24.0, help="VRAM cap (0: none)")
     p.add_argument("--set", nargs=2, action="append", metavar=("KEY", "VALUE"),
                    help="override a process key, e.g. --set model.qtype int4_fused")
+    p.add_argument("--launcher-set", nargs=2, action="append", metavar=("KEY", "VALUE"),
+                   help="a key of the preset's launcher: block, e.g. sampling force")
     p.add_argument("--json-out", type=Path)
     p.set_defaults(handler=launch)
     args = parser.parse_args(argv)

@@ -20,7 +20,7 @@ import yaml
 from launcher import __version__
 from launcher.atomic import write_text_atomic
 from launcher.envs.probe import probe_with
-from launcher.envs.selftest import load_result, resolve_config, summary_line
+from launcher.envs.selftest import load_result, resolve_config, resolve_sampling, summary_line
 from launcher.envs.torchenv import clean_env
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, read_state, venv_python
 from launcher.errors import LauncherError
@@ -85,8 +85,9 @@ def handle(args) -> int:
     else:
         config = render(preset, run.root, places=places)
     choice = resolve_config(config, workdir)
-    if choice and choice.line:  # a YAML comment in a dry run, whose output stays a config
-        say(f"# {choice.line}" if args.dry_run else choice.line)
+    lines = [choice.line if choice else None, resolve_sampling(config, workdir, preset.sampling)]
+    for line in filter(None, lines):  # a YAML comment in a dry run, whose output stays a config
+        say(f"# {line}" if args.dry_run else line)
     datasets = check(preset, config, workdir, run, full_size=not preset.tiny)
     extra = {**launch_env(run, workdir, args.profile), **(choice.env if choice else {})}
     env = trainer_env(preset, run, workdir, extra)
