@@ -10,6 +10,7 @@ trains on the CPU. EVENTS_JSON gets, in order:
       after placement, a `.to()` / `.cpu()` on the transformer or the VAE, or on any module
       of theirs, that asks for another device than the part is on (what placement, or the
       last move, put it on: cpu and cpu:0 count as two devices here)
+  {"event": "dataloader", "num_workers": N}   a torch DataLoader is built
   {"event": "te_unloaded"}     the text encoder is cached and unloaded
   {"event": "train_step"}      a training step starts
 """
@@ -68,6 +69,15 @@ def recording_cpu(self):
 
 torch.nn.Module.to = recording_to
 torch.nn.Module.cpu = recording_cpu
+real_loader_init = torch.utils.data.DataLoader.__init__
+
+
+def recording_loader_init(self, *args, **kwargs):
+    record("dataloader", num_workers=kwargs.get("num_workers", 0))
+    return real_loader_init(self, *args, **kwargs)
+
+
+torch.utils.data.DataLoader.__init__ = recording_loader_init
 
 import toolkit.unloader  # noqa: E402  (patched before SDTrainer imports it by name)
 

@@ -6,7 +6,9 @@ on a fresh copy of the dataset: the first launch encodes every latent, so the VA
 device for that and comes back; the relaunch finds every latent and embedding cached, and
 nothing moves at all. With `stay_placed: false` the trainer's device-state presets park the
 transformer on the CPU for the dataset caches and bring it back, as they always did: the same
-recorder sees that round trip, so the checks can fail.
+recorder sees that round trip, so the checks can fail. With every item a cached latent, the
+dataloader reads them in the trainer's process (no worker forked from it) unless
+`cached_data_in_process: false`.
 """
 
 import shutil
@@ -45,10 +47,13 @@ def test_the_transformer_stays_placed_and_the_vae_moves_only_to_encode(workdir, 
     relaunch, log = record_moves(workdir, tmp_path, resident=True, text_phase=True, dataset=fresh_dataset,
                                run="relaunch")
     assert moves(relaunch, "transformer") == [] and moves(relaunch, "vae") == [], relaunch
+    # every item a cached latent: no dataloader worker is forked from the trainer
+    assert [e["num_workers"] for e in relaunch if e["event"] == "dataloader"] == [0], relaunch
 
 
 def test_switched_off_the_caches_round_trip_the_transformer(workdir, tmp_path, fresh_dataset):  # noqa: F811
     events, _ = record_moves(workdir, tmp_path, resident=True, text_phase=True, dataset=fresh_dataset,
-                             model_kwargs={"stay_placed": False})
+                             model_kwargs={"stay_placed": False, "cached_data_in_process": False})
     trips = [(e["to"], e["caller"]) for e in moves(events, "transformer")]
     assert ("cpu", "set_device_state") in trips and ("cpu:0", "set_device_state") in trips, trips
+    assert [e["num_workers"] for e in events if e["event"] == "dataloader"] == [2], events  # the dataset's
