@@ -7,7 +7,8 @@ caption caches: a relaunch. For each launch, one JSON row: the launcher's wall t
 trainer's own figures from run.json (seconds from its start to the first step, peak host RSS),
 the largest RSS summed over the trainer and its children (the dataloader workers), sampled
 every 0.1 s from /proc, and how long the trainer's interpreter takes to import what the job
-needs and build the job (`toolkit.job.get_job` on the launch's rendered config).
+needs and build the job (`toolkit.job.get_job` on the launch's rendered config), in wall and
+in CPU seconds (the latter moves less on a shared machine).
 
     python bench/relaunch.py --workdir W --out OUT [--preset presets/tiny.yaml] [--launches 2]
     python bench/relaunch.py --workdir W --out OUT -- --model-dir M --text-encoder T --dataset D
@@ -32,7 +33,8 @@ sys.path.insert(0, ".")
 sys.argv = ["run.py", sys.argv[1]]
 import run
 job = run.get_job(sys.argv[1])
-print(round(time.perf_counter() - started, 2), len(sys.modules), type(job.process[0]).__name__)
+print(round(time.perf_counter() - started, 2), round(time.process_time(), 2), len(sys.modules),
+      type(job.process[0]).__name__)
 """
 
 
@@ -84,8 +86,9 @@ def import_seconds(workdir: Path, config: Path, preset: Path) -> dict:
                           cwd=trainer, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         return {"import_error": done.stderr.strip().splitlines()[-1:]}
-    seconds, modules, process = done.stdout.split()[-3:]
-    return {"imports_to_job_s": float(seconds), "modules": int(modules), "process": process}
+    seconds, cpu, modules, process = done.stdout.split()[-4:]
+    return {"imports_to_job_s": float(seconds), "imports_cpu_s": float(cpu), "modules": int(modules),
+            "process": process}
 
 
 def main(argv: list[str] | None = None) -> int:
