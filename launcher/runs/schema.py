@@ -311,6 +311,7 @@ MODEL_KWARGS = Block({
     "ae_params": Block(extra=Anything()),
     "allow_unquantized_block_linears": Boolean(),
     "resident_after_te_cache": Boolean(),
+    "stay_placed": Boolean(),
 }, extra="model_kwargs")
 
 PROCESS = Block({
