@@ -37,7 +37,7 @@ def test_full_size_plans(budget, resolution, streamed, kept):
             plan_for(budget, resolution)
         message = str(error.value)
         assert f"{budget:.2f} GiB" in message and "resident minimum" in message
-        assert f"{resolution} px" in message and "two streamed blocks in flight" in message
+        assert f"{resolution} px" in message and "2 streamed block(s) in flight" in message
         return
     plan = plan_for(budget, resolution)
     assert len(plan.blocks) == 56
@@ -92,6 +92,16 @@ def test_tiny_plans(extra_blocks, streamed):
     assert len(plan.streamed()) == streamed
     assert not plan.kept()  # nothing left for activations at these exact budgets
     assert plan.planned_bytes() <= budget
+
+
+def test_serialized_streaming_needs_one_block_in_flight():
+    inputs, fixed, working = tiny_sizes()
+    largest = max(b.weight_bytes for b in inputs.blocks)
+    budget = fixed + working + largest
+    with pytest.raises(mp.PlanError, match="2 streamed block"):
+        mp.make_plan(mp.PlanInputs(**{**inputs.__dict__, "budget_bytes": budget}))
+    plan = mp.make_plan(mp.PlanInputs(**{**inputs.__dict__, "budget_bytes": budget, "in_flight": 1}))
+    assert len(plan.streamed()) == 6 and plan.buffer_bytes == largest
 
 
 def test_tiny_budget_one_byte_short_of_the_minimum_is_refused():

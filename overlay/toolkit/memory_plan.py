@@ -12,7 +12,7 @@ What one step needs on the device (bytes):
 - the working set of the block being recomputed in the backward: its saved tensors and their
   gradients, 2 x `activation_bytes` of one block;
 - each resident block's 4-bit weights; with any block streamed, a double buffer: the two largest
-  streamed blocks in flight (one computing, the next being copied);
+  streamed blocks in flight (one computing, the next being copied; one when serialized);
 - what is left keeps the activations of resident blocks (no recompute), in model order.
 
 A block's saved activations are computed from the shapes, not measured:
@@ -59,6 +59,7 @@ class PlanInputs:
     checkpoint_bytes: int   # every block's input, kept by gradient checkpointing
     resolution: int = 0
     batch: int = 1
+    in_flight: int = 2      # streamed blocks on the device at once: 2 overlapped, 1 serialized
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class BlockPlan:
     name: str
     weights: str      # RESIDENT or STREAMED
     activations: str  # KEPT or RECOMPUTED
+    weight_bytes: int = 0
 
 
 @dataclass
@@ -139,7 +141,7 @@ def make_plan(inputs: PlanInputs) -> MemoryPlan:
     if sum(b.weight_bytes for b in blocks) <= free:
         resident = {b.name for b in blocks}
     else:
-        buffer = 2 * max(b.weight_bytes for b in blocks)
+        buffer = inputs.in_flight * max(b.weight_bytes for b in blocks)
         if free < buffer:
             raise PlanError(minimum_message(inputs, fixed, buffer))
         room = free - buffer
@@ -148,8 +150,8 @@ def make_plan(inputs: PlanInputs) -> MemoryPlan:
             if block.weight_bytes <= room:
                 resident.add(block.name)
                 room -= block.weight_bytes
-        # the buffer only needs the two largest streamed blocks
-        buffer = 2 * max(b.weight_bytes for b in blocks if b.name not in resident)
+        # the buffer only needs the largest streamed blocks
+        buffer = inputs.in_flight * max(b.weight_bytes for b in blocks if b.name not in resident)
     free -= buffer + sum(b.weight_bytes for b in blocks if b.name in resident)
     kept, kept_bytes = set(), 0
     for block in blocks:
@@ -160,7 +162,7 @@ def make_plan(inputs: PlanInputs) -> MemoryPlan:
     return MemoryPlan(
         budget_bytes=inputs.budget_bytes,
         blocks=[BlockPlan(b.name, RESIDENT if b.name in resident else STREAMED,
-                          KEPT if b.name in kept else RECOMPUTED) for b in blocks],
+                          KEPT if b.name in kept else RECOMPUTED, b.weight_bytes) for b in blocks],
         fixed_bytes=fixed,
         resident_weight_bytes=sum(b.weight_bytes for b in blocks if b.name in resident),
         streamed_weight_bytes=sum(b.weight_bytes for b in blocks if b.name not in resident),
@@ -173,8 +175,8 @@ def minimum_message(inputs: PlanInputs, fixed: dict, buffer: int) -> str:
     need = sum(fixed.values()) + buffer
     parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in fixed.items())
     return (f"a VRAM budget of {inputs.budget_bytes / GIB:.2f} GiB cannot hold the resident minimum of "
-            f"{need / GIB:.2f} GiB at {inputs.resolution} px, batch {inputs.batch} ({parts}, two streamed "
-            f"blocks in flight {buffer / GIB:.2f} GiB). Lower the resolution or the LoRA rank, or give more "
+            f"{need / GIB:.2f} GiB at {inputs.resolution} px, batch {inputs.batch} ({parts}, "
+            f"{inputs.in_flight} streamed block(s) in flight {buffer / GIB:.2f} GiB). Lower the resolution or the LoRA rank, or give more "
             f"VRAM (model_kwargs vram_budget_gib / vram_margin_gib in the preset).")
 
 
@@ -218,7 +220,7 @@ def tokens(resolution: int) -> int:
 
 def flux2_inputs(shape: Flux2Shape, budget_bytes: int, resolution: int, batch: int = 1,
                  lora_rank: int = 32, group_size: int = 64, nonblock_bytes: int | None = None,
-                 weight_bytes: dict | None = None) -> PlanInputs:
+                 weight_bytes: dict | None = None, in_flight: int = 2) -> PlanInputs:
     """Plan inputs from the shapes; `weight_bytes` (name -> bytes, measured on the loaded model)
     and `nonblock_bytes` replace the estimates when given."""
     double, single = block_linears(shape)
@@ -243,7 +245,7 @@ def flux2_inputs(shape: Flux2Shape, budget_bytes: int, resolution: int, batch: i
         budget_bytes=budget_bytes, blocks=tuple(blocks), nonblock_bytes=nonblock_bytes,
         lora_bytes=lora_params * LORA_BYTES_PER_PARAM,
         checkpoint_bytes=len(blocks) * seq * shape.hidden * BF16,
-        resolution=resolution, batch=batch,
+        resolution=resolution, batch=batch, in_flight=in_flight,
     )
 
 

@@ -24,6 +24,7 @@ AITK_TELEMETRY nothing is opened and each call returns at once.
 import json
 import math
 import os
+import sys
 import threading
 import time
 
@@ -73,7 +74,7 @@ class TrainerTelemetry:
             self.step = step
         now = time.time()
         # load and first-step rows report memory and time, and leave the s/it bookkeeping alone
-        timing_only = event in ("load", "phase", "first_step")
+        timing_only = event in ("load", "phase", "first_step", "memory_plan")
         s_per_it = None
         if not timing_only and self.step is not None and self.row_step is not None and self.step > self.row_step:
             s_per_it = (now - self.row_time) / (self.step - self.row_step)
@@ -86,6 +87,9 @@ class TrainerTelemetry:
             row["event"] = event
         if event == "first_step":
             row["since_start_s"] = round(now - self.started, 3)
+        streaming = sys.modules.get("toolkit.block_streaming")
+        if streaming is not None:  # bytes copied onto the device per step, when a plan streams blocks
+            row.update(streaming.telemetry_fields())
         row.update(fields)
         if not timing_only:
             self.row_time, self.row_step = now, self.step
@@ -172,6 +176,13 @@ def record_event(event: str, step: int = None) -> None:
         if event == "start":
             telemetry.stop_sampling()
         _safely(lambda: telemetry.write(event, step))
+
+
+def record_fields(event: str, **fields) -> None:
+    """A row now with an event and its own fields (e.g. "memory_plan", memory_plan={...})."""
+    telemetry = _get()
+    if telemetry:
+        _safely(lambda: telemetry.write(event, **fields))
 
 
 class LoadPhase:
