@@ -127,7 +127,7 @@ def test_summary_names_streamed_blocks_compactly():
 
 
 def test_main_prints_the_plan_or_the_error(capsys):
-    assert mp.main(["--budget-gib", "16", "--resolution", "512"]) == 0
+    assert mp.main(["--budget-gib", "17", "--resolution", "512"]) == 0  # 16 GiB after the 1 GiB margin
     assert len(json.loads(capsys.readouterr().out)["plan"]["blocks"]) == 56
-    assert mp.main(["--budget-gib", "4", "--resolution", "512"]) == 2
+    assert mp.main(["--budget-gib", "6", "--margin-gib", "2", "--resolution", "512"]) == 2
     assert "resident minimum" in json.loads(capsys.readouterr().out)["error"]

@@ -19,9 +19,8 @@ from __future__ import annotations
 import torch
 
 from toolkit import block_streaming, trainer_telemetry
-from toolkit.memory_plan import GIB, Flux2Shape, PlanError, flux2_inputs, make_plan
+from toolkit.memory_plan import DEFAULT_MARGIN_GIB, GIB, Flux2Shape, PlanError, flux2_inputs, make_plan
 
-DEFAULT_MARGIN_GIB = 1.0
 INT4_QTYPES = ("int4_fused", "int4_w4a8")
 
 

@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, field
 
 GIB = 1024 ** 3
 BF16 = 2
+# kept free of the plan (allocator slack) unless the preset says vram_margin_gib
+DEFAULT_MARGIN_GIB = 1.0
 # bf16 values saved per token and per hidden unit by one FLUX.2 block (double or single) when its
 # activations are kept; see the module docstring
 ACTIVATION_WIDTHS = 24
@@ -250,19 +252,22 @@ def flux2_inputs(shape: Flux2Shape, budget_bytes: int, resolution: int, batch: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m toolkit.memory_plan --budget-gib G --resolution R [--batch B] [--rank N]
-    [--flux2-params JSON]`: print the plan as JSON (what `run --dry-run` shows)."""
+    """`python -m toolkit.memory_plan --budget-gib G [--margin-gib M] --resolution R [--batch B]
+    [--rank N] [--in-flight 1|2] [--flux2-params JSON]`: print the plan as JSON (what `run --dry-run` shows)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m toolkit.memory_plan")
     parser.add_argument("--budget-gib", type=float, required=True)
+    parser.add_argument("--margin-gib", type=float, default=DEFAULT_MARGIN_GIB)
     parser.add_argument("--resolution", type=int, required=True)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--rank", type=int, default=32)
+    parser.add_argument("--in-flight", type=int, choices=(1, 2), default=2)
     parser.add_argument("--flux2-params", default="{}")
     args = parser.parse_args(argv)
     shape = Flux2Shape.from_params(json.loads(args.flux2_params))
-    inputs = flux2_inputs(shape, int(args.budget_gib * GIB), args.resolution, args.batch, args.rank)
+    inputs = flux2_inputs(shape, int((args.budget_gib - args.margin_gib) * GIB), args.resolution, args.batch, args.rank,
+                          in_flight=args.in_flight)
     try:
         plan = make_plan(inputs)
     except PlanError as error:

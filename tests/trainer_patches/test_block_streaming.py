@@ -7,7 +7,6 @@ import copy
 
 import pytest
 import torch
-import torch.utils.checkpoint as ckpt
 
 pytestmark = pytest.mark.patch("memory-plan")
 WIDTH = 64
@@ -20,34 +19,11 @@ def toolkit(trainer_on_path):
     return block_streaming, int4_linear, memory_plan
 
 
-class Block(torch.nn.Module):
-    def __init__(self, int4_linear):
-        super().__init__()
-        self.norm = torch.nn.LayerNorm(WIDTH)
-        self.linear = int4_linear.Int4Linear.from_linear(torch.nn.Linear(WIDTH, WIDTH, bias=True))
+def Stack(int4_linear, depth=4):
+    """The self-test's block stack: the FLUX.2 forward's loop over frozen 4-bit blocks."""
+    from launcher.in_trainer.selftest_streaming import block_stack
 
-    def forward(self, x):
-        return x + torch.tanh(self.linear(self.norm(x)))
-
-
-class Stack(torch.nn.Module):
-    """The loop of the FLUX.2 forward: a block checkpoints unless it says otherwise."""
-
-    def __init__(self, int4_linear, depth=4):
-        super().__init__()
-        self.lora = torch.nn.Linear(WIDTH, WIDTH)  # the only trainable part, outside the blocks
-        self.blocks = torch.nn.ModuleList(Block(int4_linear) for _ in range(depth))
-        for block in self.blocks:
-            block.requires_grad_(False)
-
-    def forward(self, x):
-        x = self.lora(x)
-        for block in self.blocks:
-            if torch.is_grad_enabled() and getattr(block, "checkpointed", True):
-                x = ckpt.checkpoint(block, x, use_reentrant=True)
-            else:
-                x = block(x)
-        return x
+    return block_stack(torch, int4_linear, WIDTH, depth)
 
 
 def plan_of(memory_plan, layout):
