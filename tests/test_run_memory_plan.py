@@ -60,7 +60,7 @@ def test_dry_run_prints_the_trainers_plan_and_refuses_a_budget_below_the_minimum
     out = capsys.readouterr().out
     assert "# stream_mode auto -> serialized" in out
     assert "# memory plan: budget 0.50 GiB, 128 px, batch 1" in out
-    assert "#  weights: 2 of 2 blocks resident" in out
+    assert "#   weights: 2 of 2 blocks resident" in out and "#   kept: double_blocks.0, single_blocks.0" in out
 
     path = tiny_planned(tmp_path, 0.0001)
     assert main(["run", str(path), "--dry-run", "--workdir", workdir]) == 2

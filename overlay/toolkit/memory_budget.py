@@ -78,9 +78,17 @@ def plan_for(model_kwargs: dict, params, run: dict, budget: int, weight_bytes=No
         raise PlanError(f"{error} (model_kwargs in the preset; memory_plan: off turns the plan off)") from None
 
 
+def storage_bytes(tensor: torch.Tensor) -> int:
+    """Bytes a tensor really holds: a quantized tensor subclass (torchao) by its inner tensors."""
+    if type(tensor.data) is torch.Tensor or not hasattr(tensor, "__tensor_flatten__"):
+        return tensor.numel() * tensor.element_size()
+    names, _ = tensor.__tensor_flatten__()
+    return sum(storage_bytes(getattr(tensor, name)) for name in names)
+
+
 def tensor_bytes(module: torch.nn.Module) -> int:
     tensors = list(module.parameters()) + list(module.buffers())
-    return sum(t.numel() * t.element_size() for t in tensors if not t.requires_grad)
+    return sum(storage_bytes(t) for t in tensors if not t.requires_grad)
 
 
 def measured(transformer, plan) -> tuple[dict, int]:

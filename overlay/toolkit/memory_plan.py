@@ -215,6 +215,14 @@ def block_linears(shape: Flux2Shape) -> tuple[list, list]:
     return stream * 2, [(h, 3 * h + 2 * mlp), (h + mlp, h)]
 
 
+def nonblock_linears(shape: Flux2Shape) -> list:
+    """(in, out) of the Linears outside the blocks, 4-bit like the blocks (the quantizer's extras):
+    img_in, time_in and guidance_in (2 each), txt_in, the three modulations, the final layer (2)."""
+    h = shape.hidden
+    return [(shape.in_channels, h), (256, h), (h, h), (256, h), (h, h), (shape.context_in_dim, h),
+            (h, 6 * h), (h, 6 * h), (h, 3 * h), (h, shape.in_channels), (h, 2 * h)]
+
+
 def tokens(resolution: int) -> int:
     """Image tokens of a square latent (VAE /8, 2x2 patches: /16 per side) + the text tokens."""
     return (resolution // 16) ** 2 + TEXT_TOKENS
@@ -238,11 +246,7 @@ def flux2_inputs(shape: Flux2Shape, budget_bytes: int, resolution: int, batch: i
     lora_params = lora_rank * (shape.depth * sum(i + o for i, o in double)
                                + shape.depth_single * sum(i + o for i, o in single))
     if nonblock_bytes is None:
-        h = shape.hidden
-        extras = [(h, 6 * h), (h, 6 * h), (h, 3 * h), (shape.context_in_dim, h), (256, h), (h, h),
-                  (256, h), (h, h), (h, 2 * h)]
-        nonblock_bytes = (sum(int4_bytes(i, o, group_size) for i, o in extras)
-                          + (shape.in_channels * h * 2 + h * shape.in_channels) * BF16)
+        nonblock_bytes = sum(int4_bytes(i, o, group_size) for i, o in nonblock_linears(shape))
     return PlanInputs(
         budget_bytes=budget_bytes, blocks=tuple(blocks), nonblock_bytes=nonblock_bytes,
         lora_bytes=lora_params * LORA_BYTES_PER_PARAM,
