@@ -111,10 +111,11 @@ def before_load(base_model, params):
     base_model.memory_plan_budget = (budget, run)
     plan = plan_for(kwargs, params, run, budget)
     if plan.streamed() and base_model.model_config.qtype not in INT4_QTYPES:
-        raise PlanError(
-            f"the memory plan streams {len(plan.streamed())} blocks at a {budget / GIB:.2f} GiB budget, and "
-            f"streaming carries only the qtypes {', '.join(INT4_QTYPES)} (this run: qtype "
-            f"{base_model.model_config.qtype}); set qtype int4_fused in the preset, or give more VRAM")
+        print(f"memory plan: {len(plan.streamed())} blocks would be streamed at a {budget / GIB:.2f} GiB budget, "
+              f"but streaming carries only the qtypes {', '.join(INT4_QTYPES)} (this run: qtype "
+              f"{base_model.model_config.qtype}): every block resident, as without a plan. Set qtype int4_fused "
+              f"in the preset (or run `python -m launcher selftest` for qtype auto) to stream.", flush=True)
+        return None
     return plan
 
 

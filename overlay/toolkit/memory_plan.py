@@ -101,13 +101,13 @@ class MemoryPlan:
         """Lines for `run --dry-run` and the trainer's log."""
         n = len(self.blocks)
         lines = [
-            f"memory plan: budget {self.budget_bytes / GIB:.2f} GiB, {self.resolution} px, batch {self.batch}; "
-            f"planned {self.planned_bytes() / GIB:.2f} GiB",
-            f"  fixed: " + ", ".join(f"{k} {v / GIB:.2f} GiB" for k, v in self.fixed_bytes.items()),
-            f"  weights: {n - len(self.streamed())} of {n} blocks resident ({self.resident_weight_bytes / GIB:.2f} GiB), "
-            f"{len(self.streamed())} streamed ({self.streamed_weight_bytes / GIB:.2f} GiB from host memory, "
-            f"double buffer {self.buffer_bytes / GIB:.2f} GiB)",
-            f"  activations: {len(self.kept())} of {n} blocks kept ({self.kept_activation_bytes / GIB:.2f} GiB), "
+            f"memory plan: budget {size(self.budget_bytes)}, {self.resolution} px, batch {self.batch}; "
+            f"planned {size(self.planned_bytes())}",
+            "  fixed: " + ", ".join(f"{k} {size(v)}" for k, v in self.fixed_bytes.items()),
+            f"  weights: {n - len(self.streamed())} of {n} blocks resident ({size(self.resident_weight_bytes)}), "
+            f"{len(self.streamed())} streamed ({size(self.streamed_weight_bytes)} from host memory, "
+            f"double buffer {size(self.buffer_bytes)})",
+            f"  activations: {len(self.kept())} of {n} blocks kept ({size(self.kept_activation_bytes)}), "
             f"the rest recomputed",
         ]
         if self.streamed():
@@ -115,6 +115,14 @@ class MemoryPlan:
         if self.kept():
             lines.append("  kept: " + compact(self.kept()))
         return lines
+
+
+def size(nbytes: float) -> str:
+    """GiB for model-sized figures, MiB or KiB for small ones (a tiny model's plan)."""
+    for unit, scale in (("GiB", GIB), ("MiB", 1024 ** 2)):
+        if abs(nbytes) >= 0.1 * scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes / 1024:.1f} KiB"
 
 
 def compact(names: list[str]) -> str:
@@ -175,11 +183,11 @@ def make_plan(inputs: PlanInputs) -> MemoryPlan:
 
 def minimum_message(inputs: PlanInputs, fixed: dict, buffer: int) -> str:
     need = sum(fixed.values()) + buffer
-    parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in fixed.items())
-    return (f"a VRAM budget of {inputs.budget_bytes / GIB:.2f} GiB cannot hold the resident minimum of "
-            f"{need / GIB:.2f} GiB at {inputs.resolution} px, batch {inputs.batch} ({parts}, "
-            f"{inputs.in_flight} streamed block(s) in flight {buffer / GIB:.2f} GiB). Lower the resolution or the LoRA rank, or give more "
-            f"VRAM (model_kwargs vram_budget_gib / vram_margin_gib in the preset).")
+    parts = ", ".join(f"{k} {size(v)}" for k, v in fixed.items())
+    return (f"a VRAM budget of {size(inputs.budget_bytes)} cannot hold the resident minimum of "
+            f"{size(need)} at {inputs.resolution} px, batch {inputs.batch} ({parts}, "
+            f"{inputs.in_flight} streamed block(s) in flight {size(buffer)}). Lower the resolution or the "
+            f"LoRA rank, or give more VRAM (model_kwargs vram_budget_gib / vram_margin_gib in the preset).")
 
 
 # ---------------------------------------------------------------- sizes from the FLUX.2 shapes
