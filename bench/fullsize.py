@@ -7,8 +7,9 @@ Three steps, each a subcommand:
            at another version, installed for CPython 3.12 into one tree and packed, plus the
            patched checkout's files:  .bench-carry/site.tar.xz, .bench-carry/trainer.tar.xz
   prepare  (there) a workdir R/wd whose venv is made from that machine's Python and sees its
-           site-packages after the packed tree (a .pth file), a VRAM cap in the venv's
-           sitecustomize (BENCH_VRAM_CAP_GIB), and random-weight assets in R/assets: the full
+           site-packages after the packed tree (a .pth file), a VRAM cap applied inside the trainer
+           process by another .pth file (BENCH_VRAM_CAP_GIB, from `launch --vram-cap`; checked by
+           an allocation above it that must fail), and random-weight assets in R/assets: the full
            32B FLUX.2 transformer (about 60 GiB), the real VAE shape, a Mistral3 text encoder of
            the real width and depth but a narrow MLP, and a captioned dataset
   launch   (there) one `launcher run` of a preset with the steps cut short, while the trainer's
@@ -66,6 +67,38 @@ TEXT_SHAPE = {"hidden_size": 5120, "num_hidden_layers": 40, "num_attention_heads
 REAL_AE = {"resolution": 256, "in_channels": 3, "ch": 128, "out_ch": 3, "ch_mult": [1, 2, 4, 4],
            "num_res_blocks": 2, "z_channels": 32}
 GIB = 2**30
+VRAM_CAP_MODULE = '''"""BENCH_VRAM_CAP_GIB caps the CUDA allocator of the trainer process (`python run.py ...`) at startup
+(set_per_process_memory_fraction), then proves it: an allocation 256 MiB above the cap must fail."""
+import os
+import sys
+
+PROBE = 2 ** 28
+
+
+def apply():
+    cap_gib = float(os.environ.get("BENCH_VRAM_CAP_GIB") or 0)
+    if cap_gib <= 0 or not sys.argv or not sys.argv[0].endswith("run.py"):
+        return
+    import torch
+
+    cap = int(cap_gib * 2 ** 30)
+    torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(0).total_memory)
+    try:
+        probe = torch.empty(cap + PROBE, dtype=torch.uint8, device="cuda")
+    except torch.cuda.OutOfMemoryError:
+        print(f"[vram cap] {cap_gib:g} GiB applied in the trainer process: an allocation of "
+              f"{(cap + PROBE) / 2 ** 30:.2f} GiB failed", flush=True)
+        torch.cuda.empty_cache()
+        return
+    del probe
+    print(f"[vram cap] NOT APPLIED: {(cap + PROBE) / 2 ** 30:.2f} GiB were allocated under a {cap_gib:g} GiB cap",
+          flush=True)
+    sys.exit(3)
+
+
+apply()
+'''
+CAP_APPLIED = "[vram cap] "
 
 
 def freeze(python: Path) -> dict[str, str]:
@@ -191,7 +224,8 @@ def prepare(args) -> int:
                         str(root / "site"), str(wheel)], check=True)
     make_venv(root)
     sys.path.insert(0, str(root / "site"))  # the trainer's transformers writes the text encoder
-    timed("assets", lambda: build_assets(root / "wd" / "trainer", root / "assets", args.images, args.single_blocks))
+    timed("assets", lambda: build_assets(root / "wd" / "trainer", root / "assets", args.images, args.single_blocks,
+                                         args.image_size))
     return 0
 
 
@@ -203,16 +237,13 @@ def make_venv(root: Path) -> None:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     packages = next(venv.glob("lib/python3*/site-packages"))
     (packages / "carry.pth").write_text("\n".join([str(root / "site"), *site.getsitepackages()]) + "\n")
-    (packages / "sitecustomize.py").write_text(
-        "import os\n"
-        "if os.environ.get('BENCH_VRAM_CAP_GIB'):\n"
-        "    import torch\n"
-        "    cap = float(os.environ['BENCH_VRAM_CAP_GIB']) * 2**30\n"
-        "    torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(0).total_memory)\n"
-    )
+    # the VRAM cap, inside the trainer process: a venv sitecustomize.py is shadowed by the image's
+    # own and silently does nothing; a .pth line that starts with `import` runs at every start
+    (packages / "bench_vram_cap.py").write_text(VRAM_CAP_MODULE)
+    (packages / "bench_vram_cap.pth").write_text("import bench_vram_cap\n")
 
 
-def build_assets(trainer: Path, out: Path, images: int, single_blocks: int) -> None:
+def build_assets(trainer: Path, out: Path, images: int, single_blocks: int, image_size: int = 512) -> None:
     from launcher.in_trainer import tiny_assets
 
     out.mkdir(parents=True, exist_ok=True)
@@ -224,7 +255,7 @@ def build_assets(trainer: Path, out: Path, images: int, single_blocks: int) -> N
     timed("transformer", lambda: write_random_checkpoint(Flux2, shape, out / "flux2-dev.safetensors"))
     timed("vae", lambda: write_random_checkpoint(AutoEncoder, AutoEncoderParams(**REAL_AE), out / "ae.safetensors"))
     timed("text encoder", lambda: tiny_assets.build_text_encoder(out, seed=0, **TEXT_SHAPE))
-    tiny_assets.build_dataset(out, seed=0, size=512, count=images)
+    tiny_assets.build_dataset(out, seed=0, size=image_size, count=images)
 
 
 def write_random_checkpoint(module_class, params, path: Path) -> None:
@@ -276,8 +307,8 @@ def launch(args) -> int:
     for key, value in (args.set or []):
         target = process
         *path, last = key.split(".")
-        for part in path:
-            target = target.setdefault(part, {})
+        for part in path:  # a number indexes a list: datasets.0.resolution
+            target = target[int(part)] if part.isdigit() else target.setdefault(part, {})
         target[last] = yaml.safe_load(value)
     short = root / "presets" / f"{args.label}.yaml"
     short.parent.mkdir(parents=True, exist_ok=True)
@@ -286,18 +317,27 @@ def launch(args) -> int:
     command = [sys.executable, "-m", "launcher", "run", str(short), "--workdir", str(root / "wd"),
                "--model-dir", str(assets), "--text-encoder", str(assets / "text_encoder"),
                "--dataset", str(assets / "dataset"), "--output", str(output)]
-    env = {**os.environ, "PYTHONPATH": str(root / "site"), "BENCH_VRAM_CAP_GIB": str(args.cap_gib) if args.cap_gib else ""}
+    env = {**os.environ, "PYTHONPATH": str(root / "site"), "BENCH_VRAM_CAP_GIB": str(args.vram_cap) if args.vram_cap else ""}
     started = time.time()
     launcher = subprocess.Popen(command, cwd=REPO, env=env)
     peak_rss = sample_peak_rss(psutil.Process(launcher.pid), launcher)
     wall = time.time() - started
     result = {"label": args.label, "preset": str(args.preset), "rc": launcher.returncode, "wall_s": round(wall, 1),
-              "cap_gib": args.cap_gib, "trainer_peak_rss_gib": round(peak_rss / GIB, 2),
+              "cap_gib": args.vram_cap, "cap_checked": cap_line(output), "trainer_peak_rss_gib": round(peak_rss / GIB, 2),
               **telemetry_figures(output, started)}
     print(json.dumps(result), flush=True)
     if args.json_out:
         args.json_out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return launcher.returncode
+
+
+def cap_line(output: Path) -> str | None:
+    """The trainer's own word that the VRAM cap holds (an allocation above it failed), or None."""
+    for log in output.glob("*/train.log"):
+        for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith(CAP_APPLIED):
+                return line[len(CAP_APPLIED):]
+    return None
 
 
 def sample_peak_rss(launcher, child: subprocess.Popen) -> int:
@@ -340,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--carry", type=Path, default=Path(".bench-carry"))
     p.add_argument("--root", type=Path, required=True)
     p.add_argument("--images", type=int, default=8)
+    p.add_argument("--image-size", type=int, default=512, help="pixels per side (1024 for 1024 px runs)")
     p.add_argument("--single-blocks", type=int, default=48,
                    help="single-stream blocks of the transformer (48: the full 32B; fewer fits a 64 GiB disk)")
     p.set_defaults(handler=prepare)
@@ -348,7 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", type=Path, required=True)
     p.add_argument("--label", required=True, help="names the run folder and the cut-down preset")
     p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--cap-gib", type=float, default=24.0, help="VRAM cap (0: none)")
+    p.add_argument("--vram-cap", "--cap-gib", type=float, default=24.0, metavar="GIB",
+                   help="cap the trainer process's CUDA allocator at GIB, checked by an allocation that must fail "
+                        "(0: none)")
     p.add_argument("--set", nargs=2, action="append", metavar=("KEY", "VALUE"),
                    help="override a process key, e.g. --set model.qtype int4_fused")
     p.add_argument("--json-out", type=Path)

@@ -75,6 +75,8 @@ class BlockStreamer:
             raise ValueError(f"stream mode {mode!r}: use {SERIALIZED} or {OVERLAPPED}")
         self.device = torch.device(device)
         self.accelerated = self.device.type == "cuda" and torch.cuda.is_available()
+        if self.accelerated and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.mode = mode  # on the CPU both modes copy at once; overlapped still copies one block ahead
         self.stats = StreamStats(record=record)
         self.slots: dict[str, list[HostSlot]] = {}

@@ -53,12 +53,17 @@ def budget_bytes(model_kwargs: dict, device) -> int | None:
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
         return None if cap is None else cap - margin
+    device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
     free, total = torch.cuda.mem_get_info(device)
+    reserved = torch.cuda.memory_reserved(device)
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if fraction is not None:  # a cap set on this process before (a benchmark's) is free VRAM too
+        free = min(free, int(fraction(device) * total) - reserved)
     if cap is None:
         return free - margin
     if cap < total:
         torch.cuda.set_per_process_memory_fraction(cap / total, device)
-    room = cap - torch.cuda.memory_reserved(device)
+    room = cap - reserved
     if free < room:
         print(f"memory plan: the card has {free / GIB:.2f} GiB free, less than the {room / GIB:.2f} GiB the "
               f"preset's vram_budget_gib {float(preset):g} leaves: planning for {free / GIB:.2f} GiB", flush=True)
