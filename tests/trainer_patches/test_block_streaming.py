@@ -8,6 +8,9 @@ import copy
 import pytest
 import torch
 
+from launcher.in_trainer.selftest_streaming import block_stack
+from launcher.in_trainer.selftest_streaming import one_step as step
+
 pytestmark = pytest.mark.patch("memory-plan")
 WIDTH = 64
 
@@ -21,8 +24,6 @@ def toolkit(trainer_on_path):
 
 def Stack(int4_linear, depth=4):
     """The self-test's block stack: the FLUX.2 forward's loop over frozen 4-bit blocks."""
-    from launcher.in_trainer.selftest_streaming import block_stack
-
     return block_stack(torch, int4_linear, WIDTH, depth)
 
 
@@ -30,13 +31,6 @@ def plan_of(memory_plan, layout):
     """layout: one (weights, activations) per block."""
     blocks = [memory_plan.BlockPlan(f"blocks.{i}", w, a) for i, (w, a) in enumerate(layout)]
     return memory_plan.MemoryPlan(budget_bytes=0, blocks=blocks)
-
-
-def step(model, x):
-    model.zero_grad()
-    out = model(x)
-    out.float().square().mean().backward()
-    return out.detach(), model.lora.weight.grad.clone()
 
 
 @pytest.mark.parametrize("mode", ["serialized", "overlapped"])
