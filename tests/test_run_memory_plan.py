@@ -65,5 +65,5 @@ def test_dry_run_prints_the_trainers_plan_and_refuses_a_budget_below_the_minimum
     path = tiny_planned(tmp_path, 0.0001)
     assert main(["run", str(path), "--dry-run", "--workdir", workdir]) == 2
     err = capsys.readouterr().err
-    assert str(path) in err and "a VRAM budget of 104.9 KiB cannot hold the resident minimum of 3." in err
+    assert str(path) in err and "a VRAM budget of 0.10 MiB cannot hold the resident minimum of 3." in err
     assert "LoRA + optimizer" in err and "vram_budget_gib" in err
