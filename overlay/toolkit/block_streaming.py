@@ -96,21 +96,18 @@ class BlockStreamer:
     # ---- setting up
 
     def _stream(self, name: str, block: torch.nn.Module) -> None:
-        slots = []
-        for module in block.modules():
-            for kind in ("_parameters", "_buffers"):
-                for key, tensor in list(getattr(module, kind).items()):
-                    if tensor is None or tensor.requires_grad:
-                        continue  # a trainable tensor stays where the trainer put it
-                    if type(tensor.data) is not torch.Tensor:
-                        raise ValueError(
-                            f"{name}: {type(module).__name__}.{key} is a {type(tensor.data).__name__}; streaming "
-                            f"carries the plain tensors of qtype int4_fused / int4_w4a8 blocks only. Set qtype "
-                            f"int4_fused in the preset, or a VRAM budget that keeps every block resident.")
-                    slot = HostSlot(module, kind, key, to_host(tensor))
-                    slot.put(slot.host)
-                    slots.append(slot)
-        self.slots[name] = slots
+        frozen = [(module, kind, key, tensor) for module in block.modules() for kind in ("_parameters", "_buffers")
+                  for key, tensor in getattr(module, kind).items()
+                  if tensor is not None and not tensor.requires_grad]  # trainable tensors stay where they are
+        for module, _, key, tensor in frozen:  # all checked before any moves
+            if type(tensor.data) is not torch.Tensor:
+                raise ValueError(
+                    f"{name}: {type(module).__name__}.{key} is a {type(tensor.data).__name__}; streaming "
+                    f"carries the plain tensors of qtype int4_fused / int4_w4a8 blocks only. Set qtype "
+                    f"int4_fused in the preset, or a VRAM budget that keeps every block resident.")
+        self.slots[name] = [HostSlot(module, kind, key, to_host(tensor)) for module, kind, key, tensor in frozen]
+        for slot in self.slots[name]:
+            slot.put(slot.host)
         block.__class__ = streamed_class(type(block))
         block._streamer, block._stream_name, block.checkpointed = self, name, True
 
