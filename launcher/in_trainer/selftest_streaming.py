@@ -19,6 +19,8 @@ RUN_SECONDS = 20.0
 CPU_SECONDS = 2.0
 DEADLINE_SECONDS = 120.0
 """The child's own work is ~RUN_SECONDS plus compiling the 4-bit kernels; past this it is stuck."""
+TOLERANCE = 1e-2
+"""Largest difference from the serialized mode's output and LoRA gradient, relative to their size."""
 GPU_SHAPE = {"width": 3072, "depth": 8, "tokens": 2048}
 CPU_SHAPE = {"width": 128, "depth": 4, "tokens": 16}
 
@@ -89,7 +91,9 @@ def child(trainer: Path, seconds: float) -> dict:
     x = torch.randn(1, shape["tokens"], shape["width"], dtype=torch.bfloat16, device=device)
     want = one_step(models[block_streaming.SERIALIZED], x)
     got = one_step(models[block_streaming.OVERLAPPED], x)
-    matches = all(torch.equal(a, b) for a, b in zip(want, got))
+    # GPU kernels may sum in another order from call to call: a wrong or stale block is far off
+    matches = all(float((a.float() - b.float()).abs().max()) <= TOLERANCE * float(a.float().abs().max()) + 1e-6
+                  for a, b in zip(want, got))
     steps, began = 1, time.monotonic()
     while time.monotonic() - began < seconds:
         one_step(models[block_streaming.OVERLAPPED], x)
