@@ -111,6 +111,8 @@ def test_selftest_without_a_gpu_checks_the_reference_path(trainer_workdir, capsy
     assert result["trainer"] == selftest.trainer_build(workdir) and result["environment"]["gpu"] is None
     assert result["fastest"]["qtype"] is None and not result["timing"]
     assert all(row["passed"] and row["losses"][-1] < row["losses"][0] for row in result["training"])
+    assert result["sampling"]["passed"] and result["sampling"]["device"] == "cpu", result["sampling"]
+    assert "  pass  128 px, 4 steps, strengths 0 and 1 on the cpu" in out
     choice = selftest.resolve_qtype("auto", workdir)
     assert choice.qtype == "uint4" and "saw no GPU" in choice.line
     assert result["streaming"]["completed"] and result["streaming"]["matches_serialized"]

@@ -20,7 +20,7 @@ import yaml
 from launcher import __version__
 from launcher.atomic import write_text_atomic
 from launcher.envs.probe import probe_with
-from launcher.envs.selftest import load_result, resolve_config, resolve_stream_mode, summary_line
+from launcher.envs.selftest import load_result, resolve_config, resolve_sampling, resolve_stream_mode, summary_line
 from launcher.envs.torchenv import clean_env
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, read_state, venv_python
 from launcher.errors import LauncherError
@@ -85,11 +85,11 @@ def handle(args) -> int:
     else:
         config = render(preset, run.root, places=places)
     choice = resolve_config(config, workdir)
-    lines = [choice.line] if choice and choice.line else []
-    lines += filter(None, [resolve_stream_mode(config, workdir)])
+    lines = [choice.line if choice else None, resolve_sampling(config, workdir, preset.sampling),
+             resolve_stream_mode(config, workdir)]
     planner = (lambda: trainer_python_or_none(workdir)) if args.dry_run else (lambda: checked_python(workdir))
     lines += memory_plan.check_plans(config, planner, workdir.trainer, preset.path)
-    for line in lines:  # YAML comments in a dry run, whose output stays a config
+    for line in filter(None, lines):  # YAML comments in a dry run, whose output stays a config
         say(f"# {line}" if args.dry_run else line)
     datasets = check(preset, config, workdir, run, full_size=not preset.tiny)
     extra = {**launch_env(run, workdir, args.profile), **(choice.env if choice else {})}

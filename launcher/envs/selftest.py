@@ -124,6 +124,34 @@ def resolve_stream_mode(config: dict, workdir: Workdir) -> str | None:
     return line
 
 
+def resolve_sampling(config: dict, workdir: Workdir, setting: str) -> str | None:
+    """In-training sampling (wall 6) stays on only where the self-test's sampling check passed for
+    this trainer build, or when the preset says `launcher: {sampling: force}`; otherwise it is
+    switched off in the rendered config, in place. Returns the line `run` prints, or None when
+    no process samples."""
+    sampling = [p for p in config["config"]["process"] if not (p.get("train") or {}).get("disable_sampling", False)]
+    if not sampling:
+        return None
+    if setting == "force":
+        return "in-training sampling on: forced by the preset (launcher: {sampling: force})"
+    result = load_result(workdir)
+    check = (result or {}).get("sampling") or {}
+    stale = staleness(result, workdir) if result is not None else None
+    if result is None:
+        why = f"no self-test result in {workdir.root}"
+    elif stale:
+        why = f"{workdir.selftest.name} is stale ({stale})"
+    elif not check.get("passed"):
+        why = f"the self-test's sampling check did not pass ({check.get('error') or 'not run'})"
+    else:
+        return (f"in-training sampling on: the self-test of {str(result.get('created', '?'))[:10]} sampled on "
+                f"{describe_gpu(result)}")
+    for process in sampling:
+        process.setdefault("train", {})["disable_sampling"] = True
+    return (f"in-training sampling off: {why}; `python -m launcher selftest` checks that sampling completes here, "
+            "or set `launcher: {sampling: force}` in the preset")
+
+
 def summary_line(report: dict | None) -> str:
     """One line for `doctor` and run.json readers."""
     if report is None:

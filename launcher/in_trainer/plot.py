@@ -1,9 +1,9 @@
 """Loss, s/it and board power over steps, with every watchdog decision marked on the s/it curve,
 and the trainer's host RSS over time (loading included), with the bytes a memory plan streams
-per step.
+per step; with `--sheet`, the run's newest contact sheet of samples beside the curves.
 
 matplotlib lives in the trainer's venv, not the launcher's, so this runs there:
-    <venv python> -m launcher.in_trainer.plot TELEMETRY.jsonl OUT.png [--events watchdog.jsonl]
+    <venv python> -m launcher.in_trainer.plot TELEMETRY.jsonl OUT.png [--events watchdog.jsonl] [--sheet PNG]
 (`launcher.runs.plotting.plot_with(python, ...)` does that from the launcher). matplotlib is imported on use only.
 
 Telemetry rows need `step` and any of `loss`, `s_it`, `power_w` (the run telemetry rows, or a
@@ -98,8 +98,8 @@ def plot_memory(axis, rows: list[dict]) -> None:
         streamed.legend(loc="lower left", fontsize=7)
 
 
-def plot_run(telemetry_jsonl: Path, events_jsonl: Path | None, out_png: Path) -> Path:
-    """Write the PNG and return its path."""
+def plot_run(telemetry_jsonl: Path, events_jsonl: Path | None, out_png: Path, sheet: Path | None = None) -> Path:
+    """Write the PNG and return its path; `sheet` (a contact sheet) goes in a column on the right."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -108,12 +108,19 @@ def plot_run(telemetry_jsonl: Path, events_jsonl: Path | None, out_png: Path) ->
     rows = _rows(telemetry_jsonl)
     data = series(rows)
     events = [event for event in _rows(events_jsonl) if event.get("step") is not None]
-    figure = plt.figure(figsize=(13, 11.5))
-    grid = figure.add_gridspec(4, 1, height_ratios=[1, 1.6, 1, 1])
-    loss_ax = figure.add_subplot(grid[0])
-    rate_ax = figure.add_subplot(grid[1], sharex=loss_ax)
-    power_ax = figure.add_subplot(grid[2], sharex=loss_ax)
-    plot_memory(figure.add_subplot(grid[3]), rows)
+    figure = plt.figure(figsize=(19 if sheet else 13, 11.5))
+    grid = figure.add_gridspec(4, 2 if sheet else 1, height_ratios=[1, 1.6, 1, 1],
+                               width_ratios=[2, 1] if sheet else [1])
+    loss_ax = figure.add_subplot(grid[0, 0])
+    rate_ax = figure.add_subplot(grid[1, 0], sharex=loss_ax)
+    power_ax = figure.add_subplot(grid[2, 0], sharex=loss_ax)
+    plot_memory(figure.add_subplot(grid[3, 0]), rows)
+    if sheet:
+        sheet_ax = figure.add_subplot(grid[0:2, 1])
+        sheet_ax.imshow(plt.imread(sheet))
+        sheet_ax.set_axis_off()
+        sheet_ax.set_title(f"samples, step {Path(sheet).parent.name} (rows: prompts, columns: LoRA strengths)",
+                           fontsize=9)
     loss_ax.plot(*data["loss"], lw=0.6, color="tab:blue")
     loss_ax.set_ylabel("loss")
     rate_ax.plot(*data["s_it"], lw=0.8, color="black", label="s/it")
@@ -165,8 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("telemetry", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--events", type=Path, help="watchdog.jsonl whose decisions are marked")
+    parser.add_argument("--sheet", type=Path, help="a contact sheet of samples to show beside the curves")
     args = parser.parse_args(argv)
-    print(plot_run(args.telemetry, args.events, args.out), flush=True)
+    print(plot_run(args.telemetry, args.events, args.out, args.sheet), flush=True)
     return 0
 
 

@@ -7,6 +7,7 @@
         trainer-telemetry.jsonl      rows written inside the trainer (in-process VRAM, wall 10)
         watchdog.jsonl               stall watchdog decisions
         comfyui/                     `comfy`: <LoRA name>.workflow.json (UI) and .api.json (POST /prompt)
+        samples/<step>/              `sample`: p<prompt>_s<strength>.png and contact_sheet.png (step or final)
         run.lock, run.lock.json      held while a trainer runs here, and who holds it
         dataset-<n>.json             the images trained on, when bad ones are skipped
         <name>/                      what the trainer writes: LoRA, checkpoints, optimizer state
@@ -82,6 +83,14 @@ class RunFolder:
     @property
     def comfyui(self) -> Path:
         return self.root / "comfyui"
+
+    @property
+    def samples(self) -> Path:
+        return self.root / "samples"
+
+    def saved_step(self, lora: Path) -> int | None:
+        """The step a saved LoRA was written at; None for the final save."""
+        return _saved_step(lora, self.name)
 
     def checkpoints(self) -> list[Path]:
         """What a resume can start from, oldest first: saved LoRA files, and the manifest the

@@ -297,6 +297,7 @@ def launcher_block() -> Block:
         "telemetry": Block({"interval_s": Number(positive=True)}),
         "watchdog": watchdog_block(),
         "skip_bad_images": Boolean(),
+        "sampling": Text(("auto", "force")),
     })
 
 

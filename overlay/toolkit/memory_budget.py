@@ -134,5 +134,5 @@ def after_load(base_model, transformer, params, plan):
     block_streaming.install(transformer, plan, base_model.device_torch, mode)
     for line in plan.summary() + ([f"  stream mode: {mode}"] if plan.streamed() else []):
         print(line, flush=True)
-    trainer_telemetry.record_fields("memory_plan", memory_plan={**plan.to_json(), "stream_mode": mode})
+    trainer_telemetry.record_event("memory_plan", memory_plan={**plan.to_json(), "stream_mode": mode})
     return plan
