@@ -265,7 +265,7 @@ def build_assets(trainer: Path, out: Path, model_dir: Path, args) -> None:
     timed("vae", lambda: write_random_checkpoint(vae, model_dir / "ae.safetensors"))
     timed("text encoder", lambda: build_text_encoder(out / tiny_assets.TEXT_ENCODER_DIR,
                                                      {**TEXT_SHAPE, "intermediate_size": args.te_mlp}))
-    tiny_assets.build_dataset(out, seed=0, size=512, count=args.images)
+    tiny_assets.build_dataset(out, seed=0, size=args.image_size, count=args.images)
 
 
 def meta_shapes(module_class, *params) -> dict:
@@ -361,8 +361,8 @@ def launch(args) -> int:
     for key, value in (args.set or []):
         target = process
         *path, last = key.split(".")
-        for part in path:
-            target = target.setdefault(part, {})
+        for part in path:  # a number indexes a list: datasets.0.resolution
+            target = target[int(part)] if part.isdigit() else target.setdefault(part, {})
         target[last] = yaml.safe_load(value)
     for key, value in (args.launcher_set or []):
         preset.setdefault("launcher", {})[key] = yaml.safe_load(value)
@@ -429,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--carry", type=Path, default=Path(".bench-carry"))
     p.add_argument("--root", type=Path, required=True)
     p.add_argument("--images", type=int, default=8)
+    p.add_argument("--image-size", type=int, default=512, help="pixels per side (1024 for 1024 px runs)")
     p.add_argument("--single-blocks", type=int, default=48,
                    help="single-stream blocks of the transformer (48: the full 32B; fewer fits a 64 GiB disk)")
     p.add_argument("--te-mlp", type=int, default=TEXT_SHAPE["intermediate_size"],
@@ -441,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--label", required=True, help="names the run folder and the cut-down preset")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--model-dir", type=Path, help="the folder prepare --model-dir wrote (default: ROOT/assets)")
-    p.add_argument("--cap-gib", type=float, default=24.0, help="VRAM cap (0: none)")
+    p.add_argument("--cap-gib", "--vram-cap", type=float, default=24.0, metavar="GIB", help="VRAM cap (0: none)")
     p.add_argument("--set", nargs=2, action="append", metavar=("KEY", "VALUE"),
                    help="override a process key, e.g. --set model.qtype int4_fused")
     p.add_argument("--launcher-set", nargs=2, action="append", metavar=("KEY", "VALUE"),

@@ -3,8 +3,9 @@
 Runs `launcher.in_trainer.selftest` with the trainer venv's interpreter: every 4-bit kernel
 path against its plain-PyTorch reference, the 8-bit-activation quality gate, three LoRA steps
 on the tiny FLUX.2 per path, the block-Linear time of one step at the preset's shapes,
-bf16 weights against each path, and a bounded sampling run (wall 6: the tiny 4-bit FLUX.2
-samples finite images in a process of its own, within SAMPLING_LIMIT_S). The result goes to `<workdir>/selftest.json`, which presets
+bf16 weights against each path, a bounded sampling run (wall 6: the tiny 4-bit FLUX.2
+samples finite images in a process of its own, within SAMPLING_LIMIT_S), and the overlapped
+block streaming under a deadline (wall 5). The result goes to `<workdir>/selftest.json`, which presets
 with `qtype: auto` follow (`run`) and `doctor` shows; the printed report is what a bug report
 needs. Without a GPU only the reference path runs, and the report says so.
 """
@@ -119,6 +120,7 @@ def format_report(report: dict, path: Path) -> list[str]:
     lines += training_lines(report, on_gpu=env.get("gpu") is not None)
     lines += timing_lines(report)
     lines += sampling_lines(report)
+    lines += streaming_lines(report.get("streaming"))
     lines += [""] + verdict_lines(report) + [f"written to {path}"]
     return lines
 
@@ -171,6 +173,19 @@ def timing_lines(report: dict) -> list[str]:
             ratio = f"{row['step_ms'] / base:.2f}x bf16" if base else ""
             lines.append(f"  {row['candidate']:<34} {row['step_ms']:8.1f} ms  {row['tflops']:6.1f} TFLOP/s  {ratio}")
     return lines
+
+
+def streaming_lines(streaming: dict | None) -> list[str]:
+    lines = ["", "overlapped block streaming (copies on a side stream during kernels: wall 5)"]
+    if not streaming:
+        return lines + ["  not run"]
+    if not streaming.get("completed"):
+        return lines + [f"  FAIL  {streaming.get('reason')}", "  presets with `stream_mode: auto` stream serialized"]
+    verdict = "pass" if streaming.get("passed") else "FAIL"
+    lines.append(f"  {verdict}  {streaming['steps']} steps in {streaming['seconds']} s on the {streaming['device']}"
+                 f"{'' if streaming.get('passed') else ': ' + str(streaming.get('reason'))}")
+    uses = "overlapped" if streaming.get("passed") and streaming.get("device") == "cuda" else "serialized"
+    return lines + [f"  presets with `stream_mode: auto` stream {uses}"]
 
 
 def verdict_lines(report: dict) -> list[str]:

@@ -1,4 +1,5 @@
-"""The self-test's result in the workdir, and what it decides: the qtype behind `qtype: auto`.
+"""The self-test's result in the workdir, and what it decides: the qtype behind `qtype: auto`,
+and the stream mode behind `model_kwargs: {stream_mode: auto}` of a memory plan.
 
 `python -m launcher selftest` writes `<workdir>/selftest.json` (written by
 `launcher.in_trainer.selftest` under the trainer's interpreter, stamped here with the trainer
@@ -17,6 +18,7 @@ AUTO = "auto"
 FALLBACK_QTYPE = "uint4"
 FAST_QTYPES = ("int4_fused", "int4_w4a8")
 HOW_TO_TEST = "`python -m launcher selftest` (a few minutes) tests the 4-bit kernels on this GPU"
+SERIALIZED, OVERLAPPED = "serialized", "overlapped"
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,36 @@ def resolve_config(config: dict, workdir: Workdir) -> QtypeChoice | None:
             choice = choice or resolve_qtype(AUTO, workdir)
             model["qtype"] = choice.qtype
     return choice
+
+
+def streaming_verdict(workdir: Workdir) -> tuple[str, str]:
+    """(mode, why): overlapped only where the self-test ran the overlapped streaming on this GPU to
+    completion within its deadline; serialized everywhere else (wall 5: block swap with copies in
+    flight during kernels deadlocked the HIP driver on Windows)."""
+    result = load_result(workdir)
+    if result is None:
+        return SERIALIZED, f"no self-test result in {workdir.root}; {HOW_TO_TEST}"
+    stale = staleness(result, workdir)
+    if stale:
+        return SERIALIZED, f"{workdir.selftest.name} is stale ({stale}); {HOW_TO_TEST}"
+    streaming = result.get("streaming") or {}
+    when = f"self-test of {str(result.get('created', '?'))[:10]}, {describe_gpu(result)}"
+    if streaming.get("passed") and streaming.get("device") == "cuda":
+        return OVERLAPPED, f"overlapped streaming completed in {streaming.get('seconds', 0):.0f} s ({when})"
+    return SERIALIZED, f"{streaming.get('reason') or 'overlapped streaming was not tested on a GPU'} ({when})"
+
+
+def resolve_stream_mode(config: dict, workdir: Workdir) -> str | None:
+    """`stream_mode: auto` (or unset) of every process with `memory_plan: auto` -> serialized or
+    overlapped, in place; returns the line `run` prints, or None when no process plans."""
+    line = None
+    for process in config["config"]["process"]:
+        kwargs = (process.get("model") or {}).get("model_kwargs") or {}
+        if kwargs.get("memory_plan") == AUTO and kwargs.get("stream_mode", AUTO) == AUTO:
+            mode, why = streaming_verdict(workdir)
+            kwargs["stream_mode"] = mode
+            line = f"stream_mode auto -> {mode}: {why}"
+    return line
 
 
 def resolve_sampling(config: dict, workdir: Workdir, setting: str) -> str | None:

@@ -1,6 +1,6 @@
 """Loss, s/it and board power over steps, with every watchdog decision marked on the s/it curve,
-and the trainer's host RSS over time (loading included); with `--sheet`, the run's newest
-contact sheet of samples beside the curves.
+and the trainer's host RSS over time (loading included), with the bytes a memory plan streams
+per step; with `--sheet`, the run's newest contact sheet of samples beside the curves.
 
 matplotlib lives in the trainer's venv, not the launcher's, so this runs there:
     <venv python> -m launcher.in_trainer.plot TELEMETRY.jsonl OUT.png [--events watchdog.jsonl] [--sheet PNG]
@@ -8,7 +8,7 @@ matplotlib lives in the trainer's venv, not the launcher's, so this runs there:
 
 Telemetry rows need `step` and any of `loss`, `s_it`, `power_w` (the run telemetry rows, or a
 watchdog trace whose `progress` / `gpu` rows carry them); the memory panel reads `t`,
-`trainer_time`, `host_rss_gib` and `host_peak_rss_gib` of the run telemetry rows.
+`trainer_time`, `host_rss_gib`, `host_peak_rss_gib` and `streamed_bytes_step` of the run telemetry rows.
 """
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ def series(rows: list[dict]) -> dict[str, tuple[list, list]]:
 
 
 def memory_series(rows: list[dict]) -> dict[str, list]:
-    """Host RSS and its peak over minutes since the first row, one point per trainer sample,
-    and the minute training started (the first row with a step), or None."""
-    out: dict[str, list] = {"minutes": [], "rss": [], "peak": []}
+    """Host RSS, its peak and the GiB streamed per step over minutes since the first row, one
+    point per trainer sample, and the minute training started (the first row with a step), or None."""
+    out: dict[str, list] = {"minutes": [], "rss": [], "peak": [], "streamed": []}
     seen = set()
     start = next((row["t"] for row in rows if row.get("t") is not None), None)
     first_step = None
@@ -72,6 +72,7 @@ def memory_series(rows: list[dict]) -> dict[str, list]:
         out["minutes"].append(minute)
         out["rss"].append(row["host_rss_gib"])
         out["peak"].append(row.get("host_peak_rss_gib"))
+        out["streamed"].append((row.get("streamed_bytes_step") or 0) / 2 ** 30)
         if first_step is None and row.get("step"):
             first_step = minute
     out["first_step"] = first_step
@@ -90,6 +91,11 @@ def plot_memory(axis, rows: list[dict]) -> None:
     axis.set_xlabel("minutes since launch")
     if memory["minutes"]:
         axis.legend(loc="lower right", fontsize=7)
+    if any(memory["streamed"]):  # a memory plan that streams blocks: the bytes copied per step
+        streamed = axis.twinx()
+        streamed.plot(memory["minutes"], memory["streamed"], lw=0.8, color="tab:cyan", label="streamed per step")
+        streamed.set_ylabel("streamed per step (GiB)")
+        streamed.legend(loc="lower left", fontsize=7)
 
 
 def plot_run(telemetry_jsonl: Path, events_jsonl: Path | None, out_png: Path, sheet: Path | None = None) -> Path:

@@ -312,6 +312,11 @@ MODEL_KWARGS = Block({
     "allow_unquantized_block_linears": Boolean(),
     "resident_after_te_cache": Boolean(),
     "stay_placed": Boolean(),
+    # the memory plan (overlay/toolkit/memory_budget.py): blocks resident or streamed
+    "memory_plan": Text(("auto", "off")),
+    "stream_mode": Text(("auto", "serialized", "overlapped")),
+    "vram_budget_gib": Number(positive=True),
+    "vram_margin_gib": Number(minimum=0),
 }, extra="model_kwargs")
 
 PROCESS = Block({
