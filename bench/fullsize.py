@@ -212,12 +212,14 @@ def make_venv(root: Path) -> None:
     packages = next(venv.glob("lib/python3*/site-packages"))
     (packages / "carry.pth").write_text("\n".join([str(root / "site"), *site.getsitepackages()]) + "\n")
     (packages / "bench_vram_cap.py").write_text(VRAM_CAP_MODULE)
-    (packages / "bench_vram_cap.pth").write_text(
+    # named to sort after carry.pth, which puts torch on the path: .pth files run in name order
+    (packages / "zz_bench_vram_cap.pth").write_text(
         "import os; os.environ.get('BENCH_VRAM_CAP_GIB') and __import__('bench_vram_cap').apply()\n")
 
 
 VRAM_CAP_MODULE = '''"""The benchmark's VRAM cap: a large GPU behaves as a card of BENCH_VRAM_CAP_GIB."""
 import os
+import sys
 
 
 def apply():
@@ -233,7 +235,8 @@ def _cap():
     cap = float(os.environ["BENCH_VRAM_CAP_GIB"]) * 2**30
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(min(cap / total, 1.0))
-    print(f"[bench] VRAM capped at {cap / 2**30:.1f} GiB of {total / 2**30:.1f}", flush=True)
+    # stderr: the launcher reads some of the venv's stdout as JSON
+    print(f"[bench] VRAM capped at {cap / 2**30:.1f} GiB of {total / 2**30:.1f}", file=sys.stderr, flush=True)
 '''
 
 
