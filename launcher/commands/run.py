@@ -25,14 +25,14 @@ from launcher.envs.torchenv import clean_env
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, read_state, venv_python
 from launcher.errors import LauncherError
 from launcher.progress import say, warn
-from launcher.runs import disk_budget, files, load_report, tiny, validate
+from launcher.runs import disk_budget, files, load_report, resume, tiny, validate
 from launcher.runs.dataset import DEFAULT_BUCKET_TOLERANCE, DatasetCheck, check_dataset
 from launcher.runs.exit_status import describe, launcher_code
 from launcher.runs.folders import RunFolder
 from launcher.runs.presets import Preset, load_preset, render, write_config
 from launcher.runs.presets import check as check_preset
 from launcher.runs.run_lock import run_folder_lock
-from launcher.runs.schema import Vocabulary
+from launcher.runs.schema import Vocabulary, short
 from launcher.runs.telemetry import TelemetryRecorder
 from launcher.runs.vocabulary import read_vocabulary
 from launcher.watchdog.loop import watch_run
@@ -56,6 +56,9 @@ def register(subparsers) -> None:
         parser.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=Path, help=f"{meaning}; or ${variable}")
     parser.add_argument("--dry-run", action="store_true", help="print the rendered config and environment, exit")
     parser.add_argument("--resume", action="store_true", help="continue the run already in the output folder")
+    parser.add_argument(resume.ACCEPT_FLAG, dest="accept_changes", action="store_true",
+                        help="with --resume: accept a preset that differs from the run's config in settings that "
+                             "leave the saved LoRA and optimizer valid (steps, save cadence, lr...); recorded in run.json")
     parser.add_argument("--profile", type=positive_int, metavar="N",
                         help="profile N training steps (after 2 warm-up steps) with torch.profiler; the Chrome "
                              "trace and a top-20 table go to <run>/profile/")
@@ -97,10 +100,10 @@ def handle(args) -> int:
         return 0
     python = checked_python(workdir)
     with run_folder_lock(run.root):
-        check_resume(run, args.resume)
+        changes = check_resume(run, args.resume, config, args.accept_changes)
         write_config(config, run.config)
         write_dataset_lists(datasets)
-        write_metadata(run, preset, workdir, python, datasets, config)
+        write_metadata(run, preset, workdir, python, datasets, config, changes)
         say(f"run folder: {run.root}")
         offset = load_report.telemetry_offset(run)
         try:
@@ -201,18 +204,24 @@ def write_dataset_lists(datasets: list[tuple[Path, DatasetCheck]]) -> None:
         write_text_atomic(listed, json.dumps({str(image): {} for image in result.good}, indent=1) + "\n")
 
 
-def check_resume(run: RunFolder, resume: bool) -> None:
-    """A run folder with checkpoints is continued only on request; a new run never overwrites it."""
+def check_resume(run: RunFolder, asked: bool, config: dict, accept_changes: bool) -> list[dict]:
+    """A run folder with checkpoints is continued only on request, and only with the config it was
+    trained with (launcher/runs/resume.py); a new run never overwrites it. Returns accepted changes."""
     saved = run.checkpoints()
-    if saved and not resume:
+    if saved and not asked:
         raise LauncherError(
             f"{run.root} already holds a run (latest checkpoint {saved[-1].name}). Continue it with "
             "--resume, or start a new one with another --output"
         )
-    if resume and not saved:
+    if asked and not saved:
         raise LauncherError(f"nothing to resume in {run.root}: no checkpoint there yet")
-    if resume:
-        say(f"resuming from {saved[-1].name}")
+    if not asked:
+        return []
+    changes = resume.check_changes(run.config, config, accept_changes)
+    for change in changes:
+        say(f"resume with a changed setting: {change['key']}: was {short(change['was'])}, now {short(change['now'])}")
+    say(f"resuming from {saved[-1].name}")
+    return changes
 
 
 def checked_python(workdir: Workdir) -> Path:
@@ -258,9 +267,13 @@ def trainer_env(preset: Preset, run: RunFolder, workdir: Workdir, extra: dict[st
 
 
 def write_metadata(run: RunFolder, preset: Preset, workdir: Workdir, python: Path,
-                   datasets: list[tuple[Path, DatasetCheck]], config: dict) -> None:
-    """run.json beside the LoRA: enough to reproduce the run and to file a bug report."""
+                   datasets: list[tuple[Path, DatasetCheck]], config: dict, changes: list[dict]) -> None:
+    """run.json beside the LoRA: enough to reproduce the run and to file a bug report; the settings
+    each resume changed (`--accept-changes`) are kept from launch to launch."""
     state = read_state(workdir.state_file)
+    resumes = previous_resume_changes(run)
+    if changes:
+        resumes.append({"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "changes": changes})
     metadata = {
         "launcher": __version__,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -273,8 +286,17 @@ def write_metadata(run: RunFolder, preset: Preset, workdir: Workdir, python: Pat
         "skipped_images": [item for _, result in datasets for item in result.skipped()],
         "qtype": sorted({(p.get("model") or {}).get("qtype") for p in config["config"]["process"]} - {None}),
         "selftest": summary_line(load_result(workdir)),
+        **({"resume_changes": resumes} if resumes else {}),
     }
     write_text_atomic(run.metadata, json.dumps(metadata, indent=2) + "\n")
+
+
+def previous_resume_changes(run: RunFolder) -> list:
+    try:
+        earlier = json.loads(run.metadata.read_text(encoding="utf-8")).get("resume_changes")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return earlier if isinstance(earlier, list) else []
 
 
 def train(python: Path, trainer: Path, run: RunFolder, env: dict[str, str]) -> int:

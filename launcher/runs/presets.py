@@ -24,6 +24,7 @@ import yaml
 from launcher.atomic import write_text_atomic
 from launcher.errors import LauncherError
 from launcher.runs.schema import Vocabulary, check_preset
+from launcher.runs.yaml_files import load_yaml
 
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 LAUNCHER_KEY = "launcher"
@@ -95,10 +96,7 @@ def find_preset(spec: str) -> Path:
 def load_preset(spec: str) -> Preset:
     """Read and check a preset against the schema; what needs the trainer is checked by `check`."""
     path = find_preset(spec)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, ValueError, RecursionError) as error:  # ValueError: bad UTF-8, a 5000-digit int
-        raise LauncherError(f"{path} is not valid YAML: {type(error).__name__}: {error}") from None
+    data = load_yaml(path)
     raise_problems(path, check_preset(data))
     settings = {**LAUNCHER_DEFAULTS, **(data.pop(LAUNCHER_KEY, None) or {})}
     return Preset(path=path, settings=settings, config=data)

@@ -19,6 +19,7 @@ GitPython.
 
 import math
 import re
+import reprlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 
@@ -43,9 +44,14 @@ class Vocabulary:
     jobs: set[str] | None = None
 
 
+_PREVIEW = reprlib.Repr()
+_PREVIEW.maxlevel, _PREVIEW.maxdict, _PREVIEW.maxlist, _PREVIEW.maxstring = 2, 3, 3, 60
+
+
 def short(value) -> str:
-    """A value as the message shows it: repr, cut to a readable length."""
-    text = repr(value)
+    """A value as the message shows it: repr, cut to a readable length; a mapping or list is
+    previewed a few items deep, never expanded whole (an alias bomb stands for billions)."""
+    text = _PREVIEW.repr(value) if isinstance(value, (dict, list, tuple, set)) else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 

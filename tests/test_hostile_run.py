@@ -1,0 +1,59 @@
+"""`run` against hostile input, without the trainer (the stand-in of test_run_guards): a resume
+with a changed preset, writes through planted links, aliases that expand without bound."""
+
+import json
+
+import yaml
+from test_run_guards import StandIn, stand_in  # noqa: F401 - the fixture
+
+CHECKPOINT = "tiny_flux2.safetensors"
+
+
+def edit_preset(stand_in: StandIn, edit) -> None:
+    preset = yaml.safe_load(stand_in.preset.read_text(encoding="utf-8"))
+    edit(preset["config"]["process"][0])
+    stand_in.preset.write_text(yaml.safe_dump(preset), encoding="utf-8")
+
+
+def trained(stand_in: StandIn) -> None:
+    """A first launch, and a LoRA in its job folder as the trainer leaves one."""
+    assert stand_in.run() == 0
+    (stand_in.run_root / "tiny_flux2" / CHECKPOINT).write_bytes(b"saved")
+
+
+# -- resume -------------------------------------------------------------------------------------
+
+
+def test_a_resume_that_changes_the_network_or_optimizer_is_refused(stand_in, capsys):
+    trained(stand_in)
+    config_before = (stand_in.run_root / "config.yaml").read_text()
+
+    def shrink(process):
+        process["network"]["linear"] = 2
+        process["train"]["optimizer"] = "adafactor"
+        process["train"]["steps"] = 9
+    edit_preset(stand_in, shrink)
+    capsys.readouterr()
+    assert stand_in.run("--resume", "--accept-changes") == 2
+    err = capsys.readouterr().err
+    assert "config.process[0].network.linear: the run has 4, now 2" in err
+    assert "config.process[0].train.optimizer: the run has 'adamw', now 'adafactor'" in err
+    assert "steps" not in err, "only the changes that break the saved state are listed"
+    assert "another --output" in err
+    assert (stand_in.run_root / "config.yaml").read_text() == config_before
+    assert (stand_in.run_root / "tiny_flux2" / CHECKPOINT).read_bytes() == b"saved"
+
+
+def test_a_resume_with_more_steps_needs_the_flag_and_is_recorded(stand_in, capsys):
+    trained(stand_in)
+    edit_preset(stand_in, lambda process: process["train"].update(steps=9))
+    capsys.readouterr()
+    assert stand_in.run("--resume") == 2
+    err = capsys.readouterr().err
+    assert "config.process[0].train.steps: the run has 2, now 9" in err and "--accept-changes" in err
+    assert stand_in.run("--resume", "--accept-changes") == 0
+    metadata = json.loads((stand_in.run_root / "tiny_flux2" / "run.json").read_text())
+    assert metadata["resume_changes"][0]["changes"] == [{"key": "config.process[0].train.steps", "was": 2, "now": 9}]
+    assert stand_in.run("--resume") == 0, "the same preset again resumes without the flag"
+    metadata = json.loads((stand_in.run_root / "tiny_flux2" / "run.json").read_text())
+    assert len(metadata["resume_changes"]) == 1, "earlier accepted changes stay recorded"
