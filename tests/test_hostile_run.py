@@ -4,6 +4,8 @@ with a changed preset, writes through planted links, aliases that expand without
 import json
 
 import yaml
+
+from launcher.cli import main
 from test_run_guards import StandIn, stand_in  # noqa: F401 - the fixture
 
 CHECKPOINT = "tiny_flux2.safetensors"
@@ -57,3 +59,33 @@ def test_a_resume_with_more_steps_needs_the_flag_and_is_recorded(stand_in, capsy
     assert stand_in.run("--resume") == 0, "the same preset again resumes without the flag"
     metadata = json.loads((stand_in.run_root / "tiny_flux2" / "run.json").read_text())
     assert len(metadata["resume_changes"]) == 1, "earlier accepted changes stay recorded"
+
+
+# -- YAML ---------------------------------------------------------------------------------------
+
+
+def alias_bomb(levels: int) -> str:
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    for level in range(1, levels):
+        lines.append(f"a{level}: &a{level} [" + ", ".join([f"*a{level - 1}"] * 10) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_in_a_preset_is_refused_without_expanding_it(stand_in, capsys):
+    text = stand_in.preset.read_text(encoding="utf-8")
+    stand_in.preset.write_text(text + "bomb:\n" + "".join("  " + line + "\n" for line in alias_bomb(6).splitlines()),
+                               encoding="utf-8")
+    assert stand_in.run("--dry-run") == 2
+    err = capsys.readouterr().err
+    assert "is refused: it holds more than 100,000 values once its aliases (*name) are expanded" in err
+    assert len(err) < 1000
+
+
+def test_a_damaged_run_config_is_named_by_save_stop_and_comfy(stand_in, capsys):
+    trained(stand_in)
+    (stand_in.run_root / "config.yaml").write_text("config: [unclosed\n", encoding="utf-8")
+    for command in ("save", "stop", "comfy"):
+        capsys.readouterr()
+        assert main([command, str(stand_in.run_root), "--workdir", str(stand_in.workdir.root)]) == 2, command
+        err = capsys.readouterr().err
+        assert f"{stand_in.run_root / 'config.yaml'} is not valid YAML" in err and "Traceback" not in err, command

@@ -10,13 +10,11 @@ import argparse
 import json
 from pathlib import Path
 
-import yaml
-
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir
 from launcher.errors import LauncherError
 from launcher.progress import say, warn
 from launcher.runs import comfy, comfy_folder, lora_check
-from launcher.runs.folders import RunFolder, find_run
+from launcher.runs.folders import RunFolder, find_run, read_run_config
 
 EXAMPLES = """examples:
   python -m launcher comfy --comfy-dir D:\\ComfyUI                  # the latest run's newest LoRA
@@ -45,7 +43,7 @@ def register(subparsers) -> None:
 
 def handle(args) -> int:
     run = find_run(Workdir(args.workdir.resolve()).runs, args.run)
-    config = yaml.safe_load(run.config.read_text(encoding="utf-8"))
+    config = read_run_config(run.root)
     lora = run.saved_lora(args.checkpoint)
     comfy_dir = comfy_folder.check_comfy_dir(args.comfy_dir.resolve()) if args.comfy_dir else None
     prompt = args.prompt or comfy.caption_prompt(config)

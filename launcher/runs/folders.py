@@ -18,10 +18,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from launcher.errors import LauncherError
 from launcher.runs.files import CHECKPOINT_MANIFEST
+from launcher.runs.yaml_files import load_yaml
 
 
 @dataclass(frozen=True)
@@ -130,6 +129,17 @@ def find_run(runs_dir: Path, spec: str | None) -> RunFolder:
     return RunFolder(runs[-1], _job_name(runs[-1]))
 
 
+def read_run_config(root: Path) -> dict:
+    """A run folder's rendered config.yaml; a damaged one is a LauncherError naming it."""
+    path = root / "config.yaml"
+    data = load_yaml(path)
+    name = (data.get("config") or {}).get("name") if isinstance(data, dict) else None
+    if not isinstance(name, str) or not isinstance(data["config"].get("process"), list):
+        raise LauncherError(f"{path} is not a run config (it lacks config.name or config.process); it was "
+                            "damaged: restore it from a backup, or write it again by resuming with the run's preset")
+    return data
+
+
 def _job_name(root: Path) -> str:
     """The trainer's job name, read back from the rendered config."""
-    return yaml.safe_load((root / "config.yaml").read_text(encoding="utf-8"))["config"]["name"]
+    return read_run_config(root)["config"]["name"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from launcher.errors import LauncherError
 from launcher.runs.schema import short
-from launcher.runs.yaml_files import load_yaml
+from launcher.runs.folders import read_run_config
 
 # (key path inside a process, what a change there does to a resumed run)
 LOCKED = (
@@ -49,25 +49,12 @@ def locked_reason(path: str) -> str | None:
     return None
 
 
-def read_run_config(path: Path) -> dict:
-    """The config a run was trained with; a damaged one is named with how to go on."""
-    try:
-        data = load_yaml(path)
-    except LauncherError as error:
-        raise LauncherError(f"{error}. It is the config this run was trained with: restore it, or start a new run "
-                            "with another --output") from None
-    if not isinstance(data, dict) or not isinstance((data.get("config") or {}).get("process"), list):
-        raise LauncherError(f"{path} is not a trainer config (no config.process list); restore it, or start a "
-                            "new run with another --output")
-    return data
-
-
 def check_changes(config_file: Path, config: dict, accept: bool) -> list[dict]:
     """Refuse a resume whose config changes what was trained; return the accepted changes."""
     if not config_file.is_file():
         raise LauncherError(f"{config_file} is missing, so this resume cannot be checked against the config the "
                             "run was trained with; restore it, or start a new run with another --output")
-    changes = differences(read_run_config(config_file), config)
+    changes = differences(read_run_config(config_file.parent), config)
     if not changes:
         return []
     locked = [(path, old, new, locked_reason(path)) for path, old, new in changes if locked_reason(path)]
