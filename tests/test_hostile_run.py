@@ -2,11 +2,15 @@
 with a changed preset, writes through planted links, aliases that expand without bound."""
 
 import json
+from pathlib import Path
 
 import yaml
 
-from launcher.cli import main
+import pytest
+from test_comfy import NAME, comfy_dir, fake_run, launch  # noqa: F401 - fixtures
 from test_run_guards import StandIn, stand_in  # noqa: F401 - the fixture
+
+from launcher.cli import main
 
 CHECKPOINT = "tiny_flux2.safetensors"
 
@@ -59,6 +63,60 @@ def test_a_resume_with_more_steps_needs_the_flag_and_is_recorded(stand_in, capsy
     assert stand_in.run("--resume") == 0, "the same preset again resumes without the flag"
     metadata = json.loads((stand_in.run_root / "tiny_flux2" / "run.json").read_text())
     assert len(metadata["resume_changes"]) == 1, "earlier accepted changes stay recorded"
+
+
+# -- links ------------------------------------------------------------------------------------
+
+
+def plant_link(link: Path, target: Path, folder: bool = False) -> None:
+    link.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        link.symlink_to(target, target_is_directory=folder)
+    except OSError as error:  # Windows without the symlink privilege
+        pytest.skip(f"cannot create a link here: {error}")
+
+
+@pytest.mark.parametrize("name", ["train.log", "telemetry.jsonl", "trainer-telemetry.jsonl", "run.lock"])
+def test_run_does_not_append_through_a_planted_link(stand_in, tmp_path, capsys, name):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    plant_link(stand_in.run_root / name, victim)
+    assert stand_in.run() == 2
+    err = capsys.readouterr().err
+    assert f"{stand_in.run_root / name} is a link (to {victim}); the launcher does not write through links" in err
+    assert victim.read_text() == "keep me"
+
+
+def test_a_job_folder_that_is_a_link_receives_nothing(stand_in, tmp_path, capsys):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    plant_link(stand_in.run_root / "tiny_flux2", elsewhere, folder=True)
+    assert stand_in.run() == 2
+    assert f"{stand_in.run_root / 'tiny_flux2'} is a link" in capsys.readouterr().err
+    stand_in.run_root.joinpath("config.yaml").write_text(yaml.safe_dump({"config": {"name": "tiny_flux2", "process": []}}))
+    assert main(["save", str(stand_in.run_root), "--workdir", str(stand_in.workdir.root)]) == 2
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_the_preset_env_cannot_redirect_the_trainers_telemetry(stand_in, tmp_path, capsys):
+    stand_in.write_preset(env={"AITK_TELEMETRY": str(tmp_path / "elsewhere.jsonl")})
+    assert stand_in.run("--dry-run") == 2
+    assert "launcher.env.AITK_TELEMETRY = " in capsys.readouterr().err
+
+
+def test_comfy_writes_through_no_planted_link(fake_run, comfy_dir, tmp_path, capsys):  # noqa: F811
+    workdir, root = fake_run
+    victims = [tmp_path / "victim-1", tmp_path / "victim-2"]
+    for victim in victims:
+        victim.write_text("keep me")
+    loras = comfy_dir / "models" / "loras"
+    plant_link(loras / f"{NAME}.safetensors.partial", victims[0])
+    plant_link(root / "comfyui" / f"{NAME}.workflow.json", victims[1])
+    assert launch(workdir, "--comfy-dir", str(comfy_dir)) == 0
+    assert [victim.read_text() for victim in victims] == ["keep me", "keep me"]
+    placed = loras / f"{NAME}.safetensors"
+    assert not placed.is_symlink() and placed.read_bytes() == (root / NAME / f"{NAME}.safetensors").read_bytes()
+    assert not (root / "comfyui" / f"{NAME}.workflow.json").is_symlink()
 
 
 # -- YAML ---------------------------------------------------------------------------------------

@@ -10,8 +10,10 @@ import argparse
 import json
 from pathlib import Path
 
+from launcher.atomic import write_text_atomic
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir
 from launcher.errors import LauncherError
+from launcher.nofollow import refuse_links
 from launcher.progress import say, warn
 from launcher.runs import comfy, comfy_folder, lora_check
 from launcher.runs.folders import RunFolder, find_run, read_run_config
@@ -64,11 +66,12 @@ def handle(args) -> int:
 
 
 def write_workflows(run: RunFolder, lora: Path, workflow: comfy.Workflow) -> None:
+    refuse_links(run.root, run.comfyui)
     run.comfyui.mkdir(parents=True, exist_ok=True)
     ui = run.comfyui / f"{lora.stem}.workflow.json"
     api = run.comfyui / f"{lora.stem}.api.json"
-    ui.write_text(json.dumps(workflow.ui, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    api.write_text(json.dumps(workflow.api, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_text_atomic(ui, json.dumps(workflow.ui, indent=2, ensure_ascii=False) + "\n")  # replaces a link there
+    write_text_atomic(api, json.dumps(workflow.api, indent=2, ensure_ascii=False) + "\n")
     say(f"wrote {ui} (drag it onto the ComfyUI canvas)")
     say(f"wrote {api} (API format: POST {{\"prompt\": <its content>}} to ComfyUI's /prompt)")
 

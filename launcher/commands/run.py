@@ -24,6 +24,7 @@ from launcher.envs.selftest import load_result, resolve_config, summary_line
 from launcher.envs.torchenv import clean_env
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, read_state, venv_python
 from launcher.errors import LauncherError
+from launcher.nofollow import open_append
 from launcher.progress import say, warn
 from launcher.runs import disk_budget, files, load_report, resume, tiny, validate
 from launcher.runs.dataset import DEFAULT_BUCKET_TOLERANCE, DatasetCheck, check_dataset
@@ -100,6 +101,7 @@ def handle(args) -> int:
         return 0
     python = checked_python(workdir)
     with run_folder_lock(run.root):
+        run.refuse_links()
         changes = check_resume(run, args.resume, config, args.accept_changes)
         write_config(config, run.config)
         write_dataset_lists(datasets)
@@ -303,7 +305,7 @@ def train(python: Path, trainer: Path, run: RunFolder, env: dict[str, str]) -> i
     """Run the trainer in the foreground, teeing its output to the log; return its exit code."""
     command = [str(python), "-u", "run.py", str(run.config.resolve())]
     say(f"training: {' '.join(command)}")
-    with run.log.open("ab") as log_file:
+    with open_append(run.root, run.log) as log_file:
         child = subprocess.Popen(command, cwd=trainer, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:
             for line in iter(child.stdout.readline, b""):

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 from launcher.errors import LauncherError
+from launcher.nofollow import create_new
 from launcher.progress import warn
 
 MODEL_FOLDERS = {
@@ -52,7 +53,8 @@ def place_lora(lora: Path, comfy_dir: Path, link: bool, force: bool) -> Path:
         except OSError as error:  # Windows without Developer Mode or admin rights, FAT drives
             warn(f"cannot link {target} to {lora} ({error}); copying instead")
     partial = target.with_name(target.name + ".partial")
-    shutil.copyfile(lora, partial)
+    with lora.open("rb") as source, create_new(target.parent, partial) as copy:  # a link there is removed
+        shutil.copyfileobj(source, copy, 2**20)
     os.replace(partial, target)  # never a half-copied LoRA under the real name
     return target
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import LauncherError
-from launcher.runs.files import CHECKPOINT_MANIFEST
+from launcher.nofollow import refuse_links
+from launcher.runs.files import CHECKPOINT_MANIFEST, PROFILE_DIR
 from launcher.runs.yaml_files import load_yaml
 
 
@@ -81,6 +82,13 @@ class RunFolder:
     @property
     def comfyui(self) -> Path:
         return self.root / "comfyui"
+
+    def refuse_links(self) -> None:
+        """No link in place of the job folder or of a file the launcher or trainer writes here: the
+        LoRA, run.json and the logs would land wherever it points, outside --output."""
+        for path in (self.job_dir, self.config, self.log, self.telemetry, self.trainer_telemetry,
+                     self.watchdog_events, self.comfyui, self.root / PROFILE_DIR, self.metadata):
+            refuse_links(self.root, path)
 
     def checkpoints(self) -> list[Path]:
         """What a resume can start from, oldest first: saved LoRA files, and the manifest the

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 
 from launcher.envs.selftest import AUTO
+from launcher.runs import files
 from launcher.suggest import did_you_mean
 from launcher.watchdog.gpu_sources import SOURCES
 from launcher.watchdog.policy import WatchdogConfig
@@ -173,6 +174,17 @@ class PlainName(Spec):
 
 
 @dataclass(frozen=True)
+class SetByLauncher(Spec):
+    """An environment variable naming a file `run` writes into the run folder: a preset's value
+    would send the trainer's output elsewhere, past the run folder's link checks."""
+
+    instead: str
+
+    def check(self, value, path, vocab):
+        yield f"{path} = {short(value)}: set by the launcher to a file in the run folder; {self.instead}"
+
+
+@dataclass(frozen=True)
 class Nullable(Spec):
     inner: Spec
 
@@ -297,7 +309,12 @@ DTYPE = Text(lambda v: v.dtypes)
 def launcher_block() -> Block:
     return Block({
         "tiny": Boolean(),
-        "env": Block(extra=Scalar()),
+        "env": Block({
+            files.ENV_TELEMETRY: SetByLauncher("remove it (the rows go to <run>/trainer-telemetry.jsonl)"),
+            files.ENV_TELEMETRY_INTERVAL: SetByLauncher("remove it and set launcher.telemetry.interval_s"),
+            files.ENV_PROFILE_DIR: SetByLauncher("remove it (`run --profile N` writes to <run>/profile)"),
+            files.ENV_PROFILE_STEPS: SetByLauncher("remove it and use `run --profile N`"),
+        }, extra=Scalar()),
         "platform": Text(("rocm", "cuda", "cpu")),
         "allocator": Text(("expandable_segments", "default")),
         "telemetry": Block({"interval_s": Number(positive=True)}),
