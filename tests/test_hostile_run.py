@@ -2,6 +2,8 @@
 with a changed preset, writes through planted links, aliases that expand without bound."""
 
 import json
+import struct
+import zlib
 from pathlib import Path
 
 import yaml
@@ -147,3 +149,46 @@ def test_a_damaged_run_config_is_named_by_save_stop_and_comfy(stand_in, capsys):
         assert main([command, str(stand_in.run_root), "--workdir", str(stand_in.workdir.root)]) == 2, command
         err = capsys.readouterr().err
         assert f"{stand_in.run_root / 'config.yaml'} is not valid YAML" in err and "Traceback" not in err, command
+
+
+# -- the dataset as the trainer reads it --------------------------------------------------------
+
+
+def png(path: Path, width: int, height: int, depth: int = 8, colour: int = 0, transparency: bool = False) -> Path:
+    """A PNG whose header says what the test needs; its pixel data is a stub (only the header is read)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    chunks = [chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, depth, colour, 0, 0, 0))]
+    if colour == 3:
+        chunks.append(chunk(b"PLTE", b"\x00\x00\x00\xff\xff\xff"))
+    if transparency:
+        chunks.append(chunk(b"tRNS", b"\x00"))
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + b"".join(chunks) + chunk(b"IDAT", zlib.compress(b"\x00"))
+                     + chunk(b"IEND", b""))
+    path.with_suffix(".txt").write_text("a photo")
+    return path
+
+
+def test_images_the_trainers_pil_cannot_use_are_named_and_skippable(stand_in, capsys):
+    png(stand_in.dataset / "huge.png", 100_000, 100_000)
+    png(stand_in.dataset / "grey16.png", 128, 128, depth=16)
+    png(stand_in.dataset / "palette.png", 128, 128, colour=3, transparency=True)
+    png(stand_in.dataset / "palette_opaque.png", 128, 128, colour=3)
+    assert stand_in.run() == 2
+    err = capsys.readouterr().err
+    assert "3 of 7 images" in err
+    assert "huge.png is 100000x100000 px (10,000 Mpx); the trainer's PIL refuses images over 179 Mpx" in err
+    assert "grey16.png is a 16-bit greyscale PNG: the trainer's PIL opens it as mode I;16" in err
+    assert "palette.png is a palette PNG with transparency" in err
+    stand_in.write_preset(skip_bad_images=True)
+    assert stand_in.run() == 0
+    skipped = json.loads((stand_in.run_root / "tiny_flux2" / "run.json").read_text())["skipped_images"]
+    assert sorted(Path(item["file"]).name for item in skipped) == ["grey16.png", "huge.png", "palette.png"]
+
+
+def test_a_caption_longer_than_the_text_encoder_reads_is_warned(stand_in, capsys):
+    stand_in.add_image("long.png", 128, 128, caption=b"word " * 800)
+    assert stand_in.run() == 0
+    err = capsys.readouterr().err
+    assert f"{stand_in.dataset / 'long.txt'} is 4,000 characters (about 1000 tokens); the text encoder reads at most 512" in err

@@ -27,7 +27,7 @@ from launcher.errors import LauncherError
 from launcher.nofollow import open_append
 from launcher.progress import say, warn
 from launcher.runs import disk_budget, files, load_report, resume, tiny, validate
-from launcher.runs.dataset import DEFAULT_BUCKET_TOLERANCE, DatasetCheck, check_dataset
+from launcher.runs.dataset import DEFAULT_BUCKET_TOLERANCE, DatasetCheck, check_dataset, long_caption_warnings
 from launcher.runs.exit_status import describe, launcher_code
 from launcher.runs.folders import RunFolder
 from launcher.runs.presets import Preset, load_preset, render, write_config
@@ -175,6 +175,8 @@ def check(preset: Preset, config: dict, workdir: Workdir, run: RunFolder,
         for dataset in process["datasets"]:
             result = check_dataset(Path(dataset["folder_path"]), dataset.get("caption_ext", "txt"),
                                    dataset.get("bucket_tolerance", DEFAULT_BUCKET_TOLERANCE), preset.skip_bad_images)
+            for message in long_caption_warnings(result):
+                warn(message)
             if result.bad:
                 listed = run.dataset_list(len(datasets))
                 dataset["dataset_path"] = str(listed)
