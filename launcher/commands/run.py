@@ -21,7 +21,7 @@ from launcher import __version__
 from launcher.atomic import write_text_atomic
 from launcher.envs.probe import probe_with
 from launcher.envs.selftest import load_result, resolve_config, summary_line
-from launcher.envs.torchenv import clean_env
+from launcher.envs.torchenv import NO_BYTECODE, clean_env
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, read_state, venv_python
 from launcher.errors import LauncherError
 from launcher.nofollow import open_append
@@ -267,7 +267,7 @@ def env_changes(preset: Preset, run: RunFolder, workdir: Workdir, extra: dict[st
 
 
 def trainer_env(preset: Preset, run: RunFolder, workdir: Workdir, extra: dict[str, str] | None = None) -> dict[str, str]:
-    return {**clean_env(), **env_changes(preset, run, workdir, extra), "PYTHONUNBUFFERED": "1"}
+    return {**clean_env(), **env_changes(preset, run, workdir, extra), "PYTHONUNBUFFERED": "1", **NO_BYTECODE}
 
 
 def write_metadata(run: RunFolder, preset: Preset, workdir: Workdir, python: Path,
