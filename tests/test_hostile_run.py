@@ -2,6 +2,9 @@
 with a changed preset, writes through planted links, aliases that expand without bound."""
 
 import json
+import signal
+import sys
+import time
 import struct
 import zlib
 from pathlib import Path
@@ -65,6 +68,39 @@ def test_a_resume_with_more_steps_needs_the_flag_and_is_recorded(stand_in, capsy
     assert stand_in.run("--resume") == 0, "the same preset again resumes without the flag"
     metadata = json.loads((stand_in.run_root / "tiny_flux2" / "run.json").read_text())
     assert len(metadata["resume_changes"]) == 1, "earlier accepted changes stay recorded"
+
+
+# -- the trainer leaves with its launcher ---------------------------------------------------------
+
+
+def gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+    return "State:\tZ" in state  # a zombie waiting for its new parent to reap it
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="kill -9 and /proc: Linux")
+def test_the_trainer_dies_with_a_killed_launcher(stand_in, tmp_path):
+    release = tmp_path / "release"
+    stand_in.mode(f"wait {release}")
+    launcher = stand_in.start()
+    pid_file = stand_in.workdir.trainer / "trainer.pid"
+    deadline = time.monotonic() + 60
+    while not pid_file.is_file():
+        assert time.monotonic() < deadline, "the stand-in trainer did not start"
+        time.sleep(0.05)
+    trainer = int(pid_file.read_text())
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait(timeout=30)
+    try:
+        deadline = time.monotonic() + 5
+        while not gone(trainer) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gone(trainer), "the trainer outlived its launcher (and the run folder's lock)"
+    finally:
+        release.touch()
 
 
 # -- links ------------------------------------------------------------------------------------

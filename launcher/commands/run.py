@@ -26,7 +26,7 @@ from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, read_state, venv_pyt
 from launcher.errors import LauncherError
 from launcher.nofollow import open_append
 from launcher.progress import say, warn
-from launcher.runs import disk_budget, files, load_report, resume, tiny, validate
+from launcher.runs import disk_budget, files, leash, load_report, resume, tiny, validate
 from launcher.runs.dataset import DEFAULT_BUCKET_TOLERANCE, DatasetCheck, check_dataset, long_caption_warnings
 from launcher.runs.exit_status import describe, launcher_code
 from launcher.runs.folders import RunFolder
@@ -304,11 +304,14 @@ def previous_resume_changes(run: RunFolder) -> list:
 
 
 def train(python: Path, trainer: Path, run: RunFolder, env: dict[str, str]) -> int:
-    """Run the trainer in the foreground, teeing its output to the log; return its exit code."""
+    """Run the trainer in the foreground, teeing its output to the log; return its exit code.
+    The trainer dies with the launcher (launcher/runs/leash.py), so it never outlives the run lock."""
     command = [str(python), "-u", "run.py", str(run.config.resolve())]
     say(f"training: {' '.join(command)}")
     with open_append(run.root, run.log) as log_file:
-        child = subprocess.Popen(command, cwd=trainer, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        child = subprocess.Popen(command, cwd=trainer, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 **leash.popen_options())
+        job = leash.bind(child)  # noqa: F841 - held until the trainer ends; Windows closes it with the launcher
         try:
             for line in iter(child.stdout.readline, b""):
                 sys.stdout.buffer.write(line)
