@@ -267,6 +267,7 @@ def test_dry_run_warns_about_a_network_comfyui_cannot_load(places, tmp_path, cap
     monkeypatch.setattr(disk_budget, "free_disk_gib", lambda path: 100.0)  # whatever this machine has
     preset = yaml.safe_load((PRESETS_DIR / "7900xtx_512.yaml").read_text())
     preset["config"]["process"][0]["network"] = {"type": "lokr", "lokr_full_rank": True}
+    preset["config"]["process"][0]["model"]["quantize"] = False  # on the 4-bit base `run` refuses LoKr outright
     path = tmp_path / "lokr.yaml"
     path.write_text(yaml.safe_dump(preset))
     assert main(["run", str(path), "--dry-run", "--workdir", str(places["workdir"]), "--model-dir", str(places["model"]),

@@ -228,3 +228,13 @@ def test_a_caption_longer_than_the_text_encoder_reads_is_warned(stand_in, capsys
     assert stand_in.run() == 0
     err = capsys.readouterr().err
     assert f"{stand_in.dataset / 'long.txt'} is 4,000 characters (about 1000 tokens); the text encoder reads at most 512" in err
+
+
+# -- what the trainer would only find at step 1 -------------------------------------------------
+
+
+def test_a_network_the_4bit_base_cannot_train_is_refused_at_dry_run(stand_in, capsys):
+    edit_preset(stand_in, lambda process: process["network"].update(type="lokr"))
+    assert stand_in.run("--dry-run") == 2
+    err = capsys.readouterr().err
+    assert "config.process[0].network.type = 'lokr': the 4-bit base (model.qtype uint4) cannot train it" in err

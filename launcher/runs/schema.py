@@ -384,4 +384,29 @@ def check_preset(data, vocab: Vocabulary = Vocabulary()) -> list[str]:
     """Every problem of a parsed preset, as messages; empty when it is fine."""
     if not isinstance(data, dict):
         return [f"the preset is {short(data)}, not a mapping; it needs `job:`, `config:` and optionally `launcher:`"]
-    return list(preset_schema().check(data, "", vocab))
+    return [*preset_schema().check(data, "", vocab), *quantized_network_problems(data)]
+
+
+LOW_RANK_TYPES = {"lora", "locon"}
+"""Networks that add their own up/down Linears beside a frozen base weight: these train on a
+4-bit base. LoKr, LoHa and the like build a delta and add it to the base weight, which the
+4-bit tensor subclasses do not implement (torchao: NotImplementedError for aten.add at step 1)."""
+
+
+def quantized_network_problems(data: dict) -> list[str]:
+    """A network type the 4-bit base cannot train, found before the model loads."""
+    process = (data.get("config") or {}).get("process") if isinstance(data.get("config"), dict) else None
+    problems = []
+    for index, item in enumerate(process if isinstance(process, list) else []):
+        if not isinstance(item, dict) or not isinstance(item.get("network"), dict) \
+                or not isinstance(item.get("model"), dict):
+            continue
+        kind, model = item["network"].get("type", "lora"), item["model"]
+        qtype = str(model.get("qtype", ""))
+        if isinstance(kind, str) and kind.lower() not in LOW_RANK_TYPES and model.get("quantize") is True \
+                and ("4" in qtype or qtype == AUTO):
+            problems.append(
+                f"config.process[{index}].network.type = {short(kind)}: the 4-bit base (model.qtype {qtype}) cannot "
+                f"train it (it adds its delta to the quantized weight, which fails at step 1); allowed there: "
+                f"{' | '.join(sorted(LOW_RANK_TYPES))}, or another network with `quantize: false` and the VRAM for it")
+    return problems
