@@ -384,7 +384,7 @@ def check_preset(data, vocab: Vocabulary = Vocabulary()) -> list[str]:
     """Every problem of a parsed preset, as messages; empty when it is fine."""
     if not isinstance(data, dict):
         return [f"the preset is {short(data)}, not a mapping; it needs `job:`, `config:` and optionally `launcher:`"]
-    return [*preset_schema().check(data, "", vocab), *quantized_network_problems(data)]
+    return [*preset_schema().check(data, "", vocab), *quantized_network_problems(data, vocab)]
 
 
 LOW_RANK_TYPES = {"lora", "locon"}
@@ -393,7 +393,7 @@ LOW_RANK_TYPES = {"lora", "locon"}
 4-bit tensor subclasses do not implement (torchao: NotImplementedError for aten.add at step 1)."""
 
 
-def quantized_network_problems(data: dict) -> list[str]:
+def quantized_network_problems(data: dict, vocab: Vocabulary) -> list[str]:
     """A network type the 4-bit base cannot train, found before the model loads."""
     process = (data.get("config") or {}).get("process") if isinstance(data.get("config"), dict) else None
     problems = []
@@ -403,7 +403,8 @@ def quantized_network_problems(data: dict) -> list[str]:
             continue
         kind, model = item["network"].get("type", "lora"), item["model"]
         qtype = str(model.get("qtype", ""))
-        if isinstance(kind, str) and kind.lower() not in LOW_RANK_TYPES and model.get("quantize") is True \
+        unknown = vocab.network_types is not None and str(kind).lower() not in vocab.network_types  # said above
+        if isinstance(kind, str) and not unknown and kind.lower() not in LOW_RANK_TYPES and model.get("quantize") is True \
                 and ("4" in qtype or qtype == AUTO):
             problems.append(
                 f"config.process[{index}].network.type = {short(kind)}: the 4-bit base (model.qtype {qtype}) cannot "
