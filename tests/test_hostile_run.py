@@ -2,6 +2,7 @@
 with a changed preset, writes through planted links, aliases that expand without bound."""
 
 import json
+import os
 import signal
 import sys
 import time
@@ -12,10 +13,14 @@ from pathlib import Path
 import yaml
 
 import pytest
+from conftest import write_png
 from test_comfy import NAME, comfy_dir, fake_run, launch  # noqa: F401 - fixtures
 from test_run_guards import StandIn, stand_in  # noqa: F401 - the fixture
 
 from launcher.cli import main
+from launcher.commands import run as run_command
+from launcher.commands.doctor import print_report
+from launcher.runs.schema import Vocabulary
 
 CHECKPOINT = "tiny_flux2.safetensors"
 
@@ -238,3 +243,60 @@ def test_a_network_the_4bit_base_cannot_train_is_refused_at_dry_run(stand_in, ca
     assert stand_in.run("--dry-run") == 2
     err = capsys.readouterr().err
     assert "config.process[0].network.type = 'lokr': the 4-bit base (model.qtype uint4) cannot train it" in err
+
+
+# -- clear messages -----------------------------------------------------------------------------
+
+
+def test_a_read_only_output_folder_is_named(stand_in, tmp_path, capsys, monkeypatch):
+    output = tmp_path / "read-only"
+    output.mkdir()
+    output.chmod(0o555)
+    make_folder = Path.mkdir
+
+    def as_for_a_user(self, *args, **kwargs):  # root writes into a read-only folder anyway
+        if self.parent == output:
+            raise PermissionError(13, "Permission denied", str(self))
+        return make_folder(self, *args, **kwargs)
+    monkeypatch.setattr(Path, "mkdir", as_for_a_user)
+    try:
+        assert stand_in.run("--output", str(output)) == 2
+    finally:
+        output.chmod(0o755)
+    assert f"cannot create the run folder {output / 'tiny_flux2'} (Permission denied)" in capsys.readouterr().err
+
+
+def test_every_schema_problem_at_once_with_the_trainers_values(stand_in, capsys, monkeypatch):
+    monkeypatch.setattr(run_command, "trainer_vocabulary", lambda workdir, keep: Vocabulary(qtypes={"uint4", "uint8"}))
+    def break_it(process):
+        process["train"]["steps"] = "ten"
+        process["model"]["qtype"] = "int3"
+    stand_in.write_preset(telemetry={"interval_s": 0.001})
+    edit_preset(stand_in, break_it)
+    capsys.readouterr()
+    assert stand_in.run("--dry-run") == 2
+    err = capsys.readouterr().err
+    assert "has 3 problems" in err
+    assert "launcher.telemetry.interval_s = 0.001: out of range; allowed: a number >= 0.1" in err
+    assert "train.steps = 'ten'" in err and "model.qtype = 'int3'" in err
+
+
+def test_the_tiny_preset_trains_on_the_dataset_given(stand_in, tmp_path, capsys):
+    mine = tmp_path / "mine"
+    write_png(mine / "photo.png", 128, 128).with_suffix(".txt").write_text("my photo")
+    assert stand_in.run("--dataset", str(mine)) == 0
+    assert f"the tiny preset trains on the dataset {mine}" in capsys.readouterr().out
+    config = yaml.safe_load((stand_in.run_root / "config.yaml").read_text())
+    assert config["config"]["process"][0]["datasets"][0]["folder_path"] == str(mine)
+
+
+def test_doctor_claims_only_the_allocator_variables_run_sets(stand_in, capsys):
+    print_report({"launcher": "x", "platform": {"system": "Linux", "release": "6", "machine": "x86_64", "python": "3"},
+                  "workdir": "w", "torch": {"error": "none"},
+                  "allocator": dict.fromkeys(("PYTORCH_HIP_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")),
+                  "memory_gib": {"ram_total": 1, "ram_available": 1, "swap_total": 0}, "free_disk_gib": 1,
+                  "selftest": {"summary": "none"}, "warnings": []})
+    claimed = {line.split()[0] for line in capsys.readouterr().out.splitlines() if "`run` sets" in line}
+    assert stand_in.run("--dry-run") == 0
+    printed = {line.split("=")[0] for line in capsys.readouterr().out.splitlines() if "=" in line}
+    assert claimed and claimed <= printed, f"doctor says run sets {claimed - printed}, which it does not"

@@ -31,7 +31,6 @@ from launcher.runs.dataset import DEFAULT_BUCKET_TOLERANCE, DatasetCheck, check_
 from launcher.runs.exit_status import describe, launcher_code
 from launcher.runs.folders import RunFolder
 from launcher.runs.presets import Preset, load_preset, render, write_config
-from launcher.runs.presets import check as check_preset
 from launcher.runs.run_lock import run_folder_lock
 from launcher.runs.schema import Vocabulary, short
 from launcher.runs.telemetry import TelemetryRecorder
@@ -40,6 +39,8 @@ from launcher.watchdog.loop import watch_run
 from launcher.watchdog.policy import load_config
 
 EXPANDABLE = "expandable_segments:True"
+ALLOCATOR_VARIABLES = ("PYTORCH_HIP_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+"""What `run` sets to EXPANDABLE (wall 7); doctor says so for these and only these."""
 LOCATIONS = {
     # flag -> (environment variable, what it is)
     "model_dir": ("FLUX2_MODEL_DIR", "the folder holding flux2-dev.safetensors and ae.safetensors"),
@@ -79,13 +80,12 @@ def positive_int(text: str) -> int:
 def handle(args) -> int:
     workdir = Workdir(args.workdir.resolve())
     workdir.check_is_folder()
-    preset = load_preset(args.preset)
+    preset = load_preset(args.preset, trainer_vocabulary(workdir, keep=not args.dry_run))
     places = locations(args)
     run = RunFolder.inside(places.get("output") or workdir.runs, preset.name)
-    check_preset(preset, trainer_vocabulary(workdir, keep=not args.dry_run))
     if preset.tiny:
         manifest = tiny.ensure_assets(workdir.assets / "tiny", workdir.trainer, checked_python(workdir))
-        config = render(preset, run.root, tiny_manifest=manifest)
+        config = render(preset, run.root, tiny_manifest=manifest, places=tiny_places(places))
     else:
         config = render(preset, run.root, places=places)
     choice = resolve_config(config, workdir)
@@ -153,6 +153,18 @@ def locations(args) -> dict[str, Path]:
         if value:
             found[flag] = Path(value).expanduser().resolve()
     return found
+
+
+def tiny_places(places: dict[str, Path]) -> dict[str, Path]:
+    """The tiny preset trains its own tiny model on --dataset when one is given (a quick test of a
+    dataset through the trainer, at the tiny model's resolution); model folders do not fit it."""
+    for flag in ("model_dir", "text_encoder"):
+        if flag in places:
+            warn(f"--{flag.replace('_', '-')} (or ${LOCATIONS[flag][0]}) is not used by the tiny preset: it builds "
+                 "its own tiny FLUX.2")
+    if "dataset" in places:
+        say(f"the tiny preset trains on the dataset {places['dataset']} (at its 128 px resolution)")
+    return {key: value for key, value in places.items() if key == "dataset"}
 
 
 def check(preset: Preset, config: dict, workdir: Workdir, run: RunFolder,
@@ -262,7 +274,7 @@ def env_changes(preset: Preset, run: RunFolder, workdir: Workdir, extra: dict[st
         files.ENV_TEXT_CACHE_DIR: os.environ.get(files.ENV_TEXT_CACHE_DIR) or str(workdir.text_cache),
     }
     if preset.allocator == "expandable_segments":
-        changes.update(PYTORCH_HIP_ALLOC_CONF=EXPANDABLE, PYTORCH_CUDA_ALLOC_CONF=EXPANDABLE)
+        changes.update(dict.fromkeys(ALLOCATOR_VARIABLES, EXPANDABLE))
     return {**changes, **(extra or {}), **preset.env}
 
 

@@ -142,8 +142,8 @@ def read_run_config(root: Path) -> dict:
     path = root / "config.yaml"
     data = load_yaml(path)
     name = (data.get("config") or {}).get("name") if isinstance(data, dict) else None
-    if not isinstance(name, str) or not isinstance(data["config"].get("process"), list):
-        raise LauncherError(f"{path} is not a run config (it lacks config.name or config.process); it was "
+    if not isinstance(name, str):
+        raise LauncherError(f"{path} is not a run config (it lacks config.name); it was "
                             "damaged: restore it from a backup, or write it again by resuming with the run's preset")
     return data
 

@@ -53,7 +53,11 @@ def holder(root: Path) -> str:
 @contextmanager
 def run_folder_lock(root: Path):
     """Hold the run folder's lock for the body; refuse at once when another run holds it."""
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise LauncherError(f"cannot create the run folder {root} ({error.strerror or error}); give --output "
+                            "a folder you can write to") from None
     handle = open_append(root, root / LOCK_FILE)
     if not _try_lock(handle):
         handle.close()

@@ -317,7 +317,7 @@ def launcher_block() -> Block:
         }, extra=Scalar()),
         "platform": Text(("rocm", "cuda", "cpu")),
         "allocator": Text(("expandable_segments", "default")),
-        "telemetry": Block({"interval_s": Number(positive=True)}),
+        "telemetry": Block({"interval_s": Number(minimum=0.1)}),  # faster only grows the files
         "watchdog": watchdog_block(),
         "skip_bad_images": Boolean(),
     })
