@@ -300,3 +300,32 @@ def test_doctor_claims_only_the_allocator_variables_run_sets(stand_in, capsys):
     assert stand_in.run("--dry-run") == 0
     printed = {line.split("=")[0] for line in capsys.readouterr().out.splitlines() if "=" in line}
     assert claimed and claimed <= printed, f"doctor says run sets {claimed - printed}, which it does not"
+
+
+# -- ComfyUI as ComfyUI sees it -------------------------------------------------------------------
+
+
+def test_comfy_names_the_turbo_lora_the_canvas_workflow_needs(fake_run, comfy_dir, capsys):  # noqa: F811
+    workdir, _ = fake_run
+    assert launch(workdir, "--comfy-dir", str(comfy_dir)) == 0
+    err = capsys.readouterr().err
+    assert ("lacks models/loras/Flux_2-Turbo-LoRA_comfyui.safetensors (from Hugging Face ByteZSzn/Flux.2-Turbo-ComfyUI"
+            in err) and "even with its switch off" in err
+
+
+@pytest.mark.parametrize("version, warned", [("0.8.0", True), ("0.19.0", False), ("0.21.1", False), (None, True)])
+def test_comfy_warns_about_a_comfyui_too_old_for_the_vae(fake_run, comfy_dir, capsys, version, warned):  # noqa: F811
+    workdir, _ = fake_run
+    if version:
+        (comfy_dir / "comfyui_version.py").write_text(f'__version__ = "{version}"\n')
+    assert launch(workdir, "--comfy-dir", str(comfy_dir)) == 0
+    err = capsys.readouterr().err
+    assert ("0.19.0" in err) == warned
+    if version == "0.8.0":
+        assert f"ComfyUI 0.8.0 in {comfy_dir} is older than 0.19.0, the first release that loads" in err
+
+
+def test_comfy_accepts_the_folder_given_to_run_output(fake_run, capsys):  # noqa: F811
+    workdir, root = fake_run
+    assert launch(workdir, str(root.parent)) == 0
+    assert (root / "comfyui" / f"{NAME}.api.json").is_file()

@@ -127,6 +127,12 @@ def find_run(runs_dir: Path, spec: str | None) -> RunFolder:
         for candidate in (Path(spec), runs_dir / spec):
             if (candidate / "config.yaml").is_file():
                 return RunFolder(candidate, _job_name(candidate))
+            inside = sorted(p for p in candidate.glob("*") if (p / "config.yaml").is_file()) if candidate.is_dir() else []
+            if len(inside) == 1:  # the folder given to `run --output`
+                return RunFolder(inside[0], _job_name(inside[0]))
+            if inside:
+                raise LauncherError(f"{candidate} holds {len(inside)} runs ({', '.join(p.name for p in inside)}); "
+                                    "name one of them")
         raise LauncherError(f"no run {spec!r}: give a run folder or a run name under {runs_dir}")
     runs = sorted(
         (p for p in runs_dir.glob("*") if (p / "config.yaml").is_file()),
