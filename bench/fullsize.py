@@ -7,10 +7,12 @@ Three steps, each a subcommand:
            at another version, installed for CPython 3.12 into one tree and packed, plus the
            patched checkout's files:  .bench-carry/site.tar.xz, .bench-carry/trainer.tar.xz
   prepare  (there) a workdir R/wd whose venv is made from that machine's Python and sees its
-           site-packages after the packed tree (a .pth file), a VRAM cap in the venv's
-           sitecustomize (BENCH_VRAM_CAP_GIB), and random-weight assets in R/assets: the full
-           32B FLUX.2 transformer (about 60 GiB), the real VAE shape, a Mistral3 text encoder of
-           the real width and depth but a narrow MLP, and a captioned dataset
+           site-packages after the packed tree (a .pth file), a VRAM cap applied in every
+           process of the venv (BENCH_VRAM_CAP_GIB, another .pth line), and random-weight
+           assets: the FLUX.2 transformer (about 60 GiB at full depth; --single-blocks fewer)
+           and the real VAE shape in --model-dir (a disk), a Mistral3 text encoder of the real
+           Mistral-Small-3.1 text shape (44 GiB; --te-mlp narrows its MLP) and a captioned
+           dataset in R/assets (R may be a RAM disk)
   launch   (there) one `launcher run` of a preset with the steps cut short, while the trainer's
            host memory is sampled every 0.2 s; one JSON object of figures
 
@@ -59,10 +61,11 @@ TRAINER_PINS = ("transformers", "tokenizers", "huggingface-hub", "diffusers")
 LAUNCHER_PACKAGES = ("GitPython", "gitdb", "smmap")
 WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
                    "manylinux2014_x86_64", "linux_x86_64", "any")
-# Real Mistral-Small-3.1-24B text shape; only the MLP is narrowed to keep the folder small.
+# Real Mistral-Small-3.1-24B text shape (--te-mlp narrows its 32768-wide MLP for a small disk).
 TEXT_SHAPE = {"hidden_size": 5120, "num_hidden_layers": 40, "num_attention_heads": 32,
-              "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 512,
+              "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 32768,
               "vocab_size": 131072, "max_position_embeddings": 131072, "rope_theta": 1e9}
+SHARD_BYTES = 5 * 2**30
 REAL_AE = {"resolution": 256, "in_channels": 3, "ch": 128, "out_ch": 3, "ch_mult": [1, 2, 4, 4],
            "num_res_blocks": 2, "z_channels": 32}
 GIB = 2**30
@@ -191,52 +194,133 @@ def prepare(args) -> int:
                         str(root / "site"), str(wheel)], check=True)
     make_venv(root)
     sys.path.insert(0, str(root / "site"))  # the trainer's transformers writes the text encoder
-    timed("assets", lambda: build_assets(root / "wd" / "trainer", root / "assets", args.images, args.single_blocks))
+    model_dir = (args.model_dir or root / "assets").resolve()
+    timed("assets", lambda: build_assets(root / "wd" / "trainer", root / "assets", model_dir, args))
     return 0
 
 
 def make_venv(root: Path) -> None:
-    """A venv of this Python that sees the packed tree first, then this Python's own packages."""
+    """A venv of this Python that sees the packed tree first, then this Python's own packages, and
+    caps VRAM in every process it starts when BENCH_VRAM_CAP_GIB is set.
+
+    The cap is a `.pth` line starting with `import`: a venv's sitecustomize.py is shadowed by the
+    machine image's own and silently does nothing there."""
     import site
 
     venv = root / "wd" / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     packages = next(venv.glob("lib/python3*/site-packages"))
     (packages / "carry.pth").write_text("\n".join([str(root / "site"), *site.getsitepackages()]) + "\n")
-    (packages / "sitecustomize.py").write_text(
-        "import os\n"
-        "if os.environ.get('BENCH_VRAM_CAP_GIB'):\n"
-        "    import torch\n"
-        "    cap = float(os.environ['BENCH_VRAM_CAP_GIB']) * 2**30\n"
-        "    torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(0).total_memory)\n"
-    )
+    (packages / "bench_vram_cap.py").write_text(VRAM_CAP_MODULE)
+    (packages / "bench_vram_cap.pth").write_text(
+        "import os; os.environ.get('BENCH_VRAM_CAP_GIB') and __import__('bench_vram_cap').apply()\n")
 
 
-def build_assets(trainer: Path, out: Path, images: int, single_blocks: int) -> None:
+VRAM_CAP_MODULE = '''"""The benchmark's VRAM cap: a large GPU behaves as a card of BENCH_VRAM_CAP_GIB."""
+import os
+
+
+def apply():
+    """Queued for CUDA's lazy initialisation: a process that never uses the GPU never starts it."""
+    import torch
+
+    torch.cuda._lazy_call(_cap)
+
+
+def _cap():
+    import torch
+
+    cap = float(os.environ["BENCH_VRAM_CAP_GIB"]) * 2**30
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(cap / total, 1.0))
+    print(f"[bench] VRAM capped at {cap / 2**30:.1f} GiB of {total / 2**30:.1f}", flush=True)
+'''
+
+
+def check_cap(root: Path, cap_gib: float) -> None:
+    """Prove the cap is applied in the venv: an allocation just above it must fail."""
+    probe = ("import torch\n"
+             f"n = int(({cap_gib} + 0.5) * 2**30)\n"
+             "try:\n    torch.empty(n, dtype=torch.uint8, device='cuda')\nexcept torch.OutOfMemoryError:\n"
+             "    print('[bench] an allocation above the cap failed, as it must')\nelse:\n"
+             "    raise SystemExit('the VRAM cap is not applied')\n")
+    python = next((root / "wd" / "venv" / "bin").glob("python3"))
+    subprocess.run([str(python), "-c", probe], check=True, env={**os.environ, "BENCH_VRAM_CAP_GIB": str(cap_gib)})
+
+
+def build_assets(trainer: Path, out: Path, model_dir: Path, args) -> None:
+    """The transformer and VAE files into `model_dir` (a disk, for their size), the text encoder
+    and the dataset into `out` (which may be a RAM disk)."""
     from launcher.in_trainer import tiny_assets
 
     out.mkdir(parents=True, exist_ok=True)
+    model_dir.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(trainer))
     from extensions_built_in.diffusion_models.flux2.src.autoencoder import AutoEncoder, AutoEncoderParams
     from extensions_built_in.diffusion_models.flux2.src.model import Flux2, Flux2Params
 
-    shape = Flux2Params(depth_single_blocks=single_blocks)
-    timed("transformer", lambda: write_random_checkpoint(Flux2, shape, out / "flux2-dev.safetensors"))
-    timed("vae", lambda: write_random_checkpoint(AutoEncoder, AutoEncoderParams(**REAL_AE), out / "ae.safetensors"))
-    timed("text encoder", lambda: tiny_assets.build_text_encoder(out, seed=0, **TEXT_SHAPE))
-    tiny_assets.build_dataset(out, seed=0, size=512, count=images)
+    transformer = meta_shapes(Flux2, Flux2Params(depth_single_blocks=args.single_blocks))
+    timed("transformer", lambda: write_random_checkpoint(transformer, model_dir / "flux2-dev.safetensors"))
+    vae = meta_shapes(AutoEncoder, AutoEncoderParams(**REAL_AE))
+    timed("vae", lambda: write_random_checkpoint(vae, model_dir / "ae.safetensors"))
+    timed("text encoder", lambda: build_text_encoder(out / tiny_assets.TEXT_ENCODER_DIR,
+                                                     {**TEXT_SHAPE, "intermediate_size": args.te_mlp}))
+    tiny_assets.build_dataset(out, seed=0, size=args.image_size, count=args.images)
 
 
-def write_random_checkpoint(module_class, params, path: Path) -> None:
-    """A single-file bf16 checkpoint of `module_class`, written tensor by tensor (GPU if there is one).
+def meta_shapes(module_class, *params) -> dict:
+    import torch
+
+    with torch.device("meta"):
+        return {name: tuple(t.shape) for name, t in module_class(*params).state_dict().items()}
+
+
+def build_text_encoder(folder: Path, shape: dict) -> None:
+    """A Mistral3 from_pretrained folder of the given text shape, written shard by shard from
+    random tensors: building the 24B model in host memory first would need ~90 GiB in fp32."""
+    from transformers import Mistral3ForConditionalGeneration
+
+    from launcher.in_trainer import tiny_assets
+
+    tokenizer = tiny_assets.build_tokenizer()
+    tiny_assets.save_processor(folder, tokenizer)
+    config = tiny_assets.text_encoder_config(tokenizer, **shape)
+    config.save_pretrained(folder)
+    shapes = meta_shapes(Mistral3ForConditionalGeneration, config)
+    shards, current, size = [], {}, 0
+    for name, tensor_shape in shapes.items():
+        nbytes = 2 * prod(tensor_shape)
+        if current and size + nbytes > SHARD_BYTES:
+            shards.append(current)
+            current, size = {}, 0
+        current[name] = tensor_shape
+        size += nbytes
+    shards.append(current)
+    weight_map, total = {}, 0
+    for index, shard in enumerate(shards, start=1):
+        name = f"model-{index:05d}-of-{len(shards):05d}.safetensors"
+        total += write_random_checkpoint(shard, folder / name)
+        weight_map.update(dict.fromkeys(shard, name))
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2), encoding="utf-8")
+
+
+def prod(shape) -> int:
+    total = 1
+    for size in shape:
+        total *= size
+    return total
+
+
+def write_random_checkpoint(shapes: dict, path: Path) -> int:
+    """A bf16 safetensors file of the given tensor shapes, written tensor by tensor (GPU if there
+    is one); returns its data size.
 
     Matrices are N(0, 0.02), norm scales ones, other vectors zeros: finite activations, so the
     loss is a number, which is all a benchmark needs.
     """
     import torch
 
-    with torch.device("meta"):
-        shapes = {name: tuple(t.shape) for name, t in module_class(params).state_dict().items()}
     header, offset = {}, 0
     for name, shape in shapes.items():
         size = 2 * int(torch.Size(shape).numel())
@@ -256,6 +340,7 @@ def write_random_checkpoint(module_class, params, path: Path) -> None:
                 tensor = torch.full(shape, fill, device=device, dtype=torch.bfloat16)
             stream.write(tensor.cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
     print(f"  {path.name}: {offset / GIB:.2f} GiB, {len(shapes)} tensors", flush=True)
+    return offset
 
 
 def timed(label: str, work) -> None:
@@ -276,17 +361,21 @@ def launch(args) -> int:
     for key, value in (args.set or []):
         target = process
         *path, last = key.split(".")
-        for part in path:
-            target = target.setdefault(part, {})
+        for part in path:  # a number indexes a list: datasets.0.resolution
+            target = target[int(part)] if part.isdigit() else target.setdefault(part, {})
         target[last] = yaml.safe_load(value)
+    for key, value in (args.launcher_set or []):
+        preset.setdefault("launcher", {})[key] = yaml.safe_load(value)
     short = root / "presets" / f"{args.label}.yaml"
     short.parent.mkdir(parents=True, exist_ok=True)
     short.write_text(yaml.safe_dump(preset, sort_keys=False), encoding="utf-8")
     assets, output = root / "assets", root / "runs" / args.label
     command = [sys.executable, "-m", "launcher", "run", str(short), "--workdir", str(root / "wd"),
-               "--model-dir", str(assets), "--text-encoder", str(assets / "text_encoder"),
+               "--model-dir", str(args.model_dir or assets), "--text-encoder", str(assets / "text_encoder"),
                "--dataset", str(assets / "dataset"), "--output", str(output)]
     env = {**os.environ, "PYTHONPATH": str(root / "site"), "BENCH_VRAM_CAP_GIB": str(args.cap_gib) if args.cap_gib else ""}
+    if args.cap_gib:
+        check_cap(root, args.cap_gib)
     started = time.time()
     launcher = subprocess.Popen(command, cwd=REPO, env=env)
     peak_rss = sample_peak_rss(psutil.Process(launcher.pid), launcher)
@@ -340,17 +429,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--carry", type=Path, default=Path(".bench-carry"))
     p.add_argument("--root", type=Path, required=True)
     p.add_argument("--images", type=int, default=8)
+    p.add_argument("--image-size", type=int, default=512, help="pixels per side (1024 for 1024 px runs)")
     p.add_argument("--single-blocks", type=int, default=48,
                    help="single-stream blocks of the transformer (48: the full 32B; fewer fits a 64 GiB disk)")
+    p.add_argument("--te-mlp", type=int, default=TEXT_SHAPE["intermediate_size"],
+                   help="the text encoder's MLP width (32768: the real one, 44 GiB; narrower for a small disk)")
+    p.add_argument("--model-dir", type=Path, help="where the transformer and VAE files go (default: ROOT/assets)")
     p.set_defaults(handler=prepare)
     p = verbs.add_parser("launch")
     p.add_argument("--root", type=Path, required=True)
     p.add_argument("--preset", type=Path, required=True)
     p.add_argument("--label", required=True, help="names the run folder and the cut-down preset")
     p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--cap-gib", type=float, default=24.0, help="VRAM cap (0: none)")
+    p.add_argument("--model-dir", type=Path, help="the folder prepare --model-dir wrote (default: ROOT/assets)")
+    p.add_argument("--cap-gib", "--vram-cap", type=float, default=24.0, metavar="GIB", help="VRAM cap (0: none)")
     p.add_argument("--set", nargs=2, action="append", metavar=("KEY", "VALUE"),
                    help="override a process key, e.g. --set model.qtype int4_fused")
+    p.add_argument("--launcher-set", nargs=2, action="append", metavar=("KEY", "VALUE"),
+                   help="a key of the preset's launcher: block, e.g. sampling force")
     p.add_argument("--json-out", type=Path)
     p.set_defaults(handler=launch)
     args = parser.parse_args(argv)

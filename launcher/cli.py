@@ -13,6 +13,7 @@ from launcher.commands import (
     plot,
     rebase,
     run,
+    sample,
     selftest,
     setup,
     verify,
@@ -21,7 +22,7 @@ from launcher.commands import (
 from launcher.errors import LauncherError
 from launcher.patching.lock import DEFAULT_LOCK
 
-COMMANDS = (setup, verify, patches, rebase, selftest, run, flags, plot, comfy, watchdog, doctor)
+COMMANDS = (setup, verify, patches, rebase, selftest, run, flags, plot, sample, comfy, watchdog, doctor)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -75,3 +75,13 @@ def test_memory_series_is_over_time_and_marks_the_first_step():
     assert memory["minutes"] == [0.5, 1.5]
     assert memory["rss"] == [3.0, 2.0] and memory["peak"] == [3.0, 4.0]
     assert memory["first_step"] == 1.5
+
+
+def test_memory_plan_goes_to_run_json_and_its_bytes_to_the_plot():
+    plan = {"budget_bytes": 1, "blocks": [{"name": "double_blocks.0", "weights": "streamed"}]}
+    rows = [{"time": 1.0, "event": "memory_plan", "memory_plan": plan},
+            {"time": 2.0, "step": 1, "streamed_bytes_step": 2 ** 30}]
+    assert load_report.summarize(rows)["memory_plan"] == plan
+    assert "memory_plan" not in trainer_figures(list(reversed(rows[:1])))
+    merged = [{"t": 60.0 * i, "trainer_time": float(i), "host_rss_gib": 1.0, **row} for i, row in enumerate(rows)]
+    assert memory_series(merged)["streamed"] == [0.0, 1.0]

@@ -49,3 +49,16 @@ def test_the_trace_and_the_table_are_beside_the_run(profiled_run):
     assert table.count("aten::") >= 20
     assert f"[profile] {summary}" in out and str(folder) in out
 
+
+
+@pytest.mark.trainer
+def test_the_step_breakdown_is_written_and_printed(profiled_run):
+    run_dir, out = profiled_run
+    folder = run_dir / files.PROFILE_DIR
+    result = json.loads((folder / files.PROFILE_BREAKDOWN).read_text(encoding="utf-8"))
+    assert result["steps"] == 2 and result["step_ms"] > 0
+    assert set(result["category_ms"]) >= {"block GEMMs", "requantization", "attention", "LoRA matmuls", "optimizer"}
+    # On the CPU there are no GPU kernels: nothing is charged, and the GPU is idle the whole step.
+    assert sum(result["category_ms"].values()) == 0 and result["gpu_idle_ms"] == result["step_ms"]
+    assert "[profile] step breakdown, ms per step" in out
+    assert "step breakdown" in (folder / files.PROFILE_TABLE).read_text(encoding="utf-8")

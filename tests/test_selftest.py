@@ -104,13 +104,19 @@ def test_selftest_without_a_gpu_checks_the_reference_path(trainer_workdir, capsy
     for name in ("int4_fused (reference)", "int4_w4a8 fp8 (reference)", "int4_w4a8 int8 (reference)"):
         assert f"  {name:<34} pass  loss" in out, name
     assert "fastest that passed: none" in out and "use uint4" in out
+    assert "overlapped block streaming (copies on a side stream during kernels: wall 5)\n  pass  " in out
+    assert "on the cpu\n  presets with `stream_mode: auto` stream serialized" in out
 
     result = json.loads(workdir.selftest.read_text())
     assert result["trainer"] == selftest.trainer_build(workdir) and result["environment"]["gpu"] is None
     assert result["fastest"]["qtype"] is None and not result["timing"]
     assert all(row["passed"] and row["losses"][-1] < row["losses"][0] for row in result["training"])
+    assert result["sampling"]["passed"] and result["sampling"]["device"] == "cpu", result["sampling"]
+    assert "  pass  128 px, 4 steps, strengths 0 and 1 on the cpu" in out
     choice = selftest.resolve_qtype("auto", workdir)
     assert choice.qtype == "uint4" and "saw no GPU" in choice.line
+    assert result["streaming"]["completed"] and result["streaming"]["matches_serialized"]
+    assert selftest.streaming_verdict(workdir)[0] == "serialized"  # the mechanics ran, on no GPU
 
     assert main(["doctor", "--workdir", str(workdir.root)]) == 0
     assert "selftest        " in capsys.readouterr().out

@@ -1,4 +1,5 @@
-"""`plot RUN`: a PNG of loss, s/it and board power over steps, with watchdog decisions marked."""
+"""`plot RUN`: a PNG of loss, s/it and board power over steps, with watchdog decisions marked, and
+the run's newest contact sheet of samples beside them when it has one."""
 
 from pathlib import Path
 
@@ -27,7 +28,8 @@ def run_plot(args) -> int:
         raise LauncherError("plotting uses the trainer venv's matplotlib; run `python -m launcher setup` first")
     out = args.out or run.root / "telemetry.png"
     events = run.watchdog_events if run.watchdog_events.is_file() else None
-    if plot_with(python, run.telemetry, events, out) != 0:
+    sheets = sorted(run.samples.glob("*/contact_sheet.png"), key=lambda p: p.stat().st_mtime)
+    if plot_with(python, run.telemetry, events, out, sheets[-1] if sheets else None) != 0:
         raise LauncherError(f"plotting {run.telemetry} failed; the error is above")
     say(f"wrote {out}")
     return 0

@@ -20,13 +20,13 @@ import yaml
 from launcher import __version__
 from launcher.atomic import write_text_atomic
 from launcher.envs.probe import probe_with
-from launcher.envs.selftest import load_result, resolve_config, summary_line
+from launcher.envs.selftest import load_result, resolve_config, resolve_sampling, resolve_stream_mode, summary_line
 from launcher.envs.torchenv import NO_BYTECODE, clean_env
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, read_state, venv_python
 from launcher.errors import LauncherError
 from launcher.nofollow import open_append
 from launcher.progress import say, warn
-from launcher.runs import disk_budget, files, leash, load_report, resume, tiny, validate
+from launcher.runs import disk_budget, files, leash, load_report, memory_plan, resume, tiny, validate
 from launcher.runs.dataset import DEFAULT_BUCKET_TOLERANCE, DatasetCheck, check_dataset, long_caption_warnings
 from launcher.runs.exit_status import describe, launcher_code
 from launcher.runs.folders import RunFolder
@@ -89,8 +89,12 @@ def handle(args) -> int:
     else:
         config = render(preset, run.root, places=places)
     choice = resolve_config(config, workdir)
-    if choice and choice.line:  # a YAML comment in a dry run, whose output stays a config
-        say(f"# {choice.line}" if args.dry_run else choice.line)
+    lines = [choice.line if choice else None, resolve_sampling(config, workdir, preset.sampling),
+             resolve_stream_mode(config, workdir)]
+    planner = (lambda: trainer_python_or_none(workdir)) if args.dry_run else (lambda: checked_python(workdir))
+    lines += memory_plan.check_plans(config, planner, workdir.trainer, preset.path)
+    for line in filter(None, lines):  # YAML comments in a dry run, whose output stays a config
+        say(f"# {line}" if args.dry_run else line)
     datasets = check(preset, config, workdir, run, full_size=not preset.tiny)
     extra = {**launch_env(run, workdir, args.profile), **(choice.env if choice else {})}
     env = trainer_env(preset, run, workdir, extra)
@@ -248,6 +252,14 @@ def checked_python(workdir: Workdir) -> Path:
             f"{workdir.root} has no trainer checkout or venv: run `python -m launcher setup` first"
         )
     return python
+
+
+def trainer_python_or_none(workdir: Workdir) -> Path | None:
+    """The venv interpreter when setup has installed one (a dry run works without)."""
+    try:
+        return checked_python(workdir)
+    except LauncherError:
+        return None
 
 
 def launch_env(run: RunFolder, workdir: Workdir, profile_steps: int | None) -> dict[str, str]:

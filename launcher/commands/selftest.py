@@ -2,20 +2,24 @@
 
 Runs `launcher.in_trainer.selftest` with the trainer venv's interpreter: every 4-bit kernel
 path against its plain-PyTorch reference, the 8-bit-activation quality gate, three LoRA steps
-on the tiny FLUX.2 per path, and the block-Linear time of one step at the preset's shapes,
-bf16 weights against each path. The result goes to `<workdir>/selftest.json`, which presets
+on the tiny FLUX.2 per path, the block-Linear time of one step at the preset's shapes,
+bf16 weights against each path, a bounded sampling run (wall 6: the tiny 4-bit FLUX.2
+samples finite images in a process of its own, within SAMPLING_LIMIT_S), and the overlapped
+block streaming under a deadline (wall 5). The result goes to `<workdir>/selftest.json`, which presets
 with `qtype: auto` follow (`run`) and `doctor` shows; the printed report is what a bug report
 needs. Without a GPU only the reference path runs, and the report says so.
 """
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 from launcher import __version__
 from launcher.envs.hostinfo import gpu_driver_version
 from launcher.envs.selftest import trainer_build
 from launcher.envs.trainer_python import run_module
+from launcher.runs import tiny
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, venv_python
 from launcher.errors import LauncherError
 from launcher.progress import say
@@ -23,6 +27,9 @@ from launcher.runs.presets import load_preset
 
 TEXT_TOKENS = 512
 """Text tokens per sample in FLUX.2 training (the bench and the trainer's cached embeddings)."""
+SAMPLING_LIMIT_S = 600
+"""The sampling check's time limit: the tiny model loads and samples in well under a minute; a
+process still running after this is what the HIP driver's sampling deadlock looks like."""
 
 
 def register(subparsers) -> None:
@@ -60,6 +67,7 @@ def run_selftest(args) -> int:
         raise LauncherError(f"the self-test stopped with exit code {result.returncode}; its output is above. "
                             f"Nothing was written to {workdir.selftest}")
     report = json.loads(partial.read_text(encoding="utf-8"))
+    report["sampling"] = sampling_check(workdir, python, env)
     report.update(launcher=__version__, trainer=trainer_build(workdir), driver=gpu_driver_version())
     partial.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     os.replace(partial, workdir.selftest)  # a reader never sees half a verdict
@@ -68,6 +76,27 @@ def run_selftest(args) -> int:
     else:
         print("\n".join(format_report(report, workdir.selftest)), flush=True)
     return 0
+
+
+def sampling_check(workdir: Workdir, python: Path, env: dict) -> dict:
+    """Sample the tiny 4-bit FLUX.2 in a process of its own, killed after SAMPLING_LIMIT_S."""
+    manifest = tiny.ensure_assets(workdir.assets / "tiny", workdir.trainer, python)
+    folder = workdir.root / "cache" / "selftest-sampling"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tiny.json").write_text(json.dumps(manifest), encoding="utf-8")
+    out = folder / "result.json"
+    out.unlink(missing_ok=True)
+    say(f"sampling check: the tiny FLUX.2 at 4 bits, at most {SAMPLING_LIMIT_S} s")
+    env = {**env, "AITK_QUANT_CACHE_DIR": str(folder / "quantized"), "AITK_TEXT_CACHE_DIR": str(folder / "text")}
+    try:
+        run_module(python, "selftest_sampling", "--trainer", str(workdir.trainer), "--assets", str(folder / "tiny.json"),
+                   "--out", str(out), env=env, timeout=SAMPLING_LIMIT_S)
+    except subprocess.TimeoutExpired:
+        return {"passed": False, "error": f"did not finish in {SAMPLING_LIMIT_S} s (a driver deadlock looks like this)"}
+    try:
+        return json.loads(out.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {"passed": False, "error": "the sampling check stopped without a result; its output is above"}
 
 
 def format_report(report: dict, path: Path) -> list[str]:
@@ -90,6 +119,8 @@ def format_report(report: dict, path: Path) -> list[str]:
                  "   INT4_W4A8_ACT in a preset still uses it)")
     lines += training_lines(report, on_gpu=env.get("gpu") is not None)
     lines += timing_lines(report)
+    lines += sampling_lines(report)
+    lines += streaming_lines(report.get("streaming"))
     lines += [""] + verdict_lines(report) + [f"written to {path}"]
     return lines
 
@@ -122,6 +153,16 @@ def training_lines(report: dict, on_gpu: bool) -> list[str]:
     return lines
 
 
+def sampling_lines(report: dict) -> list[str]:
+    sampling = report.get("sampling")
+    if sampling is None:
+        return ["", "sampling (wall 6): not checked by this self-test"]
+    detail = (f"{sampling.get('size')} px, {sampling.get('steps')} steps, strengths 0 and 1 on the "
+              f"{sampling.get('device')} in {sampling.get('seconds')} s" if "seconds" in sampling else sampling.get("error", ""))
+    return ["", "sampling the tiny 4-bit FLUX.2 (wall 6; `sample_every` in training needs a pass)",
+            f"  {'pass' if sampling.get('passed') else 'FAIL'}  {detail}"]
+
+
 def timing_lines(report: dict) -> list[str]:
     lines = []
     for shape in report.get("timing", []):
@@ -132,6 +173,19 @@ def timing_lines(report: dict) -> list[str]:
             ratio = f"{row['step_ms'] / base:.2f}x bf16" if base else ""
             lines.append(f"  {row['candidate']:<34} {row['step_ms']:8.1f} ms  {row['tflops']:6.1f} TFLOP/s  {ratio}")
     return lines
+
+
+def streaming_lines(streaming: dict | None) -> list[str]:
+    lines = ["", "overlapped block streaming (copies on a side stream during kernels: wall 5)"]
+    if not streaming:
+        return lines + ["  not run"]
+    if not streaming.get("completed"):
+        return lines + [f"  FAIL  {streaming.get('reason')}", "  presets with `stream_mode: auto` stream serialized"]
+    verdict = "pass" if streaming.get("passed") else "FAIL"
+    lines.append(f"  {verdict}  {streaming['steps']} steps in {streaming['seconds']} s on the {streaming['device']}"
+                 f"{'' if streaming.get('passed') else ': ' + str(streaming.get('reason'))}")
+    uses = "overlapped" if streaming.get("passed") and streaming.get("device") == "cuda" else "serialized"
+    return lines + [f"  presets with `stream_mode: auto` stream {uses}"]
 
 
 def verdict_lines(report: dict) -> list[str]:

@@ -1,4 +1,5 @@
-"""The self-test's result in the workdir, and what it decides: the qtype behind `qtype: auto`.
+"""The self-test's result in the workdir, and what it decides: the qtype behind `qtype: auto`,
+and the stream mode behind `model_kwargs: {stream_mode: auto}` of a memory plan.
 
 `python -m launcher selftest` writes `<workdir>/selftest.json` (written by
 `launcher.in_trainer.selftest` under the trainer's interpreter, stamped here with the trainer
@@ -17,6 +18,7 @@ AUTO = "auto"
 FALLBACK_QTYPE = "uint4"
 FAST_QTYPES = ("int4_fused", "int4_w4a8")
 HOW_TO_TEST = "`python -m launcher selftest` (a few minutes) tests the 4-bit kernels on this GPU"
+SERIALIZED, OVERLAPPED = "serialized", "overlapped"
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,64 @@ def resolve_config(config: dict, workdir: Workdir) -> QtypeChoice | None:
             choice = choice or resolve_qtype(AUTO, workdir)
             model["qtype"] = choice.qtype
     return choice
+
+
+def streaming_verdict(workdir: Workdir) -> tuple[str, str]:
+    """(mode, why): overlapped only where the self-test ran the overlapped streaming on this GPU to
+    completion within its deadline; serialized everywhere else (wall 5: block swap with copies in
+    flight during kernels deadlocked the HIP driver on Windows)."""
+    result = load_result(workdir)
+    if result is None:
+        return SERIALIZED, f"no self-test result in {workdir.root}; {HOW_TO_TEST}"
+    stale = staleness(result, workdir)
+    if stale:
+        return SERIALIZED, f"{workdir.selftest.name} is stale ({stale}); {HOW_TO_TEST}"
+    streaming = result.get("streaming") or {}
+    when = f"self-test of {str(result.get('created', '?'))[:10]}, {describe_gpu(result)}"
+    if streaming.get("passed") and streaming.get("device") == "cuda":
+        return OVERLAPPED, f"overlapped streaming completed in {streaming.get('seconds', 0):.0f} s ({when})"
+    return SERIALIZED, f"{streaming.get('reason') or 'overlapped streaming was not tested on a GPU'} ({when})"
+
+
+def resolve_stream_mode(config: dict, workdir: Workdir) -> str | None:
+    """`stream_mode: auto` (or unset) of every process with `memory_plan: auto` -> serialized or
+    overlapped, in place; returns the line `run` prints, or None when no process plans."""
+    line = None
+    for process in config["config"]["process"]:
+        kwargs = (process.get("model") or {}).get("model_kwargs") or {}
+        if kwargs.get("memory_plan") == AUTO and kwargs.get("stream_mode", AUTO) == AUTO:
+            mode, why = streaming_verdict(workdir)
+            kwargs["stream_mode"] = mode
+            line = f"stream_mode auto -> {mode}: {why}"
+    return line
+
+
+def resolve_sampling(config: dict, workdir: Workdir, setting: str) -> str | None:
+    """In-training sampling (wall 6) stays on only where the self-test's sampling check passed for
+    this trainer build, or when the preset says `launcher: {sampling: force}`; otherwise it is
+    switched off in the rendered config, in place. Returns the line `run` prints, or None when
+    no process samples."""
+    sampling = [p for p in config["config"]["process"] if not (p.get("train") or {}).get("disable_sampling", False)]
+    if not sampling:
+        return None
+    if setting == "force":
+        return "in-training sampling on: forced by the preset (launcher: {sampling: force})"
+    result = load_result(workdir)
+    check = (result or {}).get("sampling") or {}
+    stale = staleness(result, workdir) if result is not None else None
+    if result is None:
+        why = f"no self-test result in {workdir.root}"
+    elif stale:
+        why = f"{workdir.selftest.name} is stale ({stale})"
+    elif not check.get("passed"):
+        why = f"the self-test's sampling check did not pass ({check.get('error') or 'not run'})"
+    else:
+        return (f"in-training sampling on: the self-test of {str(result.get('created', '?'))[:10]} sampled on "
+                f"{describe_gpu(result)}")
+    for process in sampling:
+        process.setdefault("train", {})["disable_sampling"] = True
+    return (f"in-training sampling off: {why}; `python -m launcher selftest` checks that sampling completes here, "
+            "or set `launcher: {sampling: force}` in the preset")
 
 
 def summary_line(report: dict | None) -> str:

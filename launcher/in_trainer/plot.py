@@ -1,13 +1,14 @@
 """Loss, s/it and board power over steps, with every watchdog decision marked on the s/it curve,
-and the trainer's host RSS over time (loading included).
+and the trainer's host RSS over time (loading included), with the bytes a memory plan streams
+per step; with `--sheet`, the run's newest contact sheet of samples beside the curves.
 
 matplotlib lives in the trainer's venv, not the launcher's, so this runs there:
-    <venv python> -m launcher.in_trainer.plot TELEMETRY.jsonl OUT.png [--events watchdog.jsonl]
+    <venv python> -m launcher.in_trainer.plot TELEMETRY.jsonl OUT.png [--events watchdog.jsonl] [--sheet PNG]
 (`launcher.runs.plotting.plot_with(python, ...)` does that from the launcher). matplotlib is imported on use only.
 
 Telemetry rows need `step` and any of `loss`, `s_it`, `power_w` (the run telemetry rows, or a
 watchdog trace whose `progress` / `gpu` rows carry them); the memory panel reads `t`,
-`trainer_time`, `host_rss_gib` and `host_peak_rss_gib` of the run telemetry rows.
+`trainer_time`, `host_rss_gib`, `host_peak_rss_gib` and `streamed_bytes_step` of the run telemetry rows.
 """
 
 from __future__ import annotations
@@ -57,9 +58,9 @@ def series(rows: list[dict]) -> dict[str, tuple[list, list]]:
 
 
 def memory_series(rows: list[dict]) -> dict[str, list]:
-    """Host RSS and its peak over minutes since the first row, one point per trainer sample,
-    and the minute training started (the first row with a step), or None."""
-    out: dict[str, list] = {"minutes": [], "rss": [], "peak": []}
+    """Host RSS, its peak and the GiB streamed per step over minutes since the first row, one
+    point per trainer sample, and the minute training started (the first row with a step), or None."""
+    out: dict[str, list] = {"minutes": [], "rss": [], "peak": [], "streamed": []}
     seen = set()
     start = next((row["t"] for row in rows if row.get("t") is not None), None)
     first_step = None
@@ -71,6 +72,7 @@ def memory_series(rows: list[dict]) -> dict[str, list]:
         out["minutes"].append(minute)
         out["rss"].append(row["host_rss_gib"])
         out["peak"].append(row.get("host_peak_rss_gib"))
+        out["streamed"].append((row.get("streamed_bytes_step") or 0) / 2 ** 30)
         if first_step is None and row.get("step"):
             first_step = minute
     out["first_step"] = first_step
@@ -89,10 +91,15 @@ def plot_memory(axis, rows: list[dict]) -> None:
     axis.set_xlabel("minutes since launch")
     if memory["minutes"]:
         axis.legend(loc="lower right", fontsize=7)
+    if any(memory["streamed"]):  # a memory plan that streams blocks: the bytes copied per step
+        streamed = axis.twinx()
+        streamed.plot(memory["minutes"], memory["streamed"], lw=0.8, color="tab:cyan", label="streamed per step")
+        streamed.set_ylabel("streamed per step (GiB)")
+        streamed.legend(loc="lower left", fontsize=7)
 
 
-def plot_run(telemetry_jsonl: Path, events_jsonl: Path | None, out_png: Path) -> Path:
-    """Write the PNG and return its path."""
+def plot_run(telemetry_jsonl: Path, events_jsonl: Path | None, out_png: Path, sheet: Path | None = None) -> Path:
+    """Write the PNG and return its path; `sheet` (a contact sheet) goes in a column on the right."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -101,12 +108,19 @@ def plot_run(telemetry_jsonl: Path, events_jsonl: Path | None, out_png: Path) ->
     rows = _rows(telemetry_jsonl)
     data = series(rows)
     events = [event for event in _rows(events_jsonl) if event.get("step") is not None]
-    figure = plt.figure(figsize=(13, 11.5))
-    grid = figure.add_gridspec(4, 1, height_ratios=[1, 1.6, 1, 1])
-    loss_ax = figure.add_subplot(grid[0])
-    rate_ax = figure.add_subplot(grid[1], sharex=loss_ax)
-    power_ax = figure.add_subplot(grid[2], sharex=loss_ax)
-    plot_memory(figure.add_subplot(grid[3]), rows)
+    figure = plt.figure(figsize=(19 if sheet else 13, 11.5))
+    grid = figure.add_gridspec(4, 2 if sheet else 1, height_ratios=[1, 1.6, 1, 1],
+                               width_ratios=[2, 1] if sheet else [1])
+    loss_ax = figure.add_subplot(grid[0, 0])
+    rate_ax = figure.add_subplot(grid[1, 0], sharex=loss_ax)
+    power_ax = figure.add_subplot(grid[2, 0], sharex=loss_ax)
+    plot_memory(figure.add_subplot(grid[3, 0]), rows)
+    if sheet:
+        sheet_ax = figure.add_subplot(grid[0:2, 1])
+        sheet_ax.imshow(plt.imread(sheet))
+        sheet_ax.set_axis_off()
+        sheet_ax.set_title(f"samples, step {Path(sheet).parent.name} (rows: prompts, columns: LoRA strengths)",
+                           fontsize=9)
     loss_ax.plot(*data["loss"], lw=0.6, color="tab:blue")
     loss_ax.set_ylabel("loss")
     rate_ax.plot(*data["s_it"], lw=0.8, color="black", label="s/it")
@@ -158,8 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("telemetry", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--events", type=Path, help="watchdog.jsonl whose decisions are marked")
+    parser.add_argument("--sheet", type=Path, help="a contact sheet of samples to show beside the curves")
     args = parser.parse_args(argv)
-    print(plot_run(args.telemetry, args.events, args.out), flush=True)
+    print(plot_run(args.telemetry, args.events, args.out, args.sheet), flush=True)
     return 0
 
 

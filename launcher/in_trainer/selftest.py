@@ -9,7 +9,9 @@ Runs under the trainer venv's interpreter, where torch, Triton and the patched t
                against each 4-bit candidate: one step's forwards (2, as checkpointing
                recomputes them) and input gradients, in ms and TFLOP/s;
   training     3 LoRA steps on the tiny FLUX.2 per candidate, on the GPU;
-  fastest      the fastest candidate whose checks and steps passed, or null with the reason.
+  fastest      the fastest candidate whose checks and steps passed, or null with the reason;
+  streaming    the overlapped block streaming run for a bounded time under a deadline: whether it
+               completed and matched the serialized mode (`stream_mode: auto` follows it).
 Without a GPU only the reference path can run: its checks and training steps run on the CPU,
 nothing is timed, `fastest` is null and the report says so.
 """
@@ -22,6 +24,7 @@ import time
 from pathlib import Path
 
 from launcher.in_trainer import selftest_kernels as kernels
+from launcher.in_trainer import selftest_streaming as streaming
 from launcher.in_trainer import selftest_training as training
 
 SCHEMA = 1
@@ -122,6 +125,9 @@ def run(args) -> dict:
         report["fastest"] = {"qtype": None, "reason": "Triton does not import; the 4-bit kernels need it"}
     else:
         gpu_part(m, report, args, m.torch.device("cuda", 0))
+    # on the CPU only the mechanics are checked: a few steps are enough
+    seconds = args.streaming_seconds if env["gpu"] else min(args.streaming_seconds, streaming.CPU_SECONDS)
+    report["streaming"] = streaming.check(args.trainer, log, seconds)
     return report
 
 
@@ -131,6 +137,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="where to write the JSON report")
     parser.add_argument("--tokens", default="1024,512", help="image,text tokens per sample; ';' between shapes")
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--streaming-seconds", type=float, default=streaming.RUN_SECONDS,
+                        help="how long the overlapped block streaming runs")
     args = parser.parse_args(argv)
     args.trainer = args.trainer.resolve()
     report = run(args)

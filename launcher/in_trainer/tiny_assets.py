@@ -148,31 +148,24 @@ def build_tokenizer():
 
 
 def build_text_encoder(out: Path, seed: int, **sizes) -> Path:
-    """A 30-layer, 64-wide Mistral3 with a Pixtral processor, saved as a from_pretrained folder.
-
-    `sizes` override the text model's shape (the full-size benchmark keeps the real width and
-    depth with a narrow MLP)."""
+    """A 30-layer, 64-wide Mistral3 with a Pixtral processor, saved as a from_pretrained folder."""
     import torch
-    from transformers import (
-        Mistral3Config,
-        Mistral3ForConditionalGeneration,
-        MistralConfig,
-        PixtralImageProcessor,
-        PixtralProcessor,
-        PixtralVisionConfig,
-    )
+    from transformers import Mistral3ForConditionalGeneration
 
     folder = out / TEXT_ENCODER_DIR
     tokenizer = build_tokenizer()
-    processor = PixtralProcessor(
-        image_processor=PixtralImageProcessor(
-            size={"longest_edge": 64}, patch_size={"height": 16, "width": 16}
-        ),
-        tokenizer=tokenizer,
-        patch_size=16,
-        spatial_merge_size=2,
-        chat_template=CHAT_TEMPLATE,
-    )
+    save_processor(folder, tokenizer)
+    torch.manual_seed(seed)
+    model = Mistral3ForConditionalGeneration(text_encoder_config(tokenizer, **sizes)).to(torch.bfloat16)
+    model.save_pretrained(folder)
+    return folder
+
+
+def text_encoder_config(tokenizer, **sizes):
+    """The tiny Mistral3's config; `sizes` override the text model's shape (the full-size
+    benchmark writes the real Mistral-Small-3.1 text shape with its own streamed writer)."""
+    from transformers import Mistral3Config, MistralConfig, PixtralVisionConfig
+
     shape = {
         "vocab_size": len(tokenizer),
         "hidden_size": TE_HIDDEN,
@@ -198,17 +191,27 @@ def build_text_encoder(out: Path, seed: int, **sizes) -> Path:
         patch_size=16,
         image_size=64,
     )
-    config = Mistral3Config(
+    return Mistral3Config(
         text_config=text_config,
         vision_config=vision_config,
         image_token_index=tokenizer.convert_tokens_to_ids("[IMG]"),
         spatial_merge_size=2,
     )
-    torch.manual_seed(seed)
-    model = Mistral3ForConditionalGeneration(config).to(torch.bfloat16)
-    model.save_pretrained(folder)
+
+
+def save_processor(folder: Path, tokenizer) -> None:
+    from transformers import PixtralImageProcessor, PixtralProcessor
+
+    processor = PixtralProcessor(
+        image_processor=PixtralImageProcessor(
+            size={"longest_edge": 64}, patch_size={"height": 16, "width": 16}
+        ),
+        tokenizer=tokenizer,
+        patch_size=16,
+        spatial_merge_size=2,
+        chat_template=CHAT_TEMPLATE,
+    )
     processor.save_pretrained(folder)
-    return folder
 
 
 def build_checkpoints(trainer: Path, out: Path, seed: int) -> None:

@@ -33,7 +33,10 @@ PROFILE_TRACE = "trace.json"
 """Chrome trace of the profiled steps (chrome://tracing, ui.perfetto.dev)."""
 PROFILE_TABLE = "top20.txt"
 """The 20 operators with the most GPU time, the 20 with the most CPU time, and a summary line."""
+PROFILE_BREAKDOWN = "breakdown.json"
+"""Milliseconds per step by category (block GEMMs, requantization, attention, ...) and phase."""
 
 SHARED_WITH_TRAINER = (SAVE_NOW, STOP_NOW, CHECKPOINT_MANIFEST, ENV_TELEMETRY, ENV_TELEMETRY_INTERVAL,
                        ENV_QUANT_CACHE_DIR, ENV_TEXT_CACHE_DIR, QUANT_CACHE_SUFFIX, QUANT_CACHE_META_KEY,
-                       ENV_PROFILE_STEPS, ENV_PROFILE_DIR, PROFILE_TRACE, PROFILE_TABLE)
+                       ENV_PROFILE_STEPS, ENV_PROFILE_DIR, PROFILE_TRACE, PROFILE_TABLE,
+                       PROFILE_BREAKDOWN)

@@ -7,6 +7,7 @@
         trainer-telemetry.jsonl      rows written inside the trainer (in-process VRAM, wall 10)
         watchdog.jsonl               stall watchdog decisions
         comfyui/                     `comfy`: <LoRA name>.workflow.json (UI) and .api.json (POST /prompt)
+        samples/<step>/              `sample`: p<prompt>_s<strength>.png and contact_sheet.png (step or final)
         run.lock, run.lock.json      held while a trainer runs here, and who holds it
         dataset-<n>.json             the images trained on, when bad ones are skipped
         <name>/                      what the trainer writes: LoRA, checkpoints, optimizer state
@@ -83,11 +84,19 @@ class RunFolder:
     def comfyui(self) -> Path:
         return self.root / "comfyui"
 
+    @property
+    def samples(self) -> Path:
+        return self.root / "samples"
+
+    def saved_step(self, lora: Path) -> int | None:
+        """The step a saved LoRA was written at; None for the final save."""
+        return _saved_step(lora, self.name)
+
     def refuse_links(self) -> None:
         """No link in place of the job folder or of a file the launcher or trainer writes here: the
         LoRA, run.json and the logs would land wherever it points, outside --output."""
         for path in (self.job_dir, self.config, self.log, self.telemetry, self.trainer_telemetry,
-                     self.watchdog_events, self.comfyui, self.root / PROFILE_DIR, self.metadata):
+                     self.watchdog_events, self.comfyui, self.samples, self.root / PROFILE_DIR, self.metadata):
             refuse_links(self.root, path)
 
     def checkpoints(self) -> list[Path]:

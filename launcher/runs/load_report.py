@@ -31,7 +31,8 @@ def read_rows(path: Path, offset: int = 0) -> list[dict]:
 
 
 def summarize(rows: list[dict]) -> dict:
-    """{"host_peak_rss_gib", "phases": {name: {"seconds", ...}}, "to_first_step_s"}; unknowns left out."""
+    """{"host_peak_rss_gib", "phases": {name: {"seconds", ...}}, "to_first_step_s", "memory_plan"};
+    unknowns left out."""
     summary: dict = {}
     peaks = [row["host_peak_rss_gib"] for row in rows if isinstance(row.get("host_peak_rss_gib"), (int, float))]
     if peaks:
@@ -43,6 +44,9 @@ def summarize(rows: list[dict]) -> dict:
             phases[phase["name"]] = {key: value for key, value in phase.items() if key != "name"}
     if phases:
         summary["phases"] = phases
+    plans = [row["memory_plan"] for row in rows if row.get("event") == "memory_plan" and isinstance(row.get("memory_plan"), dict)]
+    if plans:
+        summary["memory_plan"] = plans[-1]
     first = next((row for row in rows if row.get("event") == "first_step"), None)
     if first is not None and first.get("since_start_s") is not None:
         summary["to_first_step_s"] = first["since_start_s"]
@@ -55,12 +59,16 @@ def telemetry_offset(run: RunFolder) -> int:
 
 
 def record(run: RunFolder, offset: int = 0) -> dict:
-    """Add this launch's summary to run.json as "load" (replaced atomically); returns the summary."""
+    """Add this launch's summary to run.json as "load", and its memory plan as "memory_plan"
+    (replaced atomically); returns the summary."""
     summary = summarize(read_rows(run.trainer_telemetry, offset))
     if not summary or not run.metadata.is_file():
         return summary
     metadata = json.loads(run.metadata.read_text(encoding="utf-8"))
-    metadata["load"] = summary
+    load = dict(summary)
+    if "memory_plan" in load:  # the plan the trainer carried out, beside the load figures
+        metadata["memory_plan"] = load.pop("memory_plan")
+    metadata["load"] = load
     write_text_atomic(run.metadata, json.dumps(metadata, indent=2) + "\n")
     return summary
 

@@ -13,6 +13,7 @@ embedded tiny FLUX.2.
       telemetry: {interval_s: 10}
       watchdog: {enabled: false, ...}      # the stall watchdog, see launcher/watchdog/policy.py
       skip_bad_images: false   # true: train without the dataset files that fail the checks
+      sampling: auto | force   # wall 6: in-training samples only where the self-test sampled (auto)
 """
 
 import copy
@@ -36,6 +37,7 @@ LAUNCHER_DEFAULTS = {
     "telemetry": {"interval_s": 10},
     "watchdog": {"enabled": False},
     "skip_bad_images": False,
+    "sampling": "auto",
 }
 PLACEHOLDER = "filled-in-by-the-launcher"
 REQUIRED_PLACES = {
@@ -65,6 +67,10 @@ class Preset:
     @property
     def env(self) -> dict[str, str]:
         return {str(key): str(value) for key, value in self.settings["env"].items()}
+
+    @property
+    def sampling(self) -> str:
+        return self.settings["sampling"]
 
     @property
     def allocator(self) -> str:

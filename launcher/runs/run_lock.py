@@ -50,6 +50,21 @@ def holder(root: Path) -> str:
         return "another process (it has not written who it is yet)"
 
 
+def is_held(root: Path) -> bool:
+    """Whether a trainer holds the folder's lock now (taking it for a moment to find out)."""
+    if not (root / LOCK_FILE).is_file():
+        return False
+    with (root / LOCK_FILE).open("a+b") as handle:
+        if not _try_lock(handle):
+            return True
+        if os.name == "nt":
+            import msvcrt
+
+            handle.seek(0)
+            msvcrt.locking(handle.fileno(), msvcrt.LK_UNLCK, 1)
+    return False  # closing released it elsewhere
+
+
 @contextmanager
 def run_folder_lock(root: Path):
     """Hold the run folder's lock for the body; refuse at once when another run holds it."""

@@ -320,6 +320,7 @@ def launcher_block() -> Block:
         "telemetry": Block({"interval_s": Number(minimum=0.1)}),  # faster only grows the files
         "watchdog": watchdog_block(),
         "skip_bad_images": Boolean(),
+        "sampling": Text(("auto", "force")),
     })
 
 
@@ -333,6 +334,12 @@ MODEL_KWARGS = Block({
     "ae_params": Block(extra=Anything()),
     "allow_unquantized_block_linears": Boolean(),
     "resident_after_te_cache": Boolean(),
+    "stay_placed": Boolean(),
+    # the memory plan (overlay/toolkit/memory_budget.py): blocks resident or streamed
+    "memory_plan": Text(("auto", "off")),
+    "stream_mode": Text(("auto", "serialized", "overlapped")),
+    "vram_budget_gib": Number(positive=True),
+    "vram_margin_gib": Number(minimum=0),
 }, extra="model_kwargs")
 
 PROCESS = Block({

@@ -42,7 +42,7 @@ def trainer_figures(rows: list[dict]) -> dict | None:
     """
     if not rows:
         return None
-    event_only = ("time", "event", "s_per_it", "phase", "since_start_s")
+    event_only = ("time", "event", "s_per_it", "phase", "since_start_s", "memory_plan")
     figures = {key: value for key, value in rows[0].items() if key not in event_only}
     figures["trainer_time"] = rows[0].get("time")
     figures["s_it"] = next((row["s_per_it"] for row in rows if row.get("s_per_it") is not None), None)

@@ -9,6 +9,9 @@ grow the allocator). Then it writes, into AITK_PROFILE_DIR:
   top20.txt    the 20 operators with the most self time on the GPU (on the CPU without one),
                then the 20 with the most CPU time, and a summary: wall time of the window, the
                GPU's busy time within it, and what is left (host overhead, syncs, data loading)
+  breakdown.json  milliseconds per step by category (block GEMMs, requantization, attention,
+               elementwise, LoRA matmuls, optimizer, copies) and by phase, GPU busy and idle
+               time, data wait (toolkit/step_breakdown.py); its table ends top20.txt
 
 and prints the summary. Without AITK_PROFILE_STEPS each call returns at once. A failure to
 profile or to write is reported and never stops the training.
@@ -22,6 +25,7 @@ ENV_DIR = "AITK_PROFILE_DIR"
 ENV_SKIP = "AITK_PROFILE_SKIP"
 TRACE_FILE = "trace.json"
 TABLE_FILE = "top20.txt"
+BREAKDOWN_FILE = "breakdown.json"
 
 
 class StepProfiler:
@@ -72,9 +76,11 @@ class StepProfiler:
             self.profile.stop()
             os.makedirs(self.folder, exist_ok=True)
             self.profile.export_chrome_trace(os.path.join(self.folder, TRACE_FILE))
-            summary = write_tables(self.profile, wall, self.seen - self.skip,
+            steps = self.seen - self.skip
+            summary = write_tables(self.profile, wall, steps,
                                    os.path.join(self.folder, TABLE_FILE), torch.cuda.is_available())
             print(f"[profile] {summary}; wrote {TRACE_FILE} and {TABLE_FILE} to {self.folder}", flush=True)
+            print(write_breakdown(self.folder, wall, steps), flush=True)
         except Exception as error:
             print(f"[profile] could not write the profile to {self.folder}: {error}", flush=True)
 
@@ -95,6 +101,21 @@ def write_tables(profile, wall: float, steps: int, path: str, gpu: bool) -> str:
         handle.write("top 20 by CPU time (operator and everything it calls)\n")
         handle.write(averages.table(sort_by="cpu_time_total", row_limit=20) + "\n")
     return summary
+
+
+def write_breakdown(folder: str, wall: float, steps: int) -> str:
+    """breakdown.json from the trace just written, its table appended to top20.txt; returns the table."""
+    import json
+
+    from toolkit import step_breakdown
+
+    result = step_breakdown.breakdown(step_breakdown.load_trace(os.path.join(folder, TRACE_FILE)), wall, steps)
+    with open(os.path.join(folder, BREAKDOWN_FILE), "w", encoding="utf-8") as handle:
+        json.dump(result, handle, indent=2)
+    table = step_breakdown.format_table(result)
+    with open(os.path.join(folder, TABLE_FILE), "a", encoding="utf-8") as handle:
+        handle.write("\n" + table + "\n")
+    return "[profile] " + table.replace("\n", "\n[profile] ")
 
 
 def _from_environment():

@@ -125,7 +125,8 @@ def sample_prompts(sample_config) -> List[str]:
     prompts = []
     for prompt, sample in zip(sample_config.prompts, sample_config.samples):
         parsed = GenerateImageConfig(prompt=prompt, negative_prompt=sample.neg, output_path="unused.jpg")
-        prompts += [parsed.prompt, parsed.negative_prompt]
+        # a sample without a negative prompt parses it as False, not text
+        prompts += [text for text in (parsed.prompt, parsed.negative_prompt) if isinstance(text, str)]
     return prompts
 
 

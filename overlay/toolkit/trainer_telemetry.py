@@ -16,14 +16,16 @@ AITK_TELEMETRY nothing is opened and each call returns at once.
     {"time": unix seconds, "step": steps done, "loss": float, "s_per_it": mean since last row,
      "vram_allocated_gib", "vram_reserved_gib", "vram_max_allocated_gib": null without a GPU,
      "host_rss_gib", "host_peak_rss_gib",
-     "event": "start" | "save" | "load" | "phase" | "first_step" (event rows only),
+     "event": "start" | "save" | "load" | "phase" | "first_step" | "sample_start" | "sample" (event rows only),
      "phase": {"name", "seconds", what the phase reports} (phase rows),
-     "since_start_s": seconds since the process started (first_step row)}
+     "since_start_s": seconds since the process started (first_step row),
+     "seconds", "images": how long in-training sampling took and how many images (sample row)}
 """
 
 import json
 import math
 import os
+import sys
 import threading
 import time
 
@@ -73,7 +75,7 @@ class TrainerTelemetry:
             self.step = step
         now = time.time()
         # load and first-step rows report memory and time, and leave the s/it bookkeeping alone
-        timing_only = event in ("load", "phase", "first_step")
+        timing_only = event in ("load", "phase", "first_step", "memory_plan", "sample_start", "sample")
         s_per_it = None
         if not timing_only and self.step is not None and self.row_step is not None and self.step > self.row_step:
             s_per_it = (now - self.row_time) / (self.step - self.row_step)
@@ -86,6 +88,9 @@ class TrainerTelemetry:
             row["event"] = event
         if event == "first_step":
             row["since_start_s"] = round(now - self.started, 3)
+        streaming = sys.modules.get("toolkit.block_streaming")
+        if streaming is not None:  # bytes copied onto the device per step, when a plan streams blocks
+            row.update(streaming.telemetry_fields())
         row.update(fields)
         if not timing_only:
             self.row_time, self.row_step = now, self.step
@@ -165,13 +170,15 @@ def record_step(step: int, losses: dict) -> None:
         _safely(lambda: telemetry.on_step(step, losses))
 
 
-def record_event(event: str, step: int = None) -> None:
-    """A row now, whatever the interval: "start" (step = where training starts) or "save"."""
+def record_event(event: str, step: int = None, **fields) -> None:
+    """A row now, whatever the interval: "start" (step = where training starts), "save",
+    "sample_start" / "sample" around in-training samples (`fields`: their seconds and images), or
+    "memory_plan" (`fields`: the plan carried out)."""
     telemetry = _get()
     if telemetry:
         if event == "start":
             telemetry.stop_sampling()
-        _safely(lambda: telemetry.write(event, step))
+        _safely(lambda: telemetry.write(event, step, **fields))
 
 
 class LoadPhase:

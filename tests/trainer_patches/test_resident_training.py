@@ -23,18 +23,27 @@ from launcher.runs.presets import load_preset, render, write_config
 RECORDER = Path(__file__).with_name("record_model_moves.py")
 
 
-def record_moves(workdir, tmp_path: Path, resident: bool, text_phase: bool = False) -> tuple[list[dict], str]:
+def record_moves(workdir, tmp_path: Path, resident: bool, text_phase: bool = False, dataset: Path | None = None,
+                 model_kwargs: dict | None = None, run: str = "run") -> tuple[list[dict], str]:
+    """One step of the tiny preset under the recorder: its events and its output.
+
+    Runs named apart (`run`) in one `tmp_path` share the text and quantized caches: a relaunch.
+    """
     python = venv_python(workdir.venv)
     preset = load_preset("tiny")
-    config = render(preset, tmp_path / "run", tiny_manifest=tiny.ensure_assets(workdir.assets / "tiny", workdir.trainer, python))
+    config = render(preset, tmp_path / run, tiny_manifest=tiny.ensure_assets(workdir.assets / "tiny", workdir.trainer, python))
     process = config["config"]["process"][0]
     process["train"]["steps"] = 1
+    if dataset is not None:
+        process["datasets"][0]["folder_path"] = str(dataset)
+    kwargs = process["model"]["model_kwargs"]
     # wall 9 is about the whole encoder sharing the device; the text phase (walls 3-4) avoids that
-    process["model"]["model_kwargs"]["streamed_text_encoder"] = text_phase
-    process["model"]["model_kwargs"]["text_embedding_cache_dir"] = str(tmp_path / "text-cache")
-    process["model"]["model_kwargs"]["resident_after_te_cache"] = resident
-    config_path = write_config(config, tmp_path / "run" / "config.yaml")
-    events_path = tmp_path / "events.json"
+    kwargs["streamed_text_encoder"] = text_phase
+    kwargs["text_embedding_cache_dir"] = str(tmp_path / "text-cache")
+    kwargs["resident_after_te_cache"] = resident
+    kwargs.update(model_kwargs or {})
+    config_path = write_config(config, tmp_path / run / "config.yaml")
+    events_path = tmp_path / f"{run}-events.json"
     result = subprocess.run(
         [str(python), "-u", str(RECORDER), str(config_path), str(events_path)],
         cwd=workdir.trainer, env={**clean_env(), **preset.env, "PYTHONUNBUFFERED": "1"},

@@ -174,3 +174,14 @@ def test_dataset_captions_come_from_the_trainers_caption_code(mods, tiny_text_en
     captions = tp.dataset_captions([triggered], None)
     assert random.getstate() == state
     assert len(captions) == len(expected) and all("sks" in c for c in captions)
+
+
+def test_sample_prompts_are_text_even_without_a_negative_prompt(mods):
+    """A `sample:` block with no `neg` parses the negative prompt as False: only text is embedded."""
+    _, _, tp = mods
+    from toolkit.config_modules import SampleConfig
+
+    plain = SampleConfig(prompts=["a red square"], sample_every=1)
+    assert tp.sample_prompts(plain) == ["a red square"]
+    negative = SampleConfig(prompts=["a red square"], neg="blurry", sample_every=1)
+    assert tp.sample_prompts(negative) == ["a red square", "blurry"]

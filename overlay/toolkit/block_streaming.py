@@ -1,0 +1,251 @@
+"""Carry out a memory plan (toolkit/memory_plan.py) on a loaded transformer: resident blocks stay
+on the device; streamed blocks keep their frozen (already quantized, never bf16) tensors in pinned
+host memory (plain memory where pinning is impossible) and are copied onto the device only while
+they compute, in the order the step needs them: forward, then recompute + backward in reverse.
+
+Two modes. `serialized`: synchronize, copy, synchronize, compute: no copy is ever in flight during
+a kernel (block swap with overlapping copies deadlocked the HIP driver on Windows: wall 5).
+`overlapped`: the next block's copy runs on a side stream while the current block computes, and
+at most two streamed blocks (the one computing and the next) are held by the streamer.
+
+A streamed block's class is swapped for a subclass (same name in the state dict, same LoRA keys)
+whose forward fetches and releases its tensors and whose `_apply` leaves them where they are, so
+a later `transformer.to(device)` by the trainer moves only the resident part. Every streamed block
+is recomputed under gradient checkpointing, so the autograd graph never keeps a streamed block's
+device tensors beyond its own backward. The FLUX.2 forward reads `block.checkpointed` (patch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from toolkit.memory_plan import KEPT, STREAMED, MemoryPlan
+
+SERIALIZED, OVERLAPPED = "serialized", "overlapped"
+FORWARD, RECOMPUTE, BACKWARD, FETCH = "forward", "recompute", "backward", "fetch"
+
+
+@dataclass
+class HostSlot:
+    """One frozen tensor of a streamed block: where it sits in its module, and its host copy."""
+    module: torch.nn.Module
+    kind: str  # "_parameters" or "_buffers"
+    name: str
+    host: torch.Tensor
+
+    def put(self, tensor: torch.Tensor) -> None:
+        if self.kind == "_parameters":
+            tensor = torch.nn.Parameter(tensor, requires_grad=False)
+        getattr(self.module, self.kind)[self.name] = tensor
+
+
+@dataclass
+class Held:
+    """A streamed block's tensors on the device, and the event its copy ends with (overlapped)."""
+    tensors: list
+    ready: object = None
+
+
+@dataclass
+class StreamStats:
+    bytes_total: int = 0
+    bytes_last_step: int = 0
+    bytes_this_step: int = 0
+    events: list = field(default_factory=list)  # (what, block) when recording (tests)
+    record: bool = False
+
+
+def to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """A host copy, pinned where the platform allows (a CPU-only torch cannot pin)."""
+    host = tensor.detach().to("cpu", copy=True)
+    if torch.cuda.is_available():
+        try:
+            return host.pin_memory()
+        except RuntimeError:
+            pass
+    return host
+
+
+class BlockStreamer:
+    def __init__(self, transformer: torch.nn.Module, plan: MemoryPlan, device, mode: str = SERIALIZED,
+                 record: bool = False):
+        if mode not in (SERIALIZED, OVERLAPPED):
+            raise ValueError(f"stream mode {mode!r}: use {SERIALIZED} or {OVERLAPPED}")
+        self.device = torch.device(device)
+        self.accelerated = self.device.type == "cuda" and torch.cuda.is_available()
+        if self.accelerated and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.mode = mode  # on the CPU both modes copy at once; overlapped still copies one block ahead
+        self.stats = StreamStats(record=record)
+        self.slots: dict[str, list[HostSlot]] = {}
+        self.held: dict[str, Held] = {}
+        streamed = [b.name for b in plan.blocks if b.weights == STREAMED]
+        # the order one step needs them: forward, then recompute + backward in reverse
+        self.schedule = streamed + streamed[::-1]
+        self.position = -1
+        self.side = torch.cuda.Stream(self.device) if self.accelerated and mode == OVERLAPPED else None
+        for block_plan in plan.blocks:
+            block = transformer.get_submodule(block_plan.name)
+            if block_plan.weights == STREAMED:
+                self._stream(block_plan.name, block)
+            else:
+                block.checkpointed = block_plan.activations != KEPT
+
+    # ---- setting up
+
+    def _stream(self, name: str, block: torch.nn.Module) -> None:
+        frozen = [(module, kind, key, tensor) for module in block.modules() for kind in ("_parameters", "_buffers")
+                  for key, tensor in getattr(module, kind).items()
+                  if tensor is not None and not tensor.requires_grad]  # trainable tensors stay where they are
+        for module, _, key, tensor in frozen:  # all checked before any moves
+            if type(tensor.data) is not torch.Tensor:
+                raise ValueError(
+                    f"{name}: {type(module).__name__}.{key} is a {type(tensor.data).__name__}; streaming "
+                    f"carries the plain tensors of qtype int4_fused / int4_w4a8 blocks only. Set qtype "
+                    f"int4_fused in the preset, or a VRAM budget that keeps every block resident.")
+        self.slots[name] = [HostSlot(module, kind, key, to_host(tensor)) for module, kind, key, tensor in frozen]
+        for slot in self.slots[name]:
+            slot.put(slot.host)
+        block.__class__ = streamed_class(type(block))
+        block._streamer, block._stream_name, block.checkpointed = self, name, True
+
+    def streamed_bytes(self) -> int:
+        return sum(slot.host.numel() * slot.host.element_size() for slots in self.slots.values() for slot in slots)
+
+    # ---- one block's turn
+
+    def enter(self, name: str) -> str:
+        """Before `name` computes: its tensors on the device; the next block's copy started."""
+        phase = self._advance(name)
+        held = self.held.get(name) or self._fetch(name)
+        self._note(phase, name)
+        if held.ready is not None:
+            torch.cuda.current_stream(self.device).wait_event(held.ready)
+            held.ready = None
+        for slot, tensor in zip(self.slots[name], held.tensors):
+            slot.put(tensor)
+            keep_w4a8_scales(slot.module)
+        self.held = {name: held}
+        if self.mode == OVERLAPPED:
+            upcoming = self.schedule[(self.position + 1) % len(self.schedule)]
+            if upcoming not in self.held:
+                self.held[upcoming] = self._fetch(upcoming)
+        return phase
+
+    def leave(self, name: str) -> None:
+        """After `name` computed: its module slots point at the host again. The device copy lives
+        on while autograd needs it, or while it is the next block to compute."""
+        for slot in self.slots[name]:
+            slot.put(slot.host)
+        upcoming = self.schedule[(self.position + 1) % len(self.schedule)]
+        if upcoming != name:
+            self.held.pop(name, None)
+
+    def _advance(self, name: str) -> str:
+        expected = (self.position + 1) % len(self.schedule)
+        if self.schedule[expected] != name:  # a forward without backward (no grad): start over
+            expected = self.schedule.index(name)
+        if expected == 0:
+            self.stats.bytes_last_step, self.stats.bytes_this_step = self.stats.bytes_this_step, 0
+        self.position = expected
+        return FORWARD if expected < len(self.schedule) // 2 else RECOMPUTE
+
+    def _fetch(self, name: str) -> Held:
+        self._note(FETCH, name)
+        hosts = [slot.host for slot in self.slots[name]]
+        size = sum(t.numel() * t.element_size() for t in hosts)
+        self.stats.bytes_total += size
+        self.stats.bytes_this_step += size
+        if not self.accelerated:  # the CPU: a separate tensor copy, so the mechanics still run
+            return Held([t.clone() for t in hosts])
+        if self.mode == SERIALIZED:
+            torch.cuda.synchronize(self.device)
+            tensors = [t.to(self.device) for t in hosts]
+            torch.cuda.synchronize(self.device)
+            return Held(tensors)
+        compute = torch.cuda.current_stream(self.device)
+        self.side.wait_stream(compute)  # the side stream may reuse memory the compute stream freed
+        with torch.cuda.stream(self.side):
+            tensors = [t.to(self.device, non_blocking=True) for t in hosts]
+            ready = torch.cuda.Event()
+            ready.record(self.side)
+        for tensor in tensors:
+            tensor.record_stream(compute)
+        return Held(tensors, ready)
+
+    def _note(self, what: str, name: str) -> None:
+        if self.stats.record:
+            self.stats.events.append((what, name))
+
+    def note_backward(self, name: str, output) -> None:
+        """Record when the gradient reaches `name`'s output (tests of the stream order)."""
+        if not self.stats.record:
+            return
+        first = output[0] if isinstance(output, (tuple, list)) else output
+        if isinstance(first, torch.Tensor) and first.requires_grad:
+            first.register_hook(lambda grad: self._note(BACKWARD, name))
+
+
+def keep_w4a8_scales(module) -> None:
+    """int4_w4a8 keys the 8-bit scales it derives from a weight by the weight's address; a new
+    device copy of the same frozen weight keeps them (they stay on the device: two small vectors)."""
+    cached = getattr(module, "_w4a8_scales", None)
+    qweight = getattr(module, "qweight", None)
+    if cached is not None and qweight is not None and cached.key[1] == qweight.device:
+        cached.key = (qweight.data_ptr(), qweight.device, cached.key[2])
+
+
+class StreamedBlock:
+    """Mixed into a streamed block's own class (see streamed_class)."""
+
+    def forward(self, *args, **kwargs):
+        phase = self._streamer.enter(self._stream_name)
+        try:
+            output = super().forward(*args, **kwargs)
+        finally:
+            self._streamer.leave(self._stream_name)
+        if phase == RECOMPUTE and torch.is_grad_enabled():
+            self._streamer.note_backward(self._stream_name, output)
+        return output
+
+    def _apply(self, fn, recurse=True):
+        """`.to()`, `.cuda()`, casts: the streamed tensors stay in host memory, the rest moves."""
+        slots = self._streamer.slots[self._stream_name]
+        for slot in slots:
+            getattr(slot.module, slot.kind)[slot.name] = None
+        try:
+            return super()._apply(fn, recurse)
+        finally:
+            for slot in slots:
+                slot.put(slot.host)
+
+
+_classes: dict = {}
+
+
+def streamed_class(cls: type) -> type:
+    if issubclass(cls, StreamedBlock):
+        return cls
+    if cls not in _classes:
+        _classes[cls] = type(cls.__name__, (StreamedBlock, cls), {"__module__": cls.__module__})
+    return _classes[cls]
+
+
+# ---- what the trainer and its telemetry ask
+
+_active: BlockStreamer | None = None
+
+
+def install(transformer, plan: MemoryPlan, device, mode: str = SERIALIZED, record: bool = False) -> BlockStreamer:
+    global _active
+    _active = BlockStreamer(transformer, plan, device, mode, record)
+    return _active
+
+
+def telemetry_fields() -> dict:
+    """Bytes copied onto the device for the last complete step, and in all (telemetry rows)."""
+    if _active is None or not _active.slots:
+        return {}
+    return {"streamed_bytes_step": _active.stats.bytes_last_step, "streamed_bytes_total": _active.stats.bytes_total}

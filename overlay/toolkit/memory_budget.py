@@ -1,0 +1,138 @@
+"""The memory plan of one trainer run: its settings (model_kwargs), the VRAM budget, the cap that
+makes a large GPU behave as the small card, and the plan applied to the loaded transformer.
+
+model_kwargs:
+  memory_plan: auto | off       (default off: every block resident, as without a plan)
+  stream_mode: serialized | overlapped | auto  (`run` turns auto into one of the two from the
+                                 self-test; a trainer started by hand treats auto as serialized)
+  vram_budget_gib: N            the budget: the trainer's allocator is capped there too
+                                 (set_per_process_memory_fraction), where CUDA/HIP exists
+  vram_margin_gib: N            kept free of the plan (allocator slack); default 1.0
+
+The plan is made twice per launch from the same budget: before the transformer loads, from its
+shapes (where blocks go while loading: the host when any block is streamed), and after, from the
+bytes of each loaded block. Both are printed; the second is the one carried out and recorded.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from toolkit import block_streaming, trainer_telemetry
+from toolkit.memory_plan import DEFAULT_MARGIN_GIB, GIB, Flux2Shape, PlanError, flux2_inputs, make_plan
+
+INT4_QTYPES = ("int4_fused", "int4_w4a8")
+
+
+def run_shape(process) -> dict:
+    """Resolution (the largest of the datasets), batch and LoRA rank of a training process."""
+    resolutions = [int(d.resolution) for d in (process.datasets or []) if isinstance(d.resolution, int)]
+    rank = getattr(process.network_config, "linear", None) if process.network_config else None
+    return {"resolution": max(resolutions, default=1024), "batch": int(process.train_config.batch_size),
+            "lora_rank": int(rank or 32)}
+
+
+def enabled(model_kwargs: dict) -> bool:
+    value = model_kwargs.get("memory_plan", "off")
+    if value not in ("auto", "off"):
+        raise ValueError(f"model_kwargs memory_plan: {value!r}; use auto or off")
+    return value == "auto"
+
+
+def stream_mode(model_kwargs: dict) -> str:
+    mode = model_kwargs.get("stream_mode", "auto")
+    return block_streaming.OVERLAPPED if mode == block_streaming.OVERLAPPED else block_streaming.SERIALIZED
+
+
+def budget_bytes(model_kwargs: dict, device) -> int | None:
+    """The bytes the plan may use on `device`, after capping the allocator at the preset's budget.
+    None on a device without memory figures and no preset budget (no plan)."""
+    margin = int(float(model_kwargs.get("vram_margin_gib", DEFAULT_MARGIN_GIB)) * GIB)
+    preset = model_kwargs.get("vram_budget_gib")
+    cap = int(float(preset) * GIB) if preset is not None else None
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None if cap is None else cap - margin
+    device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+    free, total = torch.cuda.mem_get_info(device)
+    reserved = torch.cuda.memory_reserved(device)
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if fraction is not None:  # a cap set on this process before (a benchmark's) is free VRAM too
+        free = min(free, int(fraction(device) * total) - reserved)
+    if cap is None:
+        return free - margin
+    if cap < total:
+        torch.cuda.set_per_process_memory_fraction(cap / total, device)
+    room = cap - reserved
+    if free < room:
+        print(f"memory plan: the card has {free / GIB:.2f} GiB free, less than the {room / GIB:.2f} GiB the "
+              f"preset's vram_budget_gib {float(preset):g} leaves: planning for {free / GIB:.2f} GiB", flush=True)
+        room = free
+    return room - margin
+
+
+def plan_for(model_kwargs: dict, params, run: dict, budget: int, weight_bytes=None, nonblock_bytes=None):
+    in_flight = 2 if stream_mode(model_kwargs) == block_streaming.OVERLAPPED else 1
+    shape = Flux2Shape(params.hidden_size, params.num_heads, params.depth, params.depth_single_blocks,
+                       params.mlp_ratio, params.context_in_dim, params.in_channels)
+    inputs = flux2_inputs(shape, budget, run["resolution"], run["batch"], run["lora_rank"],
+                          weight_bytes=weight_bytes, nonblock_bytes=nonblock_bytes, in_flight=in_flight)
+    try:
+        return make_plan(inputs)
+    except PlanError as error:
+        raise PlanError(f"{error} (model_kwargs in the preset; memory_plan: off turns the plan off)") from None
+
+
+def storage_bytes(tensor: torch.Tensor) -> int:
+    """Bytes a tensor really holds: a quantized tensor subclass (torchao) by its inner tensors."""
+    if type(tensor.data) is torch.Tensor or not hasattr(tensor, "__tensor_flatten__"):
+        return tensor.numel() * tensor.element_size()
+    names, _ = tensor.__tensor_flatten__()
+    return sum(storage_bytes(getattr(tensor, name)) for name in names)
+
+
+def tensor_bytes(module: torch.nn.Module) -> int:
+    tensors = list(module.parameters()) + list(module.buffers())
+    return sum(storage_bytes(t) for t in tensors if not t.requires_grad)
+
+
+def measured(transformer, plan) -> tuple[dict, int]:
+    """Each block's bytes as loaded, and the bytes outside the blocks."""
+    blocks = {b.name: tensor_bytes(transformer.get_submodule(b.name)) for b in plan.blocks}
+    return blocks, tensor_bytes(transformer) - sum(blocks.values())
+
+
+def before_load(base_model, params):
+    """The plan from the shapes (None when off or when no budget is known)."""
+    kwargs = base_model.model_config.model_kwargs
+    if not enabled(kwargs):
+        return None
+    budget = budget_bytes(kwargs, base_model.device_torch)
+    if budget is None:
+        print("memory plan: no VRAM figures on this device and no vram_budget_gib: every block resident",
+              flush=True)
+        return None
+    run = getattr(base_model, "memory_plan_run", None) or {"resolution": 1024, "batch": 1, "lora_rank": 32}
+    base_model.memory_plan_budget = (budget, run)
+    plan = plan_for(kwargs, params, run, budget)
+    if plan.streamed() and base_model.model_config.qtype not in INT4_QTYPES:
+        print(f"memory plan: {len(plan.streamed())} blocks would be streamed at a {budget / GIB:.2f} GiB budget, "
+              f"but streaming carries only the qtypes {', '.join(INT4_QTYPES)} (this run: qtype "
+              f"{base_model.model_config.qtype}): every block resident, as without a plan. Set qtype int4_fused "
+              f"in the preset (or run `python -m launcher selftest` for qtype auto) to stream.", flush=True)
+        return None
+    return plan
+
+
+def after_load(base_model, transformer, params, plan):
+    """Re-plan from the loaded sizes, stream what the plan says, record the plan."""
+    kwargs = base_model.model_config.model_kwargs
+    budget, run = base_model.memory_plan_budget
+    weights, nonblock = measured(transformer, plan)
+    plan = plan_for(kwargs, params, run, budget, weight_bytes=weights, nonblock_bytes=nonblock)
+    mode = stream_mode(kwargs)
+    block_streaming.install(transformer, plan, base_model.device_torch, mode)
+    for line in plan.summary() + ([f"  stream mode: {mode}"] if plan.streamed() else []):
+        print(line, flush=True)
+    trainer_telemetry.record_event("memory_plan", memory_plan={**plan.to_json(), "stream_mode": mode})
+    return plan

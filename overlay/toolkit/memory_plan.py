@@ -1,0 +1,293 @@
+"""One memory plan per launch: which transformer blocks stay resident on the training device and
+which are streamed from host memory, and which blocks keep their activations instead of
+recomputing them (gradient checkpointing).
+
+A pure function of numbers (stdlib only), so the launcher's `run --dry-run` can ask for the same
+plan the trainer makes, and tests can check it for any budget without a GPU.
+
+What one step needs on the device (bytes):
+- the non-block weights (embedders, modulations, final layer), always resident;
+- the LoRA and its optimizer state (weights, gradients, the optimizer's states);
+- the input of every block, which gradient checkpointing keeps (batch x tokens x hidden, bf16);
+- the working set of the block being recomputed in the backward: its saved tensors and their
+  gradients, 2 x `activation_bytes` of one block;
+- each resident block's 4-bit weights; with any block streamed, a double buffer: the two largest
+  streamed blocks in flight (one computing, the next being copied; one when serialized);
+- what is left keeps the activations of resident blocks (no recompute), in model order.
+
+A block's saved activations are computed from the shapes, not measured:
+`ACTIVATION_WIDTHS x hidden` bf16 values per token, per block: the tensors autograd saves in one
+FLUX.2 block (normed and modulated inputs, qkv, normed q/k, attention output, the MLP's input,
+hidden and gated activation, the LoRA inputs), counted from the block's code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+GIB = 1024 ** 3
+BF16 = 2
+# kept free of the plan (allocator slack) unless the preset says vram_margin_gib
+DEFAULT_MARGIN_GIB = 1.0
+# bf16 values saved per token and per hidden unit by one FLUX.2 block (double or single) when its
+# activations are kept; see the module docstring
+ACTIVATION_WIDTHS = 24
+# text tokens FLUX.2 [dev] trains with (the Mistral prompt embedding's length)
+TEXT_TOKENS = 512
+# bytes per trainable LoRA parameter: fp32 weight + fp32 gradient + two 8-bit AdamW states
+LORA_BYTES_PER_PARAM = 4 + 4 + 2
+RESIDENT, STREAMED = "resident", "streamed"
+KEPT, RECOMPUTED = "kept", "recomputed"
+
+
+class PlanError(ValueError):
+    """The budget cannot hold the resident minimum; the message gives every number."""
+
+
+@dataclass(frozen=True)
+class BlockSize:
+    name: str
+    weight_bytes: int       # the block's 4-bit weights (as they sit on the device)
+    activation_bytes: int   # its saved activations for one step when kept
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    budget_bytes: int
+    blocks: tuple[BlockSize, ...]
+    nonblock_bytes: int     # weights outside the blocks
+    lora_bytes: int         # LoRA weights + gradients + optimizer state
+    checkpoint_bytes: int   # every block's input, kept by gradient checkpointing
+    resolution: int = 0
+    batch: int = 1
+    in_flight: int = 2      # streamed blocks on the device at once: 2 overlapped, 1 serialized
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    name: str
+    weights: str      # RESIDENT or STREAMED
+    activations: str  # KEPT or RECOMPUTED
+    weight_bytes: int = 0
+
+
+@dataclass
+class MemoryPlan:
+    budget_bytes: int
+    blocks: list[BlockPlan]
+    fixed_bytes: dict = field(default_factory=dict)
+    resident_weight_bytes: int = 0
+    streamed_weight_bytes: int = 0
+    buffer_bytes: int = 0
+    kept_activation_bytes: int = 0
+    resolution: int = 0
+    batch: int = 1
+
+    def streamed(self) -> list[str]:
+        return [b.name for b in self.blocks if b.weights == STREAMED]
+
+    def kept(self) -> list[str]:
+        return [b.name for b in self.blocks if b.activations == KEPT]
+
+    def planned_bytes(self) -> int:
+        return (sum(self.fixed_bytes.values()) + self.resident_weight_bytes + self.buffer_bytes
+                + self.kept_activation_bytes)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> list[str]:
+        """Lines for `run --dry-run` and the trainer's log."""
+        n = len(self.blocks)
+        lines = [
+            f"memory plan: budget {size(self.budget_bytes)}, {self.resolution} px, batch {self.batch}; "
+            f"planned {size(self.planned_bytes())}",
+            "  fixed: " + ", ".join(f"{k} {size(v)}" for k, v in self.fixed_bytes.items()),
+            f"  weights: {n - len(self.streamed())} of {n} blocks resident ({size(self.resident_weight_bytes)}), "
+            f"{len(self.streamed())} streamed ({size(self.streamed_weight_bytes)} from host memory, "
+            f"double buffer {size(self.buffer_bytes)})",
+            f"  activations: {len(self.kept())} of {n} blocks kept ({size(self.kept_activation_bytes)}), "
+            f"the rest recomputed",
+        ]
+        if self.streamed():
+            lines.append("  streamed: " + compact(self.streamed()))
+        if self.kept():
+            lines.append("  kept: " + compact(self.kept()))
+        return lines
+
+
+def size(nbytes: float) -> str:
+    """GiB for model-sized figures, MiB or KiB for small ones (a tiny model's plan)."""
+    for unit, scale in (("GiB", GIB), ("MiB", 1024 ** 2)):
+        if abs(nbytes) >= 0.1 * scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes / 1024:.1f} KiB"
+
+
+def compact(names: list[str]) -> str:
+    """`double_blocks.0`, `double_blocks.1`, ... -> `double_blocks.0-1`."""
+    groups: list[list] = []
+    for name in names:
+        prefix, _, index = name.rpartition(".")
+        if index.isdigit() and groups and groups[-1][0] == prefix and groups[-1][2] == int(index) - 1:
+            groups[-1][2] = int(index)
+        elif index.isdigit():
+            groups.append([prefix, int(index), int(index)])
+        else:
+            groups.append([name, None, None])
+    return ", ".join(p if a is None else f"{p}.{a}" + (f"-{b}" if b != a else "") for p, a, b in groups)
+
+
+def make_plan(inputs: PlanInputs) -> MemoryPlan:
+    """Resident first, in model order; the rest streamed through a double buffer; what is left
+    keeps activations of resident blocks. Raises PlanError when even the minimum does not fit."""
+    blocks = inputs.blocks
+    working = 2 * max((b.activation_bytes for b in blocks), default=0)
+    fixed = {"non-block weights": inputs.nonblock_bytes, "LoRA + optimizer": inputs.lora_bytes,
+             "checkpointed inputs": inputs.checkpoint_bytes, "one block in backward": working}
+    free = inputs.budget_bytes - sum(fixed.values())
+    buffer = 0
+    if sum(b.weight_bytes for b in blocks) <= free:
+        resident = {b.name for b in blocks}
+    else:
+        buffer = inputs.in_flight * max(b.weight_bytes for b in blocks)
+        if free < buffer:
+            raise PlanError(minimum_message(inputs, fixed, buffer))
+        room = free - buffer
+        resident = set()
+        for block in blocks:
+            if block.weight_bytes <= room:
+                resident.add(block.name)
+                room -= block.weight_bytes
+        # the buffer only needs the largest streamed blocks
+        buffer = inputs.in_flight * max(b.weight_bytes for b in blocks if b.name not in resident)
+    free -= buffer + sum(b.weight_bytes for b in blocks if b.name in resident)
+    kept, kept_bytes = set(), 0
+    for block in blocks:
+        if block.name in resident and block.activation_bytes <= free:
+            kept.add(block.name)
+            kept_bytes += block.activation_bytes
+            free -= block.activation_bytes
+    return MemoryPlan(
+        budget_bytes=inputs.budget_bytes,
+        blocks=[BlockPlan(b.name, RESIDENT if b.name in resident else STREAMED,
+                          KEPT if b.name in kept else RECOMPUTED, b.weight_bytes) for b in blocks],
+        fixed_bytes=fixed,
+        resident_weight_bytes=sum(b.weight_bytes for b in blocks if b.name in resident),
+        streamed_weight_bytes=sum(b.weight_bytes for b in blocks if b.name not in resident),
+        buffer_bytes=buffer, kept_activation_bytes=kept_bytes,
+        resolution=inputs.resolution, batch=inputs.batch,
+    )
+
+
+def minimum_message(inputs: PlanInputs, fixed: dict, buffer: int) -> str:
+    need = sum(fixed.values()) + buffer
+    parts = ", ".join(f"{k} {size(v)}" for k, v in fixed.items())
+    return (f"a VRAM budget of {size(inputs.budget_bytes)} cannot hold the resident minimum of "
+            f"{size(need)} at {inputs.resolution} px, batch {inputs.batch} ({parts}, "
+            f"{inputs.in_flight} streamed block(s) in flight {size(buffer)}). Lower the resolution or the "
+            f"LoRA rank, or give more VRAM (model_kwargs vram_budget_gib / vram_margin_gib in the preset).")
+
+
+# ---------------------------------------------------------------- sizes from the FLUX.2 shapes
+
+
+@dataclass(frozen=True)
+class Flux2Shape:
+    hidden: int = 6144
+    heads: int = 48
+    depth: int = 8
+    depth_single: int = 48
+    mlp_ratio: float = 3.0
+    context_in_dim: int = 15360
+    in_channels: int = 128
+
+    @classmethod
+    def from_params(cls, params: dict) -> "Flux2Shape":
+        names = {"hidden_size": "hidden", "num_heads": "heads", "depth": "depth",
+                 "depth_single_blocks": "depth_single", "mlp_ratio": "mlp_ratio",
+                 "context_in_dim": "context_in_dim", "in_channels": "in_channels"}
+        return cls(**{ours: params[theirs] for theirs, ours in names.items() if theirs in params})
+
+
+def int4_bytes(in_features: int, out_features: int, group_size: int = 64) -> int:
+    """A 4-bit Linear: packed codes + a bf16 scale and a uint8 zero per group of the row."""
+    return out_features * in_features // 2 + out_features * (in_features // group_size) * (BF16 + 1)
+
+
+def block_linears(shape: Flux2Shape) -> tuple[list, list]:
+    """(in, out) of every Linear of one double-stream block and of one single-stream block."""
+    h, mlp = shape.hidden, int(shape.hidden * shape.mlp_ratio)
+    stream = [(h, 3 * h), (h, h), (h, 2 * mlp), (mlp, h)]  # qkv, proj, mlp in (gated), mlp out
+    return stream * 2, [(h, 3 * h + 2 * mlp), (h + mlp, h)]
+
+
+def nonblock_linears(shape: Flux2Shape) -> list:
+    """(in, out) of the Linears outside the blocks, 4-bit like the blocks (the quantizer's extras):
+    img_in, time_in and guidance_in (2 each), txt_in, the three modulations, the final layer (2)."""
+    h = shape.hidden
+    return [(shape.in_channels, h), (256, h), (h, h), (256, h), (h, h), (shape.context_in_dim, h),
+            (h, 6 * h), (h, 6 * h), (h, 3 * h), (h, shape.in_channels), (h, 2 * h)]
+
+
+def tokens(resolution: int) -> int:
+    """Image tokens of a square latent (VAE /8, 2x2 patches: /16 per side) + the text tokens."""
+    return (resolution // 16) ** 2 + TEXT_TOKENS
+
+
+def flux2_inputs(shape: Flux2Shape, budget_bytes: int, resolution: int, batch: int = 1,
+                 lora_rank: int = 32, group_size: int = 64, nonblock_bytes: int | None = None,
+                 weight_bytes: dict | None = None, in_flight: int = 2) -> PlanInputs:
+    """Plan inputs from the shapes; `weight_bytes` (name -> bytes, measured on the loaded model)
+    and `nonblock_bytes` replace the estimates when given."""
+    double, single = block_linears(shape)
+    seq = batch * tokens(resolution)
+    activation = seq * shape.hidden * ACTIVATION_WIDTHS * BF16
+    blocks = []
+    for prefix, count, linears in (("double_blocks", shape.depth, double),
+                                   ("single_blocks", shape.depth_single, single)):
+        estimate = sum(int4_bytes(i, o, group_size) for i, o in linears)
+        for index in range(count):
+            name = f"{prefix}.{index}"
+            blocks.append(BlockSize(name, (weight_bytes or {}).get(name, estimate), activation))
+    lora_params = lora_rank * (shape.depth * sum(i + o for i, o in double)
+                               + shape.depth_single * sum(i + o for i, o in single))
+    if nonblock_bytes is None:
+        nonblock_bytes = sum(int4_bytes(i, o, group_size) for i, o in nonblock_linears(shape))
+    return PlanInputs(
+        budget_bytes=budget_bytes, blocks=tuple(blocks), nonblock_bytes=nonblock_bytes,
+        lora_bytes=lora_params * LORA_BYTES_PER_PARAM,
+        checkpoint_bytes=len(blocks) * seq * shape.hidden * BF16,
+        resolution=resolution, batch=batch, in_flight=in_flight,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m toolkit.memory_plan --budget-gib G [--margin-gib M] --resolution R [--batch B]
+    [--rank N] [--in-flight 1|2] [--flux2-params JSON]`: print the plan as JSON (what `run --dry-run` shows)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m toolkit.memory_plan")
+    parser.add_argument("--budget-gib", type=float, required=True)
+    parser.add_argument("--margin-gib", type=float, default=DEFAULT_MARGIN_GIB)
+    parser.add_argument("--resolution", type=int, required=True)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--rank", type=int, default=32)
+    parser.add_argument("--in-flight", type=int, choices=(1, 2), default=2)
+    parser.add_argument("--flux2-params", default="{}")
+    args = parser.parse_args(argv)
+    shape = Flux2Shape.from_params(json.loads(args.flux2_params))
+    inputs = flux2_inputs(shape, int((args.budget_gib - args.margin_gib) * GIB), args.resolution, args.batch, args.rank,
+                          in_flight=args.in_flight)
+    try:
+        plan = make_plan(inputs)
+    except PlanError as error:
+        print(json.dumps({"error": str(error)}))
+        return 2
+    print(json.dumps({"plan": plan.to_json(), "summary": plan.summary()}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

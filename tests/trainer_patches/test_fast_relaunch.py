@@ -1,0 +1,73 @@
+"""A fast relaunch: an extension job imports only the processes it runs, and a dataset of cached
+latents is read without forking dataloader workers from the trainer.
+
+The extension choice is checked against stand-in extensions (each records whether its process
+class was asked for), the worker choice against stand-in datasets; test_no_round_trips.py sees
+the real dataloader of a tiny run built with no workers, and with the dataset's two when
+switched off.
+"""
+
+import importlib
+from types import SimpleNamespace
+
+import pytest
+
+
+def stand_in_extensions(asked: list):
+    def extension(uid):
+        return type(uid, (), {"uid": uid, "get_process": classmethod(lambda cls: asked.append(cls.uid) or cls)})
+    return [extension("sd_trainer"), extension("dataset_tools"), extension("concept_slider")]
+
+
+@pytest.fixture
+def extension_module(trainer_on_path, monkeypatch):
+    module = importlib.import_module("toolkit.extension")
+    asked = []
+    monkeypatch.setattr(module, "get_all_extensions", lambda: stand_in_extensions(asked))
+    monkeypatch.delenv("AITK_ALL_EXTENSIONS", raising=False)
+    return module, asked
+
+
+@pytest.mark.patch("extension-jobs-import-only-the-processes")
+def test_only_the_named_process_is_imported(extension_module):
+    module, asked = extension_module
+    processes = module.get_extensions_process_dict(["sd_trainer"])
+    assert list(processes) == ["sd_trainer"] and asked == ["sd_trainer"]
+
+
+@pytest.mark.patch("extension-jobs-import-only-the-processes")
+@pytest.mark.parametrize("types, env", [(["sd_trainer", "no_such_type"], None), (["sd_trainer"], "1")],
+                         ids=["unknown-type-falls-back", "switched-off"])
+def test_every_process_is_imported_as_before(extension_module, monkeypatch, types, env):
+    module, asked = extension_module
+    if env:
+        monkeypatch.setenv("AITK_ALL_EXTENSIONS", env)
+    processes = module.get_extensions_process_dict(types)
+    assert sorted(processes) == sorted(asked) == ["concept_slider", "dataset_tools", "sd_trainer"]
+
+
+def dataset(*items, **config):
+    return SimpleNamespace(file_list=list(items), dataset_config=SimpleNamespace(
+        num_frames=config.get("num_frames", 1), load_image_when_caching_latents=False))
+
+
+def item(cached=True, **images):
+    return SimpleNamespace(is_latent_cached=cached, **images)
+
+
+def model(**model_kwargs):
+    return SimpleNamespace(model_config=SimpleNamespace(model_kwargs=model_kwargs))
+
+
+@pytest.mark.patch("dataloader-no-workers-when-every-item-is-a-cached")
+@pytest.mark.parametrize("datasets, sd, expected", [
+    ([dataset(item(), item()), dataset(item())], model(), True),
+    ([dataset(item(), item(cached=False))], model(), False),
+    ([dataset(item(), item(has_mask_image=True))], model(), False),
+    ([dataset(item(), item(has_control_image=True))], model(), False),
+    ([dataset(item(), num_frames=8)], model(), False),
+    ([dataset(item(), item())], model(cached_data_in_process=False), False),
+], ids=["all-cached", "one-to-encode", "a-mask-image", "a-control-image", "video", "switched-off"])
+def test_workers_only_when_an_item_has_more_than_its_cache_to_read(trainer_on_path, datasets, sd, expected):
+    data_loader = importlib.import_module("toolkit.data_loader")
+    assert data_loader.reads_only_caches(datasets, sd) is expected
