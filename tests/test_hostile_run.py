@@ -141,6 +141,16 @@ def test_a_job_folder_that_is_a_link_receives_nothing(stand_in, tmp_path, capsys
     assert list(elsewhere.iterdir()) == []
 
 
+def test_sample_writes_into_no_linked_samples_folder(fake_run, tmp_path, capsys):  # noqa: F811
+    workdir, root = fake_run
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    plant_link(root / "samples", elsewhere, folder=True)
+    assert main(["sample", str(root), "--workdir", str(workdir)]) == 2
+    assert f"{root / 'samples'} is a link" in capsys.readouterr().err
+    assert list(elsewhere.iterdir()) == []
+
+
 def test_the_preset_env_cannot_redirect_the_trainers_telemetry(stand_in, tmp_path, capsys):
     stand_in.write_preset(env={"AITK_TELEMETRY": str(tmp_path / "elsewhere.jsonl")})
     assert stand_in.run("--dry-run") == 2
