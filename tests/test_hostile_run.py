@@ -2,7 +2,6 @@
 with a changed preset, writes through planted links, aliases that expand without bound."""
 
 import json
-import os
 import signal
 import sys
 import time

@@ -335,7 +335,7 @@ def train(python: Path, trainer: Path, run: RunFolder, env: dict[str, str]) -> i
     with open_append(run.root, run.log) as log_file:
         child = subprocess.Popen(command, cwd=trainer, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  **leash.popen_options())
-        job = leash.bind(child)  # noqa: F841 - held until the trainer ends; Windows closes it with the launcher
+        job = leash.bind(child)
         try:
             for line in iter(child.stdout.readline, b""):
                 sys.stdout.buffer.write(line)
@@ -344,4 +344,5 @@ def train(python: Path, trainer: Path, run: RunFolder, env: dict[str, str]) -> i
                 log_file.flush()
         finally:
             code = child.wait()
+            leash.release(job)
     return code

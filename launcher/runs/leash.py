@@ -41,10 +41,17 @@ def popen_options() -> dict:
 
 
 def bind(child: subprocess.Popen) -> object | None:
-    """On Windows, the job object that kills `child` when this process ends; keep it referenced."""
+    """On Windows, the job object that kills `child` when this process ends (it holds the only
+    handle: the system closes it with the launcher); `release` it once the trainer has ended."""
     if os.name != "nt":
         return None
     return _kill_on_close_job(int(child._handle))  # noqa: SLF001 - Popen's process handle
+
+
+def release(job) -> None:
+    """Close the job object of a trainer that has ended (None: nothing to close)."""
+    if job is not None:
+        ctypes.WinDLL("kernel32").CloseHandle(job)
 
 
 def _kill_on_close_job(process_handle: int):

@@ -12,8 +12,8 @@ needs `--accept-changes`, and is then recorded in run.json.
 from pathlib import Path
 
 from launcher.errors import LauncherError
-from launcher.runs.schema import short
 from launcher.runs.folders import read_run_config
+from launcher.runs.schema import short
 
 # (key path inside a process, what a change there does to a resumed run)
 LOCKED = (
