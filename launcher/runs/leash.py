@@ -51,7 +51,11 @@ def bind(child: subprocess.Popen) -> object | None:
 def release(job) -> None:
     """Close the job object of a trainer that has ended (None: nothing to close)."""
     if job is not None:
-        ctypes.WinDLL("kernel32").CloseHandle(job)
+        from ctypes import wintypes
+
+        close = ctypes.WinDLL("kernel32").CloseHandle
+        close.argtypes = [wintypes.HANDLE]
+        close(job)
 
 
 def _kill_on_close_job(process_handle: int):
