@@ -170,7 +170,7 @@ def test_comfy_writes_workflows_checks_and_places_the_lora(fake_run, comfy_dir, 
     assert prompts == ["a photo of sks on a white background"], "first caption, trigger word filled in"
     placed = comfy_dir / "models" / "loras" / f"{NAME}.safetensors"
     assert placed.read_bytes() == (root / NAME / f"{NAME}.safetensors").read_bytes() and not placed.is_symlink()
-    assert err.count("lacks models/") == 3 and "Hugging Face Comfy-Org/flux2-dev" in err
+    assert err.count("lacks models/") == 4 and "Hugging Face Comfy-Org/flux2-dev" in err
     assert launch(workdir, "--comfy-dir", str(comfy_dir)) == 0, "the same file again is fine"
 
 
@@ -185,13 +185,15 @@ def test_caption_prompt_puts_the_trigger_word_in_as_the_trainer_does(caption, tr
 
 def test_models_found_and_the_prompt_flag(fake_run, comfy_dir, capsys):
     workdir, root = fake_run
-    for model in comfy.build(comfy.load_template(), "x", "p", "x").models:
+    workflow = comfy.build(comfy.load_template(), "x", "p", "x")
+    (comfy_dir / "comfyui_version.py").write_text('__version__ = "0.19.0"\n')
+    for model in workflow.models + workflow.canvas_models:
         folder = {"diffusion_models": "unet"}.get(model["directory"], model["directory"])  # the older name counts
         (comfy_dir / "models" / folder).mkdir(parents=True, exist_ok=True)
         (comfy_dir / "models" / folder / model["name"]).write_bytes(b"")
     assert launch(workdir, NAME, "--comfy-dir", str(comfy_dir), "--prompt", "my own prompt") == 0
     out, err = capsys.readouterr()
-    assert "lacks" not in err and out.count("  found ") == 3
+    assert "lacks" not in err and "ComfyUI" not in err and out.count("  found ") == 4
     assert "my own prompt" in (root / "comfyui" / f"{NAME}.api.json").read_text(encoding="utf-8")
 
 
@@ -267,6 +269,7 @@ def test_dry_run_warns_about_a_network_comfyui_cannot_load(places, tmp_path, cap
     monkeypatch.setattr(disk_budget, "free_disk_gib", lambda path: 100.0)  # whatever this machine has
     preset = yaml.safe_load((PRESETS_DIR / "7900xtx_512.yaml").read_text())
     preset["config"]["process"][0]["network"] = {"type": "lokr", "lokr_full_rank": True}
+    preset["config"]["process"][0]["model"]["quantize"] = False  # on the 4-bit base `run` refuses LoKr outright
     path = tmp_path / "lokr.yaml"
     path.write_text(yaml.safe_dump(preset))
     assert main(["run", str(path), "--dry-run", "--workdir", str(places["workdir"]), "--model-dir", str(places["model"]),

@@ -324,13 +324,15 @@ def test_run_refuses_to_restart_over_a_run_with_checkpoints(tmp_path, capsys):
     from launcher.errors import LauncherError
 
     run = RunFolder(tmp_path / "r", "job")
+    config = {"config": {"name": "job", "process": []}}
     with pytest.raises(LauncherError, match="nothing to resume"):
-        check_resume(run, resume=True)
+        check_resume(run, True, config, accept_changes=False)
     run.job_dir.mkdir(parents=True)
     (run.job_dir / "job_000000010.safetensors").write_bytes(b"")
     with pytest.raises(LauncherError, match="--resume"):
-        check_resume(run, resume=False)
-    check_resume(run, resume=True)
+        check_resume(run, False, config, accept_changes=False)
+    run.config.write_text(yaml.safe_dump(config))
+    check_resume(run, True, config, accept_changes=False)
     assert "resuming from job_000000010.safetensors" in capsys.readouterr().out
 
 

@@ -28,6 +28,7 @@ STAND_IN = """
 import os, signal, sys, time
 from pathlib import Path
 mode, _, arg = (Path(__file__).parent / "mode.txt").read_text().strip().partition(" ")
+(Path(__file__).parent / "trainer.pid").write_text(str(os.getpid()))
 print("stand-in trainer", sys.argv[-1], flush=True)
 if mode == "exit":
     sys.exit(int(arg))

@@ -83,6 +83,21 @@ def test_verify_names_what_drifted(patched, capsys, drift, expected):
     assert expected in capsys.readouterr().out
 
 
+def test_verify_names_ignored_files_python_would_execute(patched, capsys):
+    upstream, workdir, _ = patched
+    trainer = workdir.trainer
+    (trainer / ".git" / "info" / "exclude").write_text("__pycache__/\n*.pth\n")  # as the trainer's .gitignore
+    bytecode = trainer / "toolkit" / "__pycache__" / "model.cpython-311.pyc"
+    bytecode.parent.mkdir()
+    bytecode.write_bytes(b"planted")
+    (trainer / "hook.pth").write_text("import os\n")
+    capsys.readouterr()
+    assert upstream.launcher("verify", "--workdir", str(workdir.root)) == 1
+    out = capsys.readouterr().out
+    assert "ignored file Python would execute: hook.pth" in out
+    assert "ignored file Python would execute: toolkit/__pycache__/model.cpython-311.pyc" in out
+
+
 def test_verify_detects_a_changed_patch_file(patched, capsys):
     upstream, workdir, names = patched
     patch = upstream.series.parent / names[0]

@@ -10,13 +10,13 @@ import argparse
 import json
 from pathlib import Path
 
-import yaml
-
+from launcher.atomic import write_text_atomic
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir
 from launcher.errors import LauncherError
+from launcher.nofollow import refuse_links
 from launcher.progress import say, warn
 from launcher.runs import comfy, comfy_folder, lora_check
-from launcher.runs.folders import RunFolder, find_run
+from launcher.runs.folders import RunFolder, find_run, read_run_config
 
 EXAMPLES = """examples:
   python -m launcher comfy --comfy-dir D:\\ComfyUI                  # the latest run's newest LoRA
@@ -45,9 +45,12 @@ def register(subparsers) -> None:
 
 def handle(args) -> int:
     run = find_run(Workdir(args.workdir.resolve()).runs, args.run)
-    config = yaml.safe_load(run.config.read_text(encoding="utf-8"))
+    config = read_run_config(run.root)
     lora = run.saved_lora(args.checkpoint)
     comfy_dir = comfy_folder.check_comfy_dir(args.comfy_dir.resolve()) if args.comfy_dir else None
+    too_old = comfy_folder.version_note(comfy_dir) if comfy_dir else None
+    if too_old:
+        warn(too_old)
     prompt = args.prompt or comfy.caption_prompt(config)
     if not prompt:
         raise LauncherError(f"no caption found in the dataset named by {run.config}; pass --prompt \"...\"")
@@ -62,15 +65,17 @@ def handle(args) -> int:
     write_workflows(run, lora, workflow)
     say(f"prompt: {prompt}")
     report_models(workflow.models, comfy_dir)
+    report_canvas_models(workflow.canvas_models, comfy_dir)
     return 0
 
 
 def write_workflows(run: RunFolder, lora: Path, workflow: comfy.Workflow) -> None:
+    refuse_links(run.root, run.comfyui)
     run.comfyui.mkdir(parents=True, exist_ok=True)
     ui = run.comfyui / f"{lora.stem}.workflow.json"
     api = run.comfyui / f"{lora.stem}.api.json"
-    ui.write_text(json.dumps(workflow.ui, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    api.write_text(json.dumps(workflow.api, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_text_atomic(ui, json.dumps(workflow.ui, indent=2, ensure_ascii=False) + "\n")  # replaces a link there
+    write_text_atomic(api, json.dumps(workflow.api, indent=2, ensure_ascii=False) + "\n")
     say(f"wrote {ui} (drag it onto the ComfyUI canvas)")
     say(f"wrote {api} (API format: POST {{\"prompt\": <its content>}} to ComfyUI's /prompt)")
 
@@ -78,6 +83,8 @@ def write_workflows(run: RunFolder, lora: Path, workflow: comfy.Workflow) -> Non
 def report_models(models: list[dict], comfy_dir: Path | None) -> None:
     """Which models the workflow loads, and with a ComfyUI folder, which of them it lacks."""
     if comfy_dir is None:
+        say(f"the workflows need ComfyUI {'.'.join(map(str, comfy_folder.MIN_VERSION))} or newer (the first release "
+            "that loads the FLUX.2 small-decoder VAE)")
         say("put the LoRA into ComfyUI's models/loras/ (or pass --comfy-dir); the workflow also loads:")
         for model in models:
             say(f"  {comfy_folder.model_location(model)}")
@@ -89,3 +96,17 @@ def report_models(models: list[dict], comfy_dir: Path | None) -> None:
         else:
             warn(f"{comfy_dir} lacks {comfy_folder.model_location(model)}, "
                  "unless a folder of its extra_model_paths.yaml has it")
+
+
+def report_canvas_models(models: list[dict], comfy_dir: Path | None) -> None:
+    """Files only the canvas workflow names: ComfyUI refuses to queue it without them, even with the
+    switch that uses them off; the API workflow runs without them."""
+    for model in models:
+        found = comfy_folder.find_model(comfy_dir, model) if comfy_dir else None
+        if found:
+            say(f"  found {found} (for the canvas workflow)")
+            continue
+        where = f"{comfy_dir} lacks" if comfy_dir else "the canvas workflow also needs"
+        (warn if comfy_dir else say)(
+            f"{where} {comfy_folder.model_location(model)}: ComfyUI checks it before queueing the .workflow.json even "
+            "with its switch off; download it, or queue the .api.json, which does not use it")

@@ -6,6 +6,8 @@ import platform
 from pathlib import Path
 
 from launcher import __version__
+from launcher.commands.run import ALLOCATOR_VARIABLES as SET_BY_RUN
+from launcher.commands.run import EXPANDABLE
 from launcher.envs.hostinfo import free_disk_gib, memory_gib
 from launcher.envs.probe import probe_with
 from launcher.envs.selftest import load_result, staleness, summary_line
@@ -119,7 +121,8 @@ def print_report(report: dict) -> None:
             vram = f", {gpu['vram_total_gib']} GiB ({gpu['vram_free_gib']} free, read in-process)" if "vram_total_gib" in gpu else ""
             lines.append(f"gpu             {gpu['name']}{vram}")
     for name, value in report["allocator"].items():
-        lines.append(f"{name:<15} {value if value is not None else '(unset; `run` sets expandable_segments:True)'}")
+        unset = f"(unset; `run` sets {EXPANDABLE})" if name in SET_BY_RUN else "(unset; `run` leaves it unset)"
+        lines.append(f"{name:<15} {value if value is not None else unset}")
     memory = report["memory_gib"]
     lines.append(f"host memory     {memory['ram_total']} GiB RAM ({memory['ram_available']} available), "
                  f"{memory['swap_total']} GiB swap/pagefile")

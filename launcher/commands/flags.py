@@ -7,6 +7,7 @@ series); these commands only create the file, so they work from any terminal.
 from pathlib import Path
 
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir
+from launcher.nofollow import touch
 from launcher.progress import say
 from launcher.runs.files import SAVE_NOW, STOP_NOW
 from launcher.runs.folders import find_run
@@ -29,6 +30,6 @@ def write_flag(args, flag: str) -> int:
     run = find_run(Workdir(args.workdir.resolve()).runs, args.run)
     path = run.flag(flag)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch()
+    touch(run.root, path)
     say(f"wrote {path}; the trainer acts on it at its next step (see {run.log})")
     return 0

@@ -21,24 +21,26 @@ from launcher import __version__
 from launcher.atomic import write_text_atomic
 from launcher.envs.probe import probe_with
 from launcher.envs.selftest import load_result, resolve_config, resolve_sampling, resolve_stream_mode, summary_line
-from launcher.envs.torchenv import clean_env
+from launcher.envs.torchenv import NO_BYTECODE, clean_env
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, read_state, venv_python
 from launcher.errors import LauncherError
+from launcher.nofollow import open_append
 from launcher.progress import say, warn
-from launcher.runs import disk_budget, files, load_report, memory_plan, tiny, validate
-from launcher.runs.dataset import DEFAULT_BUCKET_TOLERANCE, DatasetCheck, check_dataset
+from launcher.runs import disk_budget, files, leash, load_report, memory_plan, resume, tiny, validate
+from launcher.runs.dataset import DEFAULT_BUCKET_TOLERANCE, DatasetCheck, check_dataset, long_caption_warnings
 from launcher.runs.exit_status import describe, launcher_code
 from launcher.runs.folders import RunFolder
 from launcher.runs.presets import Preset, load_preset, render, write_config
-from launcher.runs.presets import check as check_preset
 from launcher.runs.run_lock import run_folder_lock
-from launcher.runs.schema import Vocabulary
+from launcher.runs.schema import Vocabulary, short
 from launcher.runs.telemetry import TelemetryRecorder
 from launcher.runs.vocabulary import read_vocabulary
 from launcher.watchdog.loop import watch_run
 from launcher.watchdog.policy import load_config
 
 EXPANDABLE = "expandable_segments:True"
+ALLOCATOR_VARIABLES = ("PYTORCH_HIP_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+"""What `run` sets to EXPANDABLE (wall 7); doctor says so for these and only these."""
 LOCATIONS = {
     # flag -> (environment variable, what it is)
     "model_dir": ("FLUX2_MODEL_DIR", "the folder holding flux2-dev.safetensors and ae.safetensors"),
@@ -56,6 +58,9 @@ def register(subparsers) -> None:
         parser.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=Path, help=f"{meaning}; or ${variable}")
     parser.add_argument("--dry-run", action="store_true", help="print the rendered config and environment, exit")
     parser.add_argument("--resume", action="store_true", help="continue the run already in the output folder")
+    parser.add_argument(resume.ACCEPT_FLAG, dest="accept_changes", action="store_true",
+                        help="with --resume: accept a preset that differs from the run's config in settings that "
+                             "leave the saved LoRA and optimizer valid (steps, save cadence, lr...); recorded in run.json")
     parser.add_argument("--profile", type=positive_int, metavar="N",
                         help="profile N training steps (after 2 warm-up steps) with torch.profiler; the Chrome "
                              "trace and a top-20 table go to <run>/profile/")
@@ -75,13 +80,12 @@ def positive_int(text: str) -> int:
 def handle(args) -> int:
     workdir = Workdir(args.workdir.resolve())
     workdir.check_is_folder()
-    preset = load_preset(args.preset)
+    preset = load_preset(args.preset, trainer_vocabulary(workdir, keep=not args.dry_run))
     places = locations(args)
     run = RunFolder.inside(places.get("output") or workdir.runs, preset.name)
-    check_preset(preset, trainer_vocabulary(workdir, keep=not args.dry_run))
     if preset.tiny:
         manifest = tiny.ensure_assets(workdir.assets / "tiny", workdir.trainer, checked_python(workdir))
-        config = render(preset, run.root, tiny_manifest=manifest)
+        config = render(preset, run.root, tiny_manifest=manifest, places=tiny_places(places))
     else:
         config = render(preset, run.root, places=places)
     choice = resolve_config(config, workdir)
@@ -101,10 +105,11 @@ def handle(args) -> int:
         return 0
     python = checked_python(workdir)
     with run_folder_lock(run.root):
-        check_resume(run, args.resume)
+        run.refuse_links()
+        changes = check_resume(run, args.resume, config, args.accept_changes)
         write_config(config, run.config)
         write_dataset_lists(datasets)
-        write_metadata(run, preset, workdir, python, datasets, config)
+        write_metadata(run, preset, workdir, python, datasets, config, changes)
         say(f"run folder: {run.root}")
         offset = load_report.telemetry_offset(run)
         try:
@@ -154,6 +159,18 @@ def locations(args) -> dict[str, Path]:
     return found
 
 
+def tiny_places(places: dict[str, Path]) -> dict[str, Path]:
+    """The tiny preset trains its own tiny model on --dataset when one is given (a quick test of a
+    dataset through the trainer, at the tiny model's resolution); model folders do not fit it."""
+    for flag in ("model_dir", "text_encoder"):
+        if flag in places:
+            warn(f"--{flag.replace('_', '-')} (or ${LOCATIONS[flag][0]}) is not used by the tiny preset: it builds "
+                 "its own tiny FLUX.2")
+    if "dataset" in places:
+        say(f"the tiny preset trains on the dataset {places['dataset']} (at its 128 px resolution)")
+    return {key: value for key, value in places.items() if key == "dataset"}
+
+
 def check(preset: Preset, config: dict, workdir: Workdir, run: RunFolder,
           full_size: bool) -> list[tuple[Path, DatasetCheck]]:
     """Every check of the files a run uses, before the trainer starts, so no long work is lost.
@@ -174,6 +191,8 @@ def check(preset: Preset, config: dict, workdir: Workdir, run: RunFolder,
         for dataset in process["datasets"]:
             result = check_dataset(Path(dataset["folder_path"]), dataset.get("caption_ext", "txt"),
                                    dataset.get("bucket_tolerance", DEFAULT_BUCKET_TOLERANCE), preset.skip_bad_images)
+            for message in long_caption_warnings(result):
+                warn(message)
             if result.bad:
                 listed = run.dataset_list(len(datasets))
                 dataset["dataset_path"] = str(listed)
@@ -205,18 +224,24 @@ def write_dataset_lists(datasets: list[tuple[Path, DatasetCheck]]) -> None:
         write_text_atomic(listed, json.dumps({str(image): {} for image in result.good}, indent=1) + "\n")
 
 
-def check_resume(run: RunFolder, resume: bool) -> None:
-    """A run folder with checkpoints is continued only on request; a new run never overwrites it."""
+def check_resume(run: RunFolder, asked: bool, config: dict, accept_changes: bool) -> list[dict]:
+    """A run folder with checkpoints is continued only on request, and only with the config it was
+    trained with (launcher/runs/resume.py); a new run never overwrites it. Returns accepted changes."""
     saved = run.checkpoints()
-    if saved and not resume:
+    if saved and not asked:
         raise LauncherError(
             f"{run.root} already holds a run (latest checkpoint {saved[-1].name}). Continue it with "
             "--resume, or start a new one with another --output"
         )
-    if resume and not saved:
+    if asked and not saved:
         raise LauncherError(f"nothing to resume in {run.root}: no checkpoint there yet")
-    if resume:
-        say(f"resuming from {saved[-1].name}")
+    if not asked:
+        return []
+    changes = resume.check_changes(run.config, config, accept_changes)
+    for change in changes:
+        say(f"resume with a changed setting: {change['key']}: was {short(change['was'])}, now {short(change['now'])}")
+    say(f"resuming from {saved[-1].name}")
+    return changes
 
 
 def checked_python(workdir: Workdir) -> Path:
@@ -261,18 +286,22 @@ def env_changes(preset: Preset, run: RunFolder, workdir: Workdir, extra: dict[st
         files.ENV_TEXT_CACHE_DIR: os.environ.get(files.ENV_TEXT_CACHE_DIR) or str(workdir.text_cache),
     }
     if preset.allocator == "expandable_segments":
-        changes.update(PYTORCH_HIP_ALLOC_CONF=EXPANDABLE, PYTORCH_CUDA_ALLOC_CONF=EXPANDABLE)
+        changes.update(dict.fromkeys(ALLOCATOR_VARIABLES, EXPANDABLE))
     return {**changes, **(extra or {}), **preset.env}
 
 
 def trainer_env(preset: Preset, run: RunFolder, workdir: Workdir, extra: dict[str, str] | None = None) -> dict[str, str]:
-    return {**clean_env(), **env_changes(preset, run, workdir, extra), "PYTHONUNBUFFERED": "1"}
+    return {**clean_env(), **env_changes(preset, run, workdir, extra), "PYTHONUNBUFFERED": "1", **NO_BYTECODE}
 
 
 def write_metadata(run: RunFolder, preset: Preset, workdir: Workdir, python: Path,
-                   datasets: list[tuple[Path, DatasetCheck]], config: dict) -> None:
-    """run.json beside the LoRA: enough to reproduce the run and to file a bug report."""
+                   datasets: list[tuple[Path, DatasetCheck]], config: dict, changes: list[dict]) -> None:
+    """run.json beside the LoRA: enough to reproduce the run and to file a bug report; the settings
+    each resume changed (`--accept-changes`) are kept from launch to launch."""
     state = read_state(workdir.state_file)
+    resumes = previous_resume_changes(run)
+    if changes:
+        resumes.append({"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "changes": changes})
     metadata = {
         "launcher": __version__,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -285,16 +314,28 @@ def write_metadata(run: RunFolder, preset: Preset, workdir: Workdir, python: Pat
         "skipped_images": [item for _, result in datasets for item in result.skipped()],
         "qtype": sorted({(p.get("model") or {}).get("qtype") for p in config["config"]["process"]} - {None}),
         "selftest": summary_line(load_result(workdir)),
+        **({"resume_changes": resumes} if resumes else {}),
     }
     write_text_atomic(run.metadata, json.dumps(metadata, indent=2) + "\n")
 
 
+def previous_resume_changes(run: RunFolder) -> list:
+    try:
+        earlier = json.loads(run.metadata.read_text(encoding="utf-8")).get("resume_changes")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return earlier if isinstance(earlier, list) else []
+
+
 def train(python: Path, trainer: Path, run: RunFolder, env: dict[str, str]) -> int:
-    """Run the trainer in the foreground, teeing its output to the log; return its exit code."""
+    """Run the trainer in the foreground, teeing its output to the log; return its exit code.
+    The trainer dies with the launcher (launcher/runs/leash.py), so it never outlives the run lock."""
     command = [str(python), "-u", "run.py", str(run.config.resolve())]
     say(f"training: {' '.join(command)}")
-    with run.log.open("ab") as log_file:
-        child = subprocess.Popen(command, cwd=trainer, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    with open_append(run.root, run.log) as log_file:
+        child = subprocess.Popen(command, cwd=trainer, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 **leash.popen_options())
+        job = leash.bind(child)
         try:
             for line in iter(child.stdout.readline, b""):
                 sys.stdout.buffer.write(line)
@@ -303,4 +344,5 @@ def train(python: Path, trainer: Path, run: RunFolder, env: dict[str, str]) -> i
                 log_file.flush()
         finally:
             code = child.wait()
+            leash.release(job)
     return code

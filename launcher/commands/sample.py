@@ -12,14 +12,13 @@ import argparse
 import os
 from pathlib import Path
 
-import yaml
-
 from launcher.envs.trainer_python import run_module
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, venv_python
 from launcher.errors import LauncherError
+from launcher.nofollow import refuse_links
 from launcher.progress import say
 from launcher.runs import files, lora_check, samples
-from launcher.runs.folders import find_run
+from launcher.runs.folders import find_run, read_run_config
 
 EXAMPLES = """examples:
   python -m launcher sample                                   # the latest run's newest LoRA, strengths 0 and 1
@@ -49,7 +48,7 @@ def register(subparsers) -> None:
 def handle(args) -> int:
     workdir = Workdir(args.workdir.resolve())
     run = find_run(workdir.runs, args.run)
-    config = yaml.safe_load(run.config.read_text(encoding="utf-8"))
+    config = read_run_config(run.root)
     process = config["config"]["process"][0]
     prompts = samples.check_prompts(args.prompt if args.prompt else samples.default_prompts(config),
                                     "--prompt" if args.prompt else f"{run.config} (sample.prompts)")
@@ -60,10 +59,10 @@ def handle(args) -> int:
     lora = run.saved_lora(args.checkpoint)
     summary = lora_check.check_lora(lora, lora_check.base_checkpoint(process["model"]["name_or_path"]))
     samples.check_not_training(run)
+    out = refuse_links(run.root, samples.sample_folder(run, lora))  # the PNGs go nowhere else
     python = venv_python(workdir.venv)
     if not python.is_file() or not workdir.trainer.is_dir():
         raise LauncherError(f"sampling runs in the trainer venv, and {workdir} has none; run `python -m launcher setup` first")
-    out = samples.sample_folder(run, lora)
     say(f"sampling {lora.name} (rank {'/'.join(map(str, summary.ranks))}): {len(prompts)} prompt(s) x strengths "
         f"{', '.join(f'{s:g}' for s in strengths)}, seed {args.seed}, {size} px, {args.steps} steps")
     command = ["--trainer", str(workdir.trainer.resolve()), "--config", str(run.config.resolve()),

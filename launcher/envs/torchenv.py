@@ -125,6 +125,11 @@ def constraints_text(versions: dict[str, str]) -> str:
     return "# written by `python -m launcher setup`: holds the torch trio on every pip pass\n" + "".join(lines)
 
 
+NO_BYTECODE = {"PYTHONDONTWRITEBYTECODE": "1"}
+"""For every Python started in the trainer checkout: no `__pycache__` is written there, so `verify`
+can report any bytecode in it as foreign (Python would run it in place of the source)."""
+
+
 def clean_env() -> dict[str, str]:
     """The environment for pip and python subprocesses, without variables that redirect them.
 

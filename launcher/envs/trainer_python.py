@@ -10,7 +10,7 @@ installing it.
 import subprocess
 from pathlib import Path
 
-from launcher.envs.torchenv import clean_env
+from launcher.envs.torchenv import NO_BYTECODE, clean_env
 
 LAUNCHER_ROOT = Path(__file__).resolve().parents[2]
 """The folder holding the `launcher` package."""
@@ -22,7 +22,7 @@ def module_command(python: Path, module: str, *args: str) -> list[str]:
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    return {**clean_env(), **(extra or {}), "PYTHONPATH": str(LAUNCHER_ROOT)}
+    return {**clean_env(), **(extra or {}), "PYTHONPATH": str(LAUNCHER_ROOT), **NO_BYTECODE}
 
 
 def run_module(python: Path, module: str, *args: str, capture: bool = False,

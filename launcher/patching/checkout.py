@@ -104,6 +104,8 @@ def problems(trainer: Path, target: Target, patches: list[Patch]) -> list[str]:
         return [f"{trainer} is at {head[:12]}, which is not built on the locked commit {target.commit[:12]}"]
     found = list(problems_in_history(repo, target.commit, patches, overlay.read_overlay(target.overlay)))
     found += [f"uncommitted change: {line}" for line in gitops.worktree_changes(repo)]
+    found += [f"ignored file Python would execute: {path} (not in the lock, overlay or series; delete it)"
+              for path in gitops.ignored_code(repo)]
     return found
 
 

@@ -207,6 +207,17 @@ def worktree_changes(repo: git.Repo) -> list[str]:
     return [line for line in _cmd(repo).status("--porcelain").splitlines() if line.strip()]
 
 
+PYTHON_CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pth", ".so", ".pyd")
+"""Files Python executes or loads: sources, bytecode, path hooks, extension modules."""
+
+
+def ignored_code(repo: git.Repo) -> list[str]:
+    """Ignored files Python would execute: `git status` does not list them (`__pycache__` bytecode
+    carrying its source's mtime and size runs instead of the source)."""
+    listed = _cmd(repo).ls_files("--others", "--ignored", "--exclude-standard", "-z")
+    return sorted(path for path in listed.split("\0") if path.lower().endswith(PYTHON_CODE_SUFFIXES))
+
+
 def remove_tree(path: Path) -> None:
     """rmtree that also removes git's read-only object files on Windows."""
 

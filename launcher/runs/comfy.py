@@ -62,6 +62,9 @@ class Workflow:
     api: dict
     models: list[dict]
     """The template's model entries ({name, url, directory}) that the API graph loads."""
+    canvas_models: list[dict]
+    """Model entries only the UI workflow names (the turbo LoRA behind its switch): ComfyUI checks
+    every loader's file when the canvas queues, both sides of a switch included, so they must exist."""
 
 
 def load_template() -> dict:
@@ -87,7 +90,8 @@ def build(template: dict, lora_name: str, prompt: str, output_prefix: str) -> Wo
     if problems:
         raise LauncherError("the workflow built from the ComfyUI template is inconsistent (a launcher bug):\n  "
                             + "\n  ".join(problems))
-    return Workflow(ui, api, required_models(api, sources))
+    models = required_models(api, sources)
+    return Workflow(ui, api, models, [model for model in canvas_models(ui) if model not in models])
 
 
 def graphs(ui: dict) -> list[dict]:
@@ -256,6 +260,15 @@ def required_models(api: dict, sources: dict) -> list[dict]:
         for model in sources[key].get("properties", {}).get("models", []):
             if model["name"] in node["inputs"].values() and model not in found:
                 found.append(model)
+    return found
+
+
+def canvas_models(ui: dict) -> list[dict]:
+    """Every model entry the UI workflow's nodes name, in graph order."""
+    found = []
+    for graph in graphs(ui):
+        for node in graph["nodes"]:
+            found += [model for model in node.get("properties", {}).get("models", []) if model not in found]
     return found
 
 

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 from launcher.errors import LauncherError
+from launcher.nofollow import create_new
 from launcher.progress import warn
 
 MODEL_FOLDERS = {
@@ -14,6 +15,12 @@ MODEL_FOLDERS = {
     "diffusion_models": ("diffusion_models", "unet"),
     "text_encoders": ("text_encoders", "clip"),
 }
+MIN_VERSION = (0, 19, 0)
+"""The first ComfyUI release that loads the template's VAE, FLUX.2's small decoder
+(full_encoder_small_decoder.safetensors; ComfyUI's changelog for v0.19.0, April 2026: "support
+for small flux.2 decoder"). Older releases stop at the VAE loader with a size mismatch on
+decoder.conv_in.weight (384 vs 512 channels)."""
+VERSION_LINE = re.compile(r"""^__version__\s*=\s*["']([^"']+)["']""", re.MULTILINE)
 HUGGING_FACE_FILE = re.compile(r"^https://huggingface\.co/(?P<repo>[^/]+/[^/]+)/resolve/[^/]+/(?P<file>.+)$")
 
 
@@ -27,6 +34,24 @@ def check_comfy_dir(folder: Path) -> Path:
         "Pass the folder that holds ComfyUI's models/ (in the portable build, the ComfyUI folder inside it; "
         "for the desktop app, its base path)"
     )
+
+
+def version_note(folder: Path) -> str | None:
+    """A warning when the ComfyUI folder's comfyui_version.py says a release too old for the template."""
+    wanted = ".".join(map(str, MIN_VERSION))
+    try:
+        found = VERSION_LINE.search((folder / "comfyui_version.py").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        found = None
+    if found is None:
+        return (f"cannot tell the ComfyUI version ({folder / 'comfyui_version.py'} is missing or unreadable); the "
+                f"workflow needs ComfyUI {wanted} or newer, the first to load the FLUX.2 small-decoder VAE")
+    numbers = tuple(int(part) for part in re.findall(r"\d+", found.group(1))[:3])
+    if numbers < MIN_VERSION:
+        return (f"ComfyUI {found.group(1)} in {folder} is older than {wanted}, the first release that loads the "
+                "template's FLUX.2 small-decoder VAE (full_encoder_small_decoder.safetensors): update ComfyUI, or "
+                "the workflow stops at its VAE loader with a size mismatch")
+    return None
 
 
 def _is_comfy_dir(folder: Path) -> bool:
@@ -52,7 +77,8 @@ def place_lora(lora: Path, comfy_dir: Path, link: bool, force: bool) -> Path:
         except OSError as error:  # Windows without Developer Mode or admin rights, FAT drives
             warn(f"cannot link {target} to {lora} ({error}); copying instead")
     partial = target.with_name(target.name + ".partial")
-    shutil.copyfile(lora, partial)
+    with lora.open("rb") as source, create_new(target.parent, partial) as copy:  # a link there is removed
+        shutil.copyfileobj(source, copy, 2**20)
     os.replace(partial, target)  # never a half-copied LoRA under the real name
     return target
 

@@ -19,6 +19,11 @@ from launcher.runs.images import BadImage, image_size
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")  # the trainer's image_extensions
 DEFAULT_BUCKET_TOLERANCE = 64  # DatasetConfig's default: buckets are multiples of this
 SHOWN = 10
+PIL_MAX_PIXELS = int(1024 * 1024 * 1024 // 4 // 3)
+"""PIL.Image.MAX_IMAGE_PIXELS; over twice this, opening the image raises DecompressionBombError."""
+CAPTION_TOKENS = 512  # the FLUX.2 pipeline's max_sequence_length, prompt template included
+CHARS_PER_TOKEN = 4  # English text with Mistral's tokenizer, roughly
+LONG_CAPTION_CHARS = (CAPTION_TOKENS - 100) * CHARS_PER_TOKEN  # ~100 tokens for the template
 
 
 @dataclass
@@ -26,6 +31,8 @@ class DatasetCheck:
     folder: Path
     good: list[Path] = field(default_factory=list)
     bad: list[tuple[Path, str]] = field(default_factory=list)
+    long_captions: list[tuple[Path, int]] = field(default_factory=list)
+    """Captions likely longer than the text encoder reads: (caption file, characters)."""
 
     def skipped(self) -> list[dict]:
         return [{"file": str(path), "reason": reason} for path, reason in self.bad]
@@ -51,6 +58,9 @@ def problem_with(image: Path, caption_ext: str, minimum: int) -> str | None:
         width, height = image_size(image)
     except BadImage as error:
         return str(error)
+    if width * height > 2 * PIL_MAX_PIXELS:
+        return (f"is {width}x{height} px ({width * height / 1e6:,.0f} Mpx); the trainer's PIL refuses images over "
+                f"{2 * PIL_MAX_PIXELS / 1e6:.0f} Mpx (DecompressionBombError): scale it down")
     if min(width, height) < minimum:
         return (f"is {width}x{height} px; both sides must be at least {minimum} px "
                 f"(the dataset's bucket_tolerance) to fit a training bucket")
@@ -80,11 +90,22 @@ def check_dataset(folder: Path, caption_ext: str = "txt", minimum: int = DEFAULT
         reason = problem_with(image, caption_ext, minimum)
         if reason is None:
             result.good.append(image)
+            caption = caption_path(image, caption_ext)
+            length = len(caption.read_bytes().decode("utf-8"))
+            if length > LONG_CAPTION_CHARS:
+                result.long_captions.append((caption, length))
         else:
             result.bad.append((image, reason))
     if result.bad and (not skip_bad or not result.good):
         raise LauncherError(bad_files_message(result, skip_bad))
     return result
+
+
+def long_caption_warnings(result: DatasetCheck) -> list[str]:
+    """One line per caption the text encoder probably cuts off."""
+    return [f"{path} is {length:,} characters (about {length // CHARS_PER_TOKEN} tokens); the text encoder reads "
+            f"at most {CAPTION_TOKENS} tokens with its prompt template, so the end of it is cut off"
+            for path, length in result.long_captions]
 
 
 def bad_files_message(result: DatasetCheck, skip_bad: bool) -> str:

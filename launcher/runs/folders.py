@@ -19,10 +19,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from launcher.errors import LauncherError
-from launcher.runs.files import CHECKPOINT_MANIFEST
+from launcher.nofollow import refuse_links
+from launcher.runs.files import CHECKPOINT_MANIFEST, PROFILE_DIR
+from launcher.runs.yaml_files import load_yaml
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,13 @@ class RunFolder:
         """The step a saved LoRA was written at; None for the final save."""
         return _saved_step(lora, self.name)
 
+    def refuse_links(self) -> None:
+        """No link in place of the job folder or of a file the launcher or trainer writes here: the
+        LoRA, run.json and the logs would land wherever it points, outside --output."""
+        for path in (self.job_dir, self.config, self.log, self.telemetry, self.trainer_telemetry,
+                     self.watchdog_events, self.comfyui, self.samples, self.root / PROFILE_DIR, self.metadata):
+            refuse_links(self.root, path)
+
     def checkpoints(self) -> list[Path]:
         """What a resume can start from, oldest first: saved LoRA files, and the manifest the
         atomic-save patch commits a checkpoint with (it exists before the files are renamed)."""
@@ -129,6 +136,12 @@ def find_run(runs_dir: Path, spec: str | None) -> RunFolder:
         for candidate in (Path(spec), runs_dir / spec):
             if (candidate / "config.yaml").is_file():
                 return RunFolder(candidate, _job_name(candidate))
+            inside = sorted(p for p in candidate.glob("*") if (p / "config.yaml").is_file()) if candidate.is_dir() else []
+            if len(inside) == 1:  # the folder given to `run --output`
+                return RunFolder(inside[0], _job_name(inside[0]))
+            if inside:
+                raise LauncherError(f"{candidate} holds {len(inside)} runs ({', '.join(p.name for p in inside)}); "
+                                    "name one of them")
         raise LauncherError(f"no run {spec!r}: give a run folder or a run name under {runs_dir}")
     runs = sorted(
         (p for p in runs_dir.glob("*") if (p / "config.yaml").is_file()),
@@ -139,6 +152,17 @@ def find_run(runs_dir: Path, spec: str | None) -> RunFolder:
     return RunFolder(runs[-1], _job_name(runs[-1]))
 
 
+def read_run_config(root: Path) -> dict:
+    """A run folder's rendered config.yaml; a damaged one is a LauncherError naming it."""
+    path = root / "config.yaml"
+    data = load_yaml(path)
+    name = (data.get("config") or {}).get("name") if isinstance(data, dict) else None
+    if not isinstance(name, str):
+        raise LauncherError(f"{path} is not a run config (it lacks config.name); it was "
+                            "damaged: restore it from a backup, or write it again by resuming with the run's preset")
+    return data
+
+
 def _job_name(root: Path) -> str:
     """The trainer's job name, read back from the rendered config."""
-    return yaml.safe_load((root / "config.yaml").read_text(encoding="utf-8"))["config"]["name"]
+    return read_run_config(root)["config"]["name"]

@@ -3,7 +3,10 @@
 Enough of each format is walked to tell a real image from a renamed text file or a
 truncated download before the trainer starts: PNG chunks with their CRCs up to IEND, JPEG
 segments up to the frame header plus the end-of-image marker, WebP's RIFF size and frame
-header. The format comes from the bytes, not the file name, as in the trainer's PIL.
+header. The format comes from the bytes, not the file name, as in the trainer's PIL. PNG modes that
+PIL's `convert('RGB')` in the trainer's loader turns into a different picture (16-bit grey:
+clipped to white; palette with transparency: hidden colours) are refused; the launcher cannot
+change the trainer's loader, and these files are rare and easy to re-save.
 """
 
 import struct
@@ -35,7 +38,7 @@ def image_size(path: Path) -> tuple[int, int]:
 
 
 def _png_size(data: bytes) -> tuple[int, int]:
-    position, size = 8, None
+    position, size, lossy = 8, None, None
     while True:
         if position + 12 > len(data):
             raise BadImage("is a truncated PNG (it ends before its IEND chunk)")
@@ -48,9 +51,18 @@ def _png_size(data: bytes) -> tuple[int, int]:
             raise BadImage(f"is a damaged PNG (chunk {kind!r} fails its CRC check)")
         if kind == b"IHDR":
             size = struct.unpack(">II", data[position + 8 : position + 16])
+            depth, colour = data[position + 16 : position + 18]
+            if (depth, colour) == (16, 0):
+                lossy = ("is a 16-bit greyscale PNG: the trainer's PIL opens it as mode I;16 and its conversion to "
+                         "RGB clips it to white; save it as 8-bit greyscale or RGB")
+        if kind == b"tRNS" and size is not None and colour == 3:
+            lossy = ("is a palette PNG with transparency: the trainer's conversion to RGB drops the transparency and "
+                     "trains the hidden palette colours; save it as RGB (flattened on the background you want)")
         if kind == b"IEND":
             if size is None:
                 raise BadImage("is a PNG without an IHDR chunk")
+            if lossy:
+                raise BadImage(lossy)
             return size
         position = end
 

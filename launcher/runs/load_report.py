@@ -7,9 +7,9 @@ and how long a relaunch takes to train, are read here and kept beside the LoRA.
 """
 
 import json
-import os
 from pathlib import Path
 
+from launcher.atomic import write_text_atomic
 from launcher.runs.folders import RunFolder
 
 
@@ -69,9 +69,7 @@ def record(run: RunFolder, offset: int = 0) -> dict:
     if "memory_plan" in load:  # the plan the trainer carried out, beside the load figures
         metadata["memory_plan"] = load.pop("memory_plan")
     metadata["load"] = load
-    partial = run.metadata.with_name(run.metadata.name + ".tmp")
-    partial.write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
-    os.replace(partial, run.metadata)
+    write_text_atomic(run.metadata, json.dumps(metadata, indent=2) + "\n")
     return summary
 
 

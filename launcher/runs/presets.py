@@ -25,6 +25,7 @@ import yaml
 from launcher.atomic import write_text_atomic
 from launcher.errors import LauncherError
 from launcher.runs.schema import Vocabulary, check_preset
+from launcher.runs.yaml_files import load_yaml
 
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 LAUNCHER_KEY = "launcher"
@@ -98,21 +99,14 @@ def find_preset(spec: str) -> Path:
     raise LauncherError(f"no preset {spec!r}: give a YAML file or one of the shipped presets ({shipped})")
 
 
-def load_preset(spec: str) -> Preset:
-    """Read and check a preset against the schema; what needs the trainer is checked by `check`."""
+def load_preset(spec: str, vocabulary: Vocabulary | None = None) -> Preset:
+    """Read and check a preset against the schema, with what the trainer accepts when `vocabulary`
+    is given (every problem then in one message), else without it (see `check`)."""
     path = find_preset(spec)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, ValueError, RecursionError) as error:  # ValueError: bad UTF-8, a 5000-digit int
-        raise LauncherError(f"{path} is not valid YAML: {type(error).__name__}: {error}") from None
-    raise_problems(path, check_preset(data))
+    data = load_yaml(path)
+    raise_problems(path, check_preset(data, vocabulary or Vocabulary()))
     settings = {**LAUNCHER_DEFAULTS, **(data.pop(LAUNCHER_KEY, None) or {})}
     return Preset(path=path, settings=settings, config=data)
-
-
-def check(preset: Preset, vocabulary: Vocabulary) -> None:
-    """The whole schema, with the values only the trainer knows (qtypes, optimizers, keys)."""
-    raise_problems(preset.path, check_preset({**preset.config, LAUNCHER_KEY: preset.settings}, vocabulary))
 
 
 def raise_problems(path: Path, problems: list[str]) -> None:
@@ -127,7 +121,7 @@ def render(preset: Preset, run_dir: Path, tiny_manifest: dict | None = None, pla
     for process in config["config"]["process"]:
         process["training_folder"] = str(run_dir.resolve())
         if tiny_manifest is not None:
-            fill_tiny(process, tiny_manifest)
+            fill_tiny(process, tiny_manifest, (places or {}).get("dataset"))
         else:
             fill_places(process, places or {}, preset.path)
     return config
@@ -148,13 +142,14 @@ def fill_places(process: dict, places: dict, preset_path: Path) -> None:
         dataset["folder_path"] = str(places["dataset"])
 
 
-def fill_tiny(process: dict, manifest: dict) -> None:
-    """Point one trainer process at the tiny FLUX.2 assets described by `manifest`."""
+def fill_tiny(process: dict, manifest: dict, dataset_dir: Path | None = None) -> None:
+    """Point one trainer process at the tiny FLUX.2 assets described by `manifest`, and at
+    `dataset_dir` instead of the generated one when given."""
     model = process.setdefault("model", {})
     model["name_or_path"] = manifest["name_or_path"]
     model["model_kwargs"] = {**(model.get("model_kwargs") or {}), **manifest["model_kwargs"]}
     for dataset in process.get("datasets", []):
-        dataset["folder_path"] = manifest["dataset"]
+        dataset["folder_path"] = str(dataset_dir) if dataset_dir else manifest["dataset"]
         dataset["resolution"] = [manifest["resolution"]]
 
 

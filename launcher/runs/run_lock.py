@@ -17,6 +17,7 @@ from pathlib import Path
 
 from launcher.atomic import write_text_atomic
 from launcher.errors import LauncherError
+from launcher.nofollow import open_append
 
 LOCK_FILE = "run.lock"
 INFO_FILE = "run.lock.json"
@@ -67,8 +68,12 @@ def is_held(root: Path) -> bool:
 @contextmanager
 def run_folder_lock(root: Path):
     """Hold the run folder's lock for the body; refuse at once when another run holds it."""
-    root.mkdir(parents=True, exist_ok=True)
-    handle = (root / LOCK_FILE).open("a+b")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise LauncherError(f"cannot create the run folder {root} ({error.strerror or error}); give --output "
+                            "a folder you can write to") from None
+    handle = open_append(root, root / LOCK_FILE)
     if not _try_lock(handle):
         handle.close()
         raise LauncherError(

@@ -19,10 +19,12 @@ GitPython.
 
 import math
 import re
+import reprlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 
 from launcher.envs.selftest import AUTO
+from launcher.runs import files
 from launcher.suggest import did_you_mean
 from launcher.watchdog.gpu_sources import SOURCES
 from launcher.watchdog.policy import WatchdogConfig
@@ -43,9 +45,14 @@ class Vocabulary:
     jobs: set[str] | None = None
 
 
+_PREVIEW = reprlib.Repr()
+_PREVIEW.maxlevel, _PREVIEW.maxdict, _PREVIEW.maxlist, _PREVIEW.maxstring = 2, 3, 3, 60
+
+
 def short(value) -> str:
-    """A value as the message shows it: repr, cut to a readable length."""
-    text = repr(value)
+    """A value as the message shows it: repr, cut to a readable length; a mapping or list is
+    previewed a few items deep, never expanded whole (an alias bomb stands for billions)."""
+    text = _PREVIEW.repr(value) if isinstance(value, (dict, list, tuple, set)) else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -164,6 +171,17 @@ class PlainName(Spec):
             yield problem(path, value, "not a name", self.allowed)
         elif self.FORBIDDEN.search(value) or value.strip(". ") == "" or value != value.rstrip(". "):
             yield problem(path, value, "would not stay one folder inside the output folder", self.allowed)
+
+
+@dataclass(frozen=True)
+class SetByLauncher(Spec):
+    """An environment variable naming a file `run` writes into the run folder: a preset's value
+    would send the trainer's output elsewhere, past the run folder's link checks."""
+
+    instead: str
+
+    def check(self, value, path, vocab):
+        yield f"{path} = {short(value)}: set by the launcher to a file in the run folder; {self.instead}"
 
 
 @dataclass(frozen=True)
@@ -291,10 +309,15 @@ DTYPE = Text(lambda v: v.dtypes)
 def launcher_block() -> Block:
     return Block({
         "tiny": Boolean(),
-        "env": Block(extra=Scalar()),
+        "env": Block({
+            files.ENV_TELEMETRY: SetByLauncher("remove it (the rows go to <run>/trainer-telemetry.jsonl)"),
+            files.ENV_TELEMETRY_INTERVAL: SetByLauncher("remove it and set launcher.telemetry.interval_s"),
+            files.ENV_PROFILE_DIR: SetByLauncher("remove it (`run --profile N` writes to <run>/profile)"),
+            files.ENV_PROFILE_STEPS: SetByLauncher("remove it and use `run --profile N`"),
+        }, extra=Scalar()),
         "platform": Text(("rocm", "cuda", "cpu")),
         "allocator": Text(("expandable_segments", "default")),
-        "telemetry": Block({"interval_s": Number(positive=True)}),
+        "telemetry": Block({"interval_s": Number(minimum=0.1)}),  # faster only grows the files
         "watchdog": watchdog_block(),
         "skip_bad_images": Boolean(),
         "sampling": Text(("auto", "force")),
@@ -368,4 +391,30 @@ def check_preset(data, vocab: Vocabulary = Vocabulary()) -> list[str]:
     """Every problem of a parsed preset, as messages; empty when it is fine."""
     if not isinstance(data, dict):
         return [f"the preset is {short(data)}, not a mapping; it needs `job:`, `config:` and optionally `launcher:`"]
-    return list(preset_schema().check(data, "", vocab))
+    return [*preset_schema().check(data, "", vocab), *quantized_network_problems(data, vocab)]
+
+
+LOW_RANK_TYPES = {"lora", "locon"}
+"""Networks that add their own up/down Linears beside a frozen base weight: these train on a
+4-bit base. LoKr, LoHa and the like build a delta and add it to the base weight, which the
+4-bit tensor subclasses do not implement (torchao: NotImplementedError for aten.add at step 1)."""
+
+
+def quantized_network_problems(data: dict, vocab: Vocabulary) -> list[str]:
+    """A network type the 4-bit base cannot train, found before the model loads."""
+    process = (data.get("config") or {}).get("process") if isinstance(data.get("config"), dict) else None
+    problems = []
+    for index, item in enumerate(process if isinstance(process, list) else []):
+        if not isinstance(item, dict) or not isinstance(item.get("network"), dict) \
+                or not isinstance(item.get("model"), dict):
+            continue
+        kind, model = item["network"].get("type", "lora"), item["model"]
+        qtype = str(model.get("qtype", ""))
+        unknown = vocab.network_types is not None and str(kind).lower() not in vocab.network_types  # said above
+        if isinstance(kind, str) and not unknown and kind.lower() not in LOW_RANK_TYPES and model.get("quantize") is True \
+                and ("4" in qtype or qtype == AUTO):
+            problems.append(
+                f"config.process[{index}].network.type = {short(kind)}: the 4-bit base (model.qtype {qtype}) cannot "
+                f"train it (it adds its delta to the quantized weight, which fails at step 1); allowed there: "
+                f"{' | '.join(sorted(LOW_RANK_TYPES))}, or another network with `quantize: false` and the VRAM for it")
+    return problems

@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+from launcher.nofollow import open_append
 from launcher.progress import warn
 from launcher.runs.folders import RunFolder
 from launcher.watchdog.gpu_sources import detect_source
@@ -87,7 +88,7 @@ class TelemetryRecorder:
         sample = self.source.sample() if self.source is not None else None
         if sample is not None:
             row.update({key: value for key, value in sample.to_row().items() if key != "t"})
-        with self.run.telemetry.open("a", encoding="utf-8") as handle:
+        with open_append(self.run.root, self.run.telemetry, text=True) as handle:
             handle.write(json.dumps(row) + "\n")
         return row
 

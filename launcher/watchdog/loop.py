@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from launcher.envs.trainer_python import module_command, start_module
+from launcher.nofollow import open_append
 from launcher.progress import say, warn
 from launcher.runs.trainer_log import LogFollower, Progress, Saved, StepTracker
 from launcher.watchdog.gpu_sources import GpuSample, GpuSource, detect_source
@@ -38,7 +39,7 @@ class JsonlWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def __call__(self, row: dict) -> None:
-        with self.path.open("a", encoding="utf-8") as out:
+        with open_append(self.path.parent, self.path, text=True) as out:
             out.write(json.dumps(row) + "\n")
 
 
