@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 
 from launcher.envs.selftest import AUTO
+from launcher.signals.gpu_sources import SOURCES
 from launcher.suggest import did_you_mean
-from launcher.watchdog.gpu_sources import SOURCES
 from launcher.watchdog.policy import WatchdogConfig
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from launcher.progress import warn
 from launcher.runs.folders import RunFolder
-from launcher.watchdog.gpu_sources import detect_source
+from launcher.signals.gpu_sources import detect_source
 
 
 def last_rows(path: Path) -> list[dict]:
