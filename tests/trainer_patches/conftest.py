@@ -91,10 +91,13 @@ def load_by_path(checkout: Path, relative: str, name: str):
 
 
 @pytest.fixture(scope="session")
-def streamed_safetensors(trainer_checkout):
-    return load_by_path(
-        trainer_checkout, "toolkit/streamed_safetensors.py", "patched_streamed_safetensors"
-    )
+def streamed_safetensors(trainer_on_path):
+    return importlib.import_module("toolkit.streamed_safetensors")
+
+
+@pytest.fixture(scope="session")
+def safetensors_header(trainer_on_path):
+    return importlib.import_module("toolkit.safetensors_header")
 
 
 @pytest.fixture(scope="session")
