@@ -67,8 +67,6 @@ def child(args) -> dict:
     """One load in this process; returns the figures."""
     import gc
 
-    import torch
-
     sys.path.insert(0, str(args.trainer))
     os.chdir(args.trainer)
     import extensions_built_in.diffusion_models.flux2.flux2_model as flux2
