@@ -46,7 +46,6 @@ import torch
 from toolkit.int4_kernels import GROUP_SIZE, HAVE_TRITON, unpack_uint4
 from toolkit.qtypes import FP8, INT8, Int4Kernel
 
-FORMATS = (FP8, INT8)
 QMAX = {FP8: 448.0, INT8: 127.0}
 SLICE_ALIGN = 128  # rows / columns per requantized slice: a multiple of the GEMM tiles
 K_ALIGN = 128  # the GEMM's reduction width is zero-padded to this (its largest BLOCK_K)
