@@ -510,11 +510,11 @@ def test_metadata_parser_property(qc, tiny, pristine, tmp_path_factory, data):
 
 
 @pytest.mark.parametrize("tiny", ["torchao"], indirect=True)
-def test_ostris_records_need_a_trainer_with_ostrislinear(qc, tiny, saved, monkeypatch, capsys):
+def test_ostris_records_need_a_trainer_with_ostrislinear(qc, tiny, saved, monkeypatch, capsys, qcodecs):
     """A cache naming OstrisLinear modules, read by a trainer without them (the fork; on
     upstream its module is made unimportable), is refused as unusable, never half-loaded."""
     if qc._ostris_api() is not None:
-        monkeypatch.setattr(qc, "_OSTRIS_MODULE", "toolkit.util.ostris_quant_absent")
+        monkeypatch.setattr(qcodecs, "_OSTRIS_MODULE", "toolkit.util.ostris_quant_absent")
     assert qc._ostris_api() is None
     record = {"qtype": tiny.qtype, "dtype": "bfloat16", "buffers": ["packed"], "attrs": {}}
     rewrite_meta(qc, saved.path, lambda meta: meta["ostris"].update({"img_in": record}))
