@@ -37,7 +37,7 @@ class Need:
     already: str = ""  # what exists and counts, when it does
 
 
-def valid_quantized_cache(cache_dir: Path, checkpoint: Path, qtype: str, overlay: Path | None = None) -> Path | None:
+def valid_quantized_cache(cache_dir: Path, checkpoint: Path, qtype: str) -> Path | None:
     """A complete cache file in cache_dir made from this very checkpoint for this qtype, or None.
 
     Asked from the trainer's own cache code (the overlay's `toolkit/qcache_index.py`, stdlib
@@ -45,7 +45,7 @@ def valid_quantized_cache(cache_dir: Path, checkpoint: Path, qtype: str, overlay
     qtype whose file a qtype loads (int4_w4a8 -> int4_fused) are the trainer's, not a copy. The
     trainer still checks every byte when it loads the file.
     """
-    folder = overlay or find_target(None).overlay
+    folder = find_target(None).overlay  # one overlay for every target
     if folder is None:
         return None
     return overlay_module(folder, "qcache_index").find_valid_cache(cache_dir, checkpoint, qtype)
