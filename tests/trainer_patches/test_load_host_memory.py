@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ALLOCATOR_ENV
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "load_rss_depth.py"
 # hidden:double:single at depth N and 4N: the blocks add ~350 MiB of bf16, ~96 MiB quantized.
@@ -37,7 +38,6 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "load_rss_depth.py"
 # (allocator and quantization temporaries), so the parked control must grow by several times that.
 SIZES = ("768:2:4", "768:8:16")
 MIB = 2**20 / 2**30  # in GiB
-ALLOCATOR_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": str(2**20), "MALLOC_TRIM_THRESHOLD_": str(2**20)}
 
 
 @pytest.fixture(scope="module")

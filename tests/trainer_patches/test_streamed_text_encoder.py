@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import mistral_output_layers
+from conftest import ALLOCATOR_ENV, mistral_output_layers
 from encoder_folders import resave_sharded, write_random_encoder
 
 PROMPTS = ["a photo of a red square on a white background", "", "a blue circle", "speculation " * 600]
@@ -169,8 +169,9 @@ def test_host_ram_peak_does_not_grow_with_depth(trainer_checkout, tiny_text_enco
     peaks = {}
     for depth in (6, 12):
         folder = write_random_encoder(tmp_path / f"depth{depth}", tiny_text_encoder, depth, hidden, intermediate)
+        # the allocator pinned as in test_load_host_memory.py: the peak follows what is alive
         out = subprocess.run([sys.executable, "-c", PEAK_PROBE, str(trainer_checkout), str(folder), str(depth)],
-                             capture_output=True, text=True)
+                             capture_output=True, text=True, env={**os.environ, **ALLOCATOR_ENV})
         assert out.returncode == 0, out.stderr[-3000:]
         peaks[depth] = int(out.stdout.split()[-1])
     print(f"peak above baseline: depth 6 {peaks[6] / 2**20:.1f} MiB, depth 12 {peaks[12] / 2**20:.1f} MiB, "
