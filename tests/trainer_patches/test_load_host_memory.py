@@ -16,10 +16,10 @@ What is measured, and how repeatable it is:
   (ALLOCATOR_ENV): every buffer of 1 MiB or more is its own mapping, returned when freed (glibc
   no longer raises its mmap threshold after the first free and leaves later temporaries in a
   fragmented heap), so the peak follows what is alive rather than the allocation order.
-  Measured with that setting, the streamed phase off the host, 3 runs on a shared, loaded
-  2-core machine: peak 94.7-98.5 MiB at depth N, 100.0-101.1 MiB at 4N, growth +1.7 to
-  +5.3 MiB; parked, the growth is ~99 MiB (the quantized blocks). The bound below (a third of
-  the parked growth, ~33 MiB) is 6x the largest growth seen. Without the setting, a
+  Measured with that setting, the streamed phase off the host, 10 runs on a shared, loaded
+  2-core machine: peak 94.2-99.9 MiB at depth N, 95.7-101.9 MiB at 4N, growth -4.2 to
+  +7.7 MiB; parked, the growth is ~99 MiB (the quantized blocks). The bound below (a third of
+  the parked growth, ~33 MiB) is 4x the largest growth seen. Without the setting, a
   clean-clone CI run once saw +32.9 MiB off the host against +90.6 MiB parked: inside the noise.
 """
 
