@@ -264,8 +264,10 @@ def f(v, fmt):
     return "-".rjust(int(width)) if width.isdigit() else "-"
 
 
-say(f"ceiling {f(ceiling, '.1f')} TFLOP/s; cache: {json.dumps({k: cache.get(k) for k in ('cache_gib', 'build_s', 'write_s', 'cold_load', 'cold_read', 'warm_read', 'warm_load', 'sha256_gib_s')}, default=str)}")
-hdr = f"{'variant':20s} {'shape':9s} {'s/step':>7s} {'n':>2s} {'fwd':>6s} {'bwd':>6s} {'alloc':>6s} {'resv':>6s} {'TF/s':>6s} {'MFU%':>5s} {'xbf16':>5s}  error"
+CACHE_FIGURES = ("cache_gib", "build_s", "write_s", "cold_load", "cold_read", "warm_read", "warm_load", "sha256_gib_s")
+say(f"ceiling {f(ceiling, '.1f')} TFLOP/s; cache: {json.dumps({k: cache.get(k) for k in CACHE_FIGURES}, default=str)}")
+hdr = (f"{'variant':20s} {'shape':9s} {'s/step':>7s} {'n':>2s} {'fwd':>6s} {'bwd':>6s} {'alloc':>6s} {'resv':>6s} "
+       f"{'TF/s':>6s} {'MFU%':>5s} {'xbf16':>5s}  error")
 say(hdr)
 for r_ in rows:
     say(f"{r_['variant']:20s} {r_['shape']:9s} {f(r_['s_per_step'], '7.3f')} {r_['n']:2d} {f(r_['fwd_s'], '6.3f')} "

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The fused 4-bit matmul (toolkit/int4_linear.py) against bf16 and torchao, per FLUX.2 block Linear.
+"""The 4-bit matmuls (toolkit/int4_kernels.py) against bf16 and torchao, per FLUX.2 block Linear.
 
 For each of the six distinct block Linear shapes of the full-size FLUX.2
 transformer (Flux2Params defaults: hidden 6144, MLP 18432) at the token counts
@@ -13,14 +13,13 @@ that reach it at 512 px (1024 image + 512 text tokens) and 1024 px (4096 + 512):
     fork's `qtype: uint4` does): dequantize + matmul;
   * extra memory each path allocates for one forward + backward(dx).
 
-Needs a GPU with Triton. The module is loaded by path (--module), so the
+Needs a GPU with Triton. The modules are imported from a trainer checkout (--trainer), so the
 script runs against any checkout:
 
-    python bench/int4_kernel.py --module <trainer>/toolkit/int4_linear.py --out results.json
+    python bench/int4_kernel.py --trainer <workdir>/trainer --out results.json
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -29,21 +28,21 @@ import traceback
 from pathlib import Path
 
 p = argparse.ArgumentParser()
-p.add_argument("--module", required=True, help="path of toolkit/int4_linear.py")
+p.add_argument("--trainer", required=True, type=Path, help="a patched trainer checkout (its toolkit/ is imported)")
 p.add_argument("--out", required=True, help="JSON results (rewritten after every case)")
 p.add_argument("--quick", action="store_true", help="two small cases only (smoke test)")
 p.add_argument("--no-torchao", action="store_true")
 p.add_argument("--unfused", action="store_true", help="also time our unfused path (dequantize all of W, matmul)")
-p.add_argument("--variants", default="fused,chunked", help="int4_linear GPU variants to compare (fused, fused1, chunked)")
+p.add_argument("--variants", default="fused,chunked", help="int4 GPU paths to compare (fused, chunked)")
 args = p.parse_args()
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
-spec = importlib.util.spec_from_file_location("int4_linear", args.module)
-il = importlib.util.module_from_spec(spec)
-sys.modules["int4_linear"] = il
-spec.loader.exec_module(il)
+sys.path.insert(0, str(args.trainer.resolve()))
+from toolkit import int4_kernels as ik  # noqa: E402
+from toolkit import int4_linear as il  # noqa: E402
+from toolkit.qtypes import Int4Kernel  # noqa: E402
 import triton  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
@@ -52,8 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from launcher.in_trainer.selftest_kernels import BLOCK_LINEARS  # noqa: E402
 
 VARIANTS = [v for v in args.variants.split(",") if v]
-KERNELS = {"fused": (il._int4_fwd2_kernel, il._int4_bwd2_kernel), "fused1": (il._int4_fwd_kernel, il._int4_bwd_kernel)}
-il.DEFAULT_VARIANT = VARIANTS[0]  # what the module below runs
+KERNELS = {"fused": (ik._fused_fwd_kernel, ik._fused_bwd_kernel)}
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: only a dry run under TRITON_INTERPRET=1
 if DEV == "cpu":
     def do_bench(fn, warmup=0, rep=0):  # noqa: F811
@@ -80,7 +78,8 @@ def token_counts(where):
 
 
 R = {"argv": sys.argv[1:], "torch": torch.__version__, "triton": triton.__version__,
-     "gpu": torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu (dry run)", "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None),
+     "gpu": torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu (dry run)", "cuda": torch.version.cuda,
+     "hip": getattr(torch.version, "hip", None),
      "started": time.strftime("%Y-%m-%d %H:%M:%S"), "cases": [], "errors": []}
 
 
@@ -154,8 +153,8 @@ for name, K, N, M, pxs in cases:
         w = (torch.randn(N, K, device=DEV, generator=g) * 0.02).to(ACT)
         x = torch.randn(M, K, device=DEV, generator=g).to(ACT)
         dy = torch.randn(M, N, device=DEV, generator=g).to(ACT)
-        q, s, z = il.quantize_weight(w)
-        wq = il.dequantize_weight(q, s, z)  # the weight the 4-bit paths compute with, bf16
+        q, s, z = ik.quantize_weight(w)
+        wq = ik.dequantize_weight(q, s, z)  # the weight the 4-bit paths compute with, bf16
         del w
 
         # ---- correctness vs fp32 on the same dequantized weight
@@ -172,8 +171,8 @@ for name, K, N, M, pxs in cases:
         ok = []
         for v in VARIANTS:
             try:
-                case[f"err_fwd_{v}"] = err(il.int4_matmul_fwd(x, q, s, z, variant=v), y_ref)
-                case[f"err_bwd_{v}"] = err(il.int4_matmul_bwd(dy, q, s, z, variant=v), dx_ref)
+                case[f"err_fwd_{v}"] = err(ik.int4_matmul_fwd(x, q, s, z, variant=v), y_ref)
+                case[f"err_bwd_{v}"] = err(ik.int4_matmul_bwd(dy, q, s, z, variant=v), dx_ref)
                 ok.append(v)
             except Exception as e:  # one broken variant must not hide the others
                 case[f"error_{v}"] = f"{type(e).__name__}: {e}"[:2000]
@@ -192,31 +191,31 @@ for name, K, N, M, pxs in cases:
         t["bwd_bf16"] = bench_ms(lambda: dy @ wq)
         mem["bf16"] = peak_extra(lambda: (x @ wq.t(), dy @ wq))
         for v in ok:
-            t[f"fwd_int4_{v}"] = bench_ms(lambda: il.int4_matmul_fwd(x, q, s, z, variant=v))
-            t[f"bwd_int4_{v}"] = bench_ms(lambda: il.int4_matmul_bwd(dy, q, s, z, variant=v))
-            mem[f"int4_{v}"] = peak_extra(lambda: (il.int4_matmul_fwd(x, q, s, z, variant=v),
-                                                   il.int4_matmul_bwd(dy, q, s, z, variant=v)))
+            t[f"fwd_int4_{v}"] = bench_ms(lambda: ik.int4_matmul_fwd(x, q, s, z, variant=v))
+            t[f"bwd_int4_{v}"] = bench_ms(lambda: ik.int4_matmul_bwd(dy, q, s, z, variant=v))
+            mem[f"int4_{v}"] = peak_extra(lambda: (ik.int4_matmul_fwd(x, q, s, z, variant=v),
+                                                   ik.int4_matmul_bwd(dy, q, s, z, variant=v)))
         if args.unfused:
-            t["fwd_int4_unfused"] = bench_ms(lambda: il.reference_matmul_fwd(x, q, s, z))
-            t["bwd_int4_unfused"] = bench_ms(lambda: il.reference_matmul_bwd(dy, q, s, z))
-            mem["int4_unfused"] = peak_extra(lambda: (il.reference_matmul_fwd(x, q, s, z),
-                                                      il.reference_matmul_bwd(dy, q, s, z)))
+            t["fwd_int4_unfused"] = bench_ms(lambda: ik.reference_matmul_fwd(x, q, s, z))
+            t["bwd_int4_unfused"] = bench_ms(lambda: ik.reference_matmul_bwd(dy, q, s, z))
+            mem["int4_unfused"] = peak_extra(lambda: (ik.reference_matmul_fwd(x, q, s, z),
+                                                      ik.reference_matmul_bwd(dy, q, s, z)))
 
         # ---- the module + autograd.Function, kernel vs reference path, fwd+bwd
-        il.DEFAULT_VARIANT = ok[0] if ok else VARIANTS[0]
-        case["module_variant"] = il.DEFAULT_VARIANT
-        mod = il.Int4Linear(K, N, device=DEV)
+        kernel = Int4Kernel(gemm=ok[0] if ok else VARIANTS[0])
+        case["module_variant"] = kernel.gemm
+        mod = il.Int4Linear(K, N, device=DEV, kernel=kernel)
         mod.qweight, mod.scale, mod.zero = q, s, z
         xr = x.clone().requires_grad_(True)
         y1 = mod(xr)
         y1.backward(dy)
         g1 = xr.grad.clone()
         xr.grad = None
-        mod.use_kernel = False
+        mod.kernel = Int4Kernel(gemm=kernel.gemm, use_kernel=False)
         y2 = mod(xr)
         y2.backward(dy)
         case["module_kernel_vs_reference"] = {"y": err(y1, y2.float()), "dx": err(g1, xr.grad.float())}
-        mod.use_kernel = None
+        mod.kernel = kernel
         del y1, y2, g1, xr
 
         def module_step():

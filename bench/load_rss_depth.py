@@ -11,6 +11,9 @@ FLUX.2-shaped checkpoint written by loader_rss.write_checkpoint, and reports:
   moved_gib  RSS above the baseline once the transformer has left the host (moved to the meta
              device, as training moves it to the GPU): what stays for the whole training
   trimmed_gib  the same after gc + returning the C heap's free pages (malloc_trim)
+  host_tensor_gib  bytes of the loaded transformer's tensors on the CPU, each storage counted
+             once (quantized tensor subclasses through their inner tensors): exact, no
+             allocator noise
 
 Modes, each at every size given:
   first   no cache yet: streamed read + quantize per block (+ the cache written)
@@ -48,6 +51,26 @@ def proc_status(field: str) -> int:
     raise KeyError(field)
 
 
+def host_tensor_bytes(model) -> int:
+    """Bytes of the model's parameters and buffers that live on the CPU, each storage once;
+    tensor subclasses (torchao's quantized weights) are counted through their inner tensors."""
+    seen, total = set(), 0
+    pending = [*model.parameters(), *model.buffers()]
+    while pending:
+        tensor = pending.pop()
+        if hasattr(tensor, "__tensor_flatten__"):
+            names, _ = tensor.__tensor_flatten__()
+            pending += [getattr(tensor, name) for name in names]
+            continue
+        if tensor.device.type != "cpu":
+            continue
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+    return total
+
+
 def model_config(checkpoint: Path, params: dict, qtype: str, cache_dir: Path, cache: bool, staging_mib):
     from toolkit.config_modules import ModelConfig
 
@@ -66,8 +89,6 @@ class StopAtTextEncoder(Exception):
 def child(args) -> dict:
     """One load in this process; returns the figures."""
     import gc
-
-    import torch
 
     sys.path.insert(0, str(args.trainer))
     os.chdir(args.trainer)
@@ -109,6 +130,7 @@ def child(args) -> dict:
         "baseline_gib": baseline / GIB,
         "seconds": seconds,
     }
+    figures["host_tensor_gib"] = host_tensor_bytes(loaded[-1]) / GIB
     loaded.pop().to("meta")
     gc.collect()
     figures["moved_gib"] = (proc_status("VmRSS") - baseline) / GIB

@@ -12,6 +12,7 @@ malloc_trim(0) after each block (Linux only). One size per process:
 import argparse
 import ctypes
 import gc
+import importlib
 import json
 import sys
 import tempfile
@@ -63,10 +64,11 @@ tr.streamed.load_blockwise(model, path, T.BLOCK_LISTS, on_block=on_block,
 gc.collect()
 end = T.proc_status()
 kept = 0
-allowed = tr.qcache._torchao_classes()
-for _, t, _, _ in tr.qcache._named_state(model):
+codecs = importlib.import_module("toolkit.qcache_codecs")
+allowed = codecs._torchao_classes()
+for _, t, _, _ in codecs._named_state(model):
     leaves = {}
-    tr.qcache._flatten(t, "x", leaves, allowed)
+    codecs._flatten(t, "x", leaves, allowed)
     kept += sum(v.numel() * v.element_size() for v in leaves.values())
 print(json.dumps({
     "size": args.size, "release": args.release, "file_gib": path.stat().st_size / GiB,

@@ -165,7 +165,7 @@ try:
             i4 = sys.modules.get("toolkit.int4_linear")
             R["int4_linear"] = {
                 "modules": sum(1 for m in model.modules() if type(m).__name__ == "Int4Linear"),
-                "variant": getattr(i4, "DEFAULT_VARIANT", None), "triton": getattr(i4, "HAVE_TRITON", None),
+                "kernel": str(getattr(lin, "kernel", None)), "triton": getattr(i4, "HAVE_TRITON", None),
                 "kernel_on_device": bool(i4 and i4.kernel_available(torch.empty(1, device=DEV, dtype=bf16)))}
         else:
             w = lin.weight

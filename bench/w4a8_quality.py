@@ -33,8 +33,9 @@ sys.path.insert(0, str(args.trainer.resolve()))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from toolkit import int4_linear as il  # noqa: E402
+from toolkit import int4_kernels as ik  # noqa: E402
 from toolkit import int4_w4a8 as w  # noqa: E402
+from toolkit import qtypes  # noqa: E402
 
 from launcher.in_trainer.selftest_kernels import block_linear_cases, candidates  # noqa: E402
 
@@ -62,19 +63,20 @@ def activations(tokens, width, g, outliers):
 def one_case(name, in_f, out_f, tokens, outliers, paths):
     g = torch.Generator(device=DEV).manual_seed(in_f + out_f + tokens)
     weight = (torch.randn(out_f, in_f, device=DEV, generator=g) * 0.02).to(ACT)
-    q, s, z = il.quantize_weight(weight)
+    q, s, z = ik.quantize_weight(weight)
     x = activations(tokens, in_f, g, outliers)
     dy = torch.randn(tokens, out_f, device=DEV, generator=g).to(ACT)
     case = {"linear": name, "in": in_f, "out": out_f, "tokens": tokens, "outliers": outliers}
-    y16 = il.reference_matmul_fwd(x, q, s, z) if DEV == "cpu" else il.int4_matmul_fwd(x, q, s, z)
-    dx16 = il.reference_matmul_bwd(dy, q, s, z) if DEV == "cpu" else il.int4_matmul_bwd(dy, q, s, z)
+    y16 = ik.reference_matmul_fwd(x, q, s, z) if DEV == "cpu" else ik.int4_matmul_fwd(x, q, s, z)
+    dx16 = ik.reference_matmul_bwd(dy, q, s, z) if DEV == "cpu" else ik.int4_matmul_bwd(dy, q, s, z)
     case["int4_vs_bf16_weight"] = {"y": rel(y16, x.float() @ weight.float().t()), "dx": rel(dx16, dy.float() @ weight.float())}
     del weight
     for path in paths:
-        fmt, gemm = path["env"]["INT4_W4A8_ACT"], path["env"]["INT4_W4A8_GEMM"]
-        scales = w.WeightScales(q, s, z, il.GROUP_SIZE, fmt)
-        y8 = w.w4a8_matmul_fwd(x, q, s, z, scales, fmt, gemm)
-        dx8 = w.w4a8_matmul_bwd(dy, q, s, z, scales, fmt, gemm)
+        kernel = qtypes.kernel_for("int4_w4a8", DEV, environ={}, **path["kernel"])
+        fmt = kernel.activations
+        scales = w.WeightScales(q, s, z, ik.GROUP_SIZE, fmt)
+        y8 = w.w4a8_matmul_fwd(x, q, s, z, scales, kernel)
+        dx8 = w.w4a8_matmul_bwd(dy, q, s, z, scales, kernel)
         y_ref = w.reference_fwd(x, q, s, z, scales, fmt)
         dx_ref = w.reference_bwd(dy, q, s, z, scales, fmt)
         case[path["name"]] = {"vs_bf16_activations": {"y": rel(y8, y16), "dx": rel(dx8, dx16)},
@@ -83,7 +85,7 @@ def one_case(name, in_f, out_f, tokens, outliers, paths):
 
 
 def main():
-    fp8 = w.has_fp8_units(torch.device(DEV))
+    fp8 = qtypes.has_fp8_units(torch.device(DEV))
     paths = [c for c in candidates(fp8, bool(getattr(torch.version, "hip", None))) if c["qtype"] == "int4_w4a8"]
     cases = [(n, i, o, t) for n, i, o, t, _ in block_linear_cases(1024, 512)]
     if args.tiny:

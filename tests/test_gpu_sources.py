@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.watchdog import gpu_sources
-from launcher.watchdog.gpu_sources import (
+from launcher.signals import gpu_sources
+from launcher.signals.gpu_sources import (
     AmdSmiSource,
     GpuSample,
     NvidiaSmiSource,

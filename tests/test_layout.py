@@ -42,3 +42,52 @@ def test_the_trainer_side_spells_every_shared_name_the_same():
     trainer_side += "".join(p.read_text(encoding="utf-8") for p in sorted((root / "patches").rglob("*.patch")))
     missing = [name for name in SHARED_WITH_TRAINER if f"'{name}'" not in trainer_side and f'"{name}"' not in trainer_side]
     assert not missing, f"overlay/ and patches/ never spell {missing}"
+
+
+LAUNCHER = IN_TRAINER.parent
+OVERLAY_READ_BY_THE_LAUNCHER = ("qtypes", "safetensors_header", "qcache_index")
+
+
+def package_imports() -> dict[str, set[str]]:
+    """{launcher subpackage: the other launcher subpackages its modules import, anywhere in them}."""
+    graph: dict[str, set[str]] = {}
+    for path in LAUNCHER.glob("*/*.py"):
+        package = path.parent.name
+        found = graph.setdefault(package, set())
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            modules = [node.module] if isinstance(node, ast.ImportFrom) and node.module else \
+                [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            for name in modules:
+                parts = name.split(".")
+                if parts[0] == "launcher" and len(parts) > 1 and (LAUNCHER / parts[1]).is_dir() and parts[1] != package:
+                    found.add(parts[1])
+    return graph
+
+
+def cycle_in(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle between packages, or None."""
+    def visit(node, path):
+        if node in path:
+            return path[path.index(node):] + [node]
+        for other in sorted(graph.get(node, ())):
+            found = visit(other, path + [node])
+            if found:
+                return found
+        return None
+
+    return next((found for node in sorted(graph) if (found := visit(node, []))), None)
+
+
+def test_launcher_packages_import_each_other_without_a_cycle():
+    """runs and watchdog both read the trainer log and the GPU: those live below both (signals)."""
+    assert cycle_in({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
+    assert cycle_in(package_imports()) is None
+
+
+@pytest.mark.parametrize("name", OVERLAY_READ_BY_THE_LAUNCHER)
+def test_overlay_modules_the_launcher_imports_are_stdlib_only(name):
+    """The launcher imports these overlay modules without the trainer's venv (no torch)."""
+    path = LAUNCHER.parent / "overlay" / "toolkit" / f"{name}.py"
+    foreign = [module for module in top_level_imports(path)
+               if module.split(".")[0] not in sys.stdlib_module_names and module != "__future__"]
+    assert not foreign, f"{path.name} imports {foreign} at module level: the launcher imports it without torch"

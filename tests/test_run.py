@@ -11,6 +11,7 @@ from conftest import REPO_ROOT, write_png
 
 from launcher.cli import main
 from launcher.envs.workdir import Workdir, venv_python
+from launcher.patching.overlay import import_module as overlay_module
 from launcher.runs import disk_budget
 from launcher.runs.folders import RunFolder
 from launcher.runs.presets import PRESETS_DIR, load_preset, render
@@ -236,15 +237,21 @@ def test_too_little_disk(places, capsys, monkeypatch):
     assert "only 3.5 GiB free" in err and "quantized transformer cache" in err
 
 
+def overlay(name: str):
+    """The trainer's own module (overlay/toolkit/<name>.py), as the launcher imports it."""
+    return overlay_module(REPO_ROOT / "overlay", name)
+
+
 def write_quantized_cache(cache_dir: Path, checkpoint: Path, qtype: str, truncate_by: int = 0) -> Path:
-    """A cache file as toolkit/quantized_cache.py writes it: safetensors whose metadata keys the
-    source checkpoint (name, size, mtime, header hash) and the qtype."""
-    key = {"qtype": qtype, "source": disk_budget._checkpoint_fingerprint(checkpoint)}
+    """A cache file named and keyed by the trainer's own cache code (source checkpoint
+    fingerprint, cache qtype): safetensors whose metadata holds the key."""
+    index = overlay("qcache_index")
+    key = {"qtype": qtype, "source": overlay("safetensors_header").source_fingerprint(checkpoint)}
     header = json.dumps({
-        "__metadata__": {"format": "aitk-quantized-cache", "aitk_qcache": json.dumps({"key": key})},
+        "__metadata__": {"format": index.FORMAT_NAME, index.META_KEY: json.dumps({"key": key})},
         "w": {"dtype": "U8", "shape": [4096], "data_offsets": [0, 4096]},
     }).encode()
-    path = cache_dir / f"flux2-dev-{qtype}-0123456789.qcache.safetensors"
+    path = cache_dir / index.cache_file_name(checkpoint, qtype)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(struct.pack("<Q", len(header)) + header + bytes(4096 - truncate_by))
     return path
@@ -273,6 +280,21 @@ def test_a_valid_quantized_cache_is_not_counted_again(places, capsys, monkeypatc
 
     os.utime(checkpoint, ns=(0, 0))  # the checkpoint changed since: the cache is stale
     assert dry_run(places) == 2
+
+
+def test_int4_w4a8_counts_the_int4_fused_cache_it_loads(places, tmp_path, capsys, monkeypatch):
+    """int4_w4a8 is int4_fused's model with other matmuls: the trainer loads int4_fused's cache
+    file for it, so a relaunch with that file needs no second 17 GiB."""
+    monkeypatch.setattr(disk_budget, "free_disk_gib", lambda path: 20.0)
+    monkeypatch.delenv("AITK_QUANT_CACHE_DIR", raising=False)
+    preset = yaml.safe_load((PRESETS_DIR / "7900xtx_512.yaml").read_text())
+    preset["config"]["process"][0]["model"]["qtype"] = "int4_w4a8"
+    path = tmp_path / "w4a8.yaml"
+    path.write_text(yaml.safe_dump(preset))
+    checkpoint = places["model"].resolve() / "flux2-dev.safetensors"
+    write_quantized_cache(Workdir(places["workdir"].resolve()).quantized_cache, checkpoint, "int4_fused")
+    assert dry_run(places, path) == 0, capsys.readouterr().err
+    assert "disk: quantized transformer cache: valid cache flux2-dev-int4_fused" in capsys.readouterr().out
 
 
 def test_cached_latents_are_not_counted_again(places, monkeypatch):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from launcher.runs.folders import RunFolder
 from launcher.runs.telemetry import TelemetryRecorder, last_rows
-from launcher.watchdog.gpu_sources import GpuSample
+from launcher.signals.gpu_sources import GpuSample
 
 
 class SilentSource:

@@ -12,14 +12,14 @@ import pytest
 from launcher.envs import trainer_python
 from launcher.envs.workdir import venv_python
 from launcher.errors import LauncherError
-from launcher.runs.trainer_log import (
+from launcher.signals.gpu_sources import GpuSample
+from launcher.signals.trainer_log import (
     LogFollower,
     Progress,
     Saved,
     StepTracker,
     parse_elapsed,
 )
-from launcher.watchdog.gpu_sources import GpuSample
 from launcher.watchdog.loop import SubprocessBurster, parse_burst_output
 from launcher.watchdog.policy import (
     XTX_SATURATED,

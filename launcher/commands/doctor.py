@@ -1,5 +1,6 @@
 """`doctor`: what a bug report needs, and the settings known to break this platform."""
 
+import argparse
 import json
 import os
 import platform
@@ -20,8 +21,15 @@ EXPANDABLE_SEGMENTS_HANG_HIP = ("7.14",)
 MIN_FREE_DISK_GIB = 40  # quantized cache (~18 GB) + latent/text-embedding caches + checkpoints
 
 
+EXAMPLES = """examples:
+  python -m launcher doctor                  # platform, torch, GPU, memory, disk of .aitk
+  python -m launcher doctor --workdir W --json   # one JSON object for a bug report or a program
+"""
+
+
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("doctor", help="report platform, torch, GPU, memory, disk, known-bad settings")
+    parser = subparsers.add_parser("doctor", help="report platform, torch, GPU, memory, disk, known-bad settings",
+                                   epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="default: .aitk")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run_doctor)

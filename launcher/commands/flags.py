@@ -4,6 +4,7 @@ The train loop looks for SAVE_NOW / STOP_NOW in its job folder at every step (a 
 series); these commands only create the file, so they work from any terminal.
 """
 
+import argparse
 from pathlib import Path
 
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir
@@ -18,9 +19,15 @@ FLAGS = {
 }
 
 
+EXAMPLES = """examples:
+  python -m launcher save                    # the latest run saves a checkpoint and goes on
+  python -m launcher stop my-run             # that run saves and exits
+"""
+
+
 def register(subparsers) -> None:
     for command, (flag, meaning) in FLAGS.items():
-        parser = subparsers.add_parser(command, help=meaning)
+        parser = subparsers.add_parser(command, help=meaning, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
         parser.add_argument("run", nargs="?", help="run folder or run name (default: the latest run)")
         parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="default: .aitk")
         parser.set_defaults(handler=lambda args, flag=flag: write_flag(args, flag))

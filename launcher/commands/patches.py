@@ -24,7 +24,9 @@ overlay commit become the target's patches, with the series' comment lines kept.
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("patches", help="check or export the patch series")
+    parser = subparsers.add_parser("patches", help="check or export the patch series",
+                                   epilog=CHECK_EXAMPLES + EXPORT_EXAMPLES.split("\n", 1)[1],
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
 
     check = verbs.add_parser("check", help="apply the series in a scratch clone and report each patch",

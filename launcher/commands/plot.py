@@ -1,6 +1,7 @@
 """`plot RUN`: a PNG of loss, s/it and board power over steps, with watchdog decisions marked, and
 the run's newest contact sheet of samples beside them when it has one."""
 
+import argparse
 from pathlib import Path
 
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, venv_python
@@ -10,8 +11,15 @@ from launcher.runs.folders import find_run
 from launcher.runs.plotting import plot_with
 
 
+EXAMPLES = """examples:
+  python -m launcher plot                    # the latest run's telemetry -> <run>/telemetry.png
+  python -m launcher plot my-run --out loss.png
+"""
+
+
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("plot", help="plot a run's telemetry (loss, s/it, power) to a PNG")
+    parser = subparsers.add_parser("plot", help="plot a run's telemetry (loss, s/it, power) to a PNG",
+                                   epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", nargs="?", help="run folder or run name (default: the latest run)")
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="default: .aitk")
     parser.add_argument("--out", type=Path, help="PNG to write (default: <run>/telemetry.png)")

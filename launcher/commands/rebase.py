@@ -1,5 +1,6 @@
 """`rebase`: move a target's series onto a new upstream commit or tag."""
 
+import argparse
 import dataclasses
 from pathlib import Path
 
@@ -12,10 +13,18 @@ from launcher.patching.rebase import Rebase, write_lock_commit
 from launcher.progress import say
 
 
+EXAMPLES = """examples:
+  python -m launcher rebase --onto origin/main --target upstream-main   # stops at the first conflict
+  python -m launcher rebase --continue       # after resolving it in the scratch checkout
+  python -m launcher rebase --onto v1.2 --write   # rewrite upstream.lock and the series when done
+"""
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "rebase",
         help="carry the patch series onto a new upstream commit, 3-way merging; stops on conflicts",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--onto", metavar="REF", help="commit, tag or branch of the upstream to rebase onto")

@@ -50,8 +50,16 @@ LOCATIONS = {
 }
 
 
+EXAMPLES = """examples:
+  python -m launcher run tiny                # the embedded tiny FLUX.2, a few steps on any machine
+  python -m launcher run 7900xtx_512 --model-dir M --text-encoder T --dataset D --dry-run
+  python -m launcher run my-preset.yaml --resume   # continue the run in the output folder
+"""
+
+
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("run", help="train with a preset", description=__doc__.splitlines()[0])
+    parser = subparsers.add_parser("run", help="train with a preset", description=__doc__.splitlines()[0],
+                                   epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("preset", help="a preset YAML file, or the name of a shipped preset (e.g. tiny)")
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="default: %(default)s")
     for flag, (variable, meaning) in LOCATIONS.items():

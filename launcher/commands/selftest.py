@@ -10,6 +10,7 @@ with `qtype: auto` follow (`run`) and `doctor` shows; the printed report is what
 needs. Without a GPU only the reference path runs, and the report says so.
 """
 
+import argparse
 import json
 import os
 import subprocess
@@ -32,9 +33,16 @@ SAMPLING_LIMIT_S = 600
 process still running after this is what the HIP driver's sampling deadlock looks like."""
 
 
+EXAMPLES = """examples:
+  python -m launcher selftest                # kernels, quality gate, tiny steps, timings; writes selftest.json
+  python -m launcher selftest --preset 7900xtx_768 --json
+"""
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser("selftest", help="test the 4-bit kernels on this GPU; `qtype: auto` follows it",
-                                   description=__doc__.splitlines()[0])
+                                   description=__doc__.splitlines()[0],
+                                   epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="default: .aitk")
     parser.add_argument("--preset", help="time at this preset's resolutions and batch (default: 512 px, batch 1)")
     parser.add_argument("--json", action="store_true", help="print the JSON result instead of the report")

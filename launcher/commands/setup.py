@@ -1,5 +1,6 @@
 """`setup`: clone the pinned trainer, apply the series, build its Python environment."""
 
+import argparse
 from pathlib import Path
 
 from launcher.envs.install import install
@@ -11,11 +12,18 @@ from launcher.patching.lock import find_target
 from launcher.progress import say
 
 
+EXAMPLES = """examples:
+  python -m launcher setup                   # .aitk: the default target, its venv, the torch channel detected
+  python -m launcher setup --target upstream-main --workdir W --no-install   # only the checkout
+"""
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "setup",
         help="clone the pinned trainer, apply the patch series, install its environment",
         description="Idempotent: an up-to-date workdir is left alone; a drifted one is refused.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="default: .aitk")
     parser.add_argument("--target", help="a target name from upstream.lock (default: the first)")

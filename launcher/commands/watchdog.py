@@ -10,6 +10,7 @@
 interpreter and says whether this card would call it a dud.
 """
 
+import argparse
 from collections import Counter
 from pathlib import Path
 
@@ -30,9 +31,16 @@ from launcher.watchdog.replay import (
 )
 
 
+EXAMPLES = """examples:
+  python -m launcher watchdog replay runs/x/watchdog-trace.jsonl --out events.jsonl
+  python -m launcher watchdog simulate --out-dir sim --preset 7900xtx_512
+"""
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser("watchdog", help="stall watchdog: replay, simulate, burst",
-                                   description=__doc__.splitlines()[0])
+                                   description=__doc__.splitlines()[0],
+                                   epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
 
     replay_parser = verbs.add_parser("replay", help="decisions of the watchdog on a recorded trace")

@@ -2,11 +2,12 @@
 `python -m launcher.in_trainer.qtypes --trainer DIR`. Prints one JSON list.
 
 The trainer's qtype table is not one literal: the fork keeps torchao's in
-`toolkit/util/quantize.py` plus optimum-quanto's and the `int4_fused` name of patch 0012;
-upstream adds backends whose tables are built by code in other modules. So the candidates are
-every name those tables hold (dicts, tuples and module constants of the loaded `toolkit`
-modules, and optimum-quanto's `qtypes`), and a candidate is kept only when the trainer's own
-`get_qtype` accepts it: the launcher refuses exactly what the trainer would refuse.
+`toolkit/util/quantize.py` plus optimum-quanto's, the project's own qtypes are the overlay's
+table (`toolkit/qtypes.py`: int4_fused, int4_w4a8), and upstream adds backends whose tables are
+built by code in other modules. So the candidates are every name those tables hold (dicts,
+tuples and module constants of the loaded `toolkit` modules, and optimum-quanto's `qtypes`), and
+a candidate is kept only when the trainer's own `get_qtype` accepts it: the launcher refuses
+exactly what the trainer would refuse.
 """
 
 import argparse
@@ -38,6 +39,7 @@ def candidates(quantize) -> set[str]:
 
 def accepted(trainer: Path) -> list[str]:
     sys.path.insert(0, str(trainer))
+    from toolkit import qtypes as project_qtypes
     from toolkit.util import quantize
 
     def accepts(name: str) -> bool:
@@ -47,10 +49,10 @@ def accepted(trainer: Path) -> list[str]:
             return False
         return True
 
-    first = candidates(quantize)
+    first = candidates(quantize) | set(project_qtypes.QTYPES)
     for name in sorted(first):  # a backend module may be imported on the first lookup
         accepts(name)
-    return sorted(name for name in candidates(quantize) if accepts(name))
+    return sorted(name for name in candidates(quantize) | set(project_qtypes.QTYPES) if accepts(name))
 
 
 def main(argv: list[str] | None = None) -> int:

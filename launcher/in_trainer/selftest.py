@@ -49,7 +49,7 @@ def environment_report(m: kernels.Modules) -> dict:
         props = torch.cuda.get_device_properties(0)
         arch = props.gcnArchName if report["hip"] else f"sm_{props.major}{props.minor}"
         report["gpu"] = {"name": props.name, "vram_gib": round(props.total_memory / 2**30, 1), "arch": arch}
-        report["fp8_units"] = m.w4a8.has_fp8_units(torch.device("cuda", 0))
+        report["fp8_units"] = m.qtypes.has_fp8_units(torch.device("cuda", 0))
     return report
 
 

@@ -1,15 +1,15 @@
 """The self-test's kernel checks and timings, on the trainer's own 4-bit modules.
 
-A *candidate* is a qtype plus the environment variables that pick its GPU path:
-`int4_fused` (bf16 activations, 4-bit weight dequantized a slice at a time), and
-`int4_w4a8` with FP8 activations (GPUs with FP8 matrix units) or int8 activations, each
-through the portable Triton GEMM or, for FP8 on NVIDIA, torch._scaled_mm. Every function
-takes the trainer's modules as arguments (`Modules`): nothing here imports torch at module
-level, because the launcher imports this file in its own interpreter for the constants.
+A *candidate* is a qtype plus the kernel choice that picks its GPU path: `int4_fused` (bf16
+activations, 4-bit weight dequantized a slice at a time), and `int4_w4a8` with FP8 activations
+(GPUs with FP8 matrix units) or int8 activations, each through the portable Triton GEMM or, for
+FP8 on NVIDIA, torch._scaled_mm. The choice is handed to the trainer's qtype table
+(toolkit/qtypes.py `kernel_for`) as arguments; its `env` is what `run` exports for the chosen
+candidate (the table's documented overrides). Every function takes the trainer's modules as
+arguments (`Modules`): nothing here imports torch at module level, because the launcher imports
+this file in its own interpreter for the constants.
 """
 
-import contextlib
-import os
 import time
 
 CHECK_SHAPES = [(320, 640, 576), (77, 192, 200)]
@@ -46,49 +46,46 @@ class Modules:
 
     def __init__(self):
         import torch
-        from toolkit import int4_linear, int4_w4a8
+        from toolkit import int4_linear, int4_w4a8, qtypes
 
         self.torch = torch
         self.int4 = int4_linear
         self.w4a8 = int4_w4a8
+        self.qtypes = qtypes
+
+
+def candidate(qtype: str, activations: str | None = None, gemm: str | None = None, label: str = "") -> dict:
+    """One candidate: its kernel choice, and the overrides `run` exports when it is chosen."""
+    kernel = {key: value for key, value in (("activations", activations), ("gemm", gemm)) if value}
+    env = {"INT4_W4A8_ACT": activations, "INT4_W4A8_GEMM": gemm} if qtype == "int4_w4a8" and gemm else {}
+    name = " ".join(part for part in (qtype, activations, gemm) if part) + label
+    return {"name": name, "qtype": qtype, "kernel": kernel, "env": env}
 
 
 def candidates(fp8_units: bool, hip: bool) -> list[dict]:
-    """The 4-bit paths worth trying on this GPU, each a qtype plus the variables that select it."""
-    found = [{"name": "int4_fused", "qtype": "int4_fused", "env": {}}]
+    """The 4-bit paths worth trying on this GPU, each a qtype plus the kernel choice that selects it."""
+    found = [candidate("int4_fused")]
     formats = (["fp8"] if fp8_units else []) + ["int8"]
     for fmt in formats:
         gemms = ["triton"] + (["scaled_mm"] if fmt == "fp8" and not hip else [])
-        for gemm in gemms:
-            found.append({"name": f"int4_w4a8 {fmt} {gemm}", "qtype": "int4_w4a8",
-                          "env": {"INT4_W4A8_ACT": fmt, "INT4_W4A8_GEMM": gemm}})
+        found += [candidate("int4_w4a8", fmt, gemm) for gemm in gemms]
     return found
 
 
-@contextlib.contextmanager
-def environment(variables: dict):
-    """Set the candidate's variables for the length of the block (the modules read them per call)."""
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+def kernel_of(m: Modules, candidate: dict, device):
+    """The candidate's kernel, from the trainer's qtype table with the candidate's choice passed in."""
+    return m.qtypes.kernel_for(candidate["qtype"], device, environ={},
+                               **candidate.get("kernel", {}))
 
 
-def random_layer(m: Modules, in_f: int, out_f: int, qtype: str, device, seed: int):
-    """An Int4Linear of an N(0, 0.02) weight, in the activation mode of the qtype."""
+def random_layer(m: Modules, in_f: int, out_f: int, candidate: dict, device, seed: int):
+    """An Int4Linear of an N(0, 0.02) weight, multiplying with the candidate's kernel."""
     torch = m.torch
     g = torch.Generator(device=device).manual_seed(seed)
     weight = torch.randn(out_f, in_f, device=device, generator=g, dtype=torch.bfloat16) * 0.02
     q, s, z = m.int4.quantize_weight(weight)
-    layer = m.int4.Int4Linear(in_f, out_f, device=device)
+    layer = m.int4.Int4Linear(in_f, out_f, device=device, kernel=kernel_of(m, candidate, device))
     layer.qweight, layer.scale, layer.zero = q, s, z
-    layer.activations = m.int4.ACTIVATIONS_8BIT if qtype == "int4_w4a8" else m.int4.ACTIVATIONS_BF16
     return layer
 
 
@@ -98,11 +95,13 @@ def relative_error(a, b) -> float:
 
 
 def forward_backward(m: Modules, layer, x, dy, use_kernel):
-    layer.use_kernel = use_kernel
+    """y and dx through the GPU kernels (use_kernel) or the reference path, the layer's kernel otherwise."""
+    held = layer.kernel
+    layer.kernel = m.qtypes.Int4Kernel(held.activations, held.gemm, held.chunk_bytes, use_kernel)
     xr = x.detach().clone().requires_grad_(True)
     y = layer(xr)
     y.backward(dy)
-    layer.use_kernel = None
+    layer.kernel = held
     return y.detach(), xr.grad
 
 
@@ -111,15 +110,14 @@ def check_candidate(m: Modules, candidate: dict, device) -> dict:
     torch = m.torch
     worst = 0.0
     try:
-        with environment(candidate["env"]):
-            for i, (tokens, in_f, out_f) in enumerate(CHECK_SHAPES):
-                layer = random_layer(m, in_f, out_f, candidate["qtype"], device, seed=i)
-                g = torch.Generator(device=device).manual_seed(100 + i)
-                x = torch.randn(tokens, in_f, device=device, generator=g, dtype=torch.bfloat16)
-                dy = torch.randn(tokens, out_f, device=device, generator=g, dtype=torch.bfloat16)
-                y, dx = forward_backward(m, layer, x, dy, use_kernel=True)
-                y_ref, dx_ref = forward_backward(m, layer, x, dy, use_kernel=False)
-                worst = max(worst, relative_error(y, y_ref), relative_error(dx, dx_ref))
+        for i, (tokens, in_f, out_f) in enumerate(CHECK_SHAPES):
+            layer = random_layer(m, in_f, out_f, candidate, device, seed=i)
+            g = torch.Generator(device=device).manual_seed(100 + i)
+            x = torch.randn(tokens, in_f, device=device, generator=g, dtype=torch.bfloat16)
+            dy = torch.randn(tokens, out_f, device=device, generator=g, dtype=torch.bfloat16)
+            y, dx = forward_backward(m, layer, x, dy, use_kernel=True)
+            y_ref, dx_ref = forward_backward(m, layer, x, dy, use_kernel=False)
+            worst = max(worst, relative_error(y, y_ref), relative_error(dx, dx_ref))
     except Exception as error:  # a kernel that does not compile or run on this GPU is a finding
         return {"candidate": candidate["name"], "passed": False, "error": f"{type(error).__name__}: {error}"[:800]}
     tolerance = KERNEL_TOLERANCE[candidate["qtype"]]
@@ -130,17 +128,16 @@ def check_candidate(m: Modules, candidate: dict, device) -> dict:
 def check_quality(m: Modules, fmt: str, device, outliers: bool) -> dict:
     """Reference path: an 8-bit-activation layer against the bf16-activation one (y and dx)."""
     torch = m.torch
-    with environment({"INT4_W4A8_ACT": fmt}):
-        layer = random_layer(m, 6144, 384, "int4_w4a8", device, seed=7)
-        g = torch.Generator(device=device).manual_seed(8)
-        x = torch.randn(256, 6144, device=device, generator=g)
-        if outliers:
-            x[:, :4] *= 100
-        x = x.to(torch.bfloat16)
-        dy = torch.randn(256, 384, device=device, generator=g, dtype=torch.bfloat16)
-        y8, dx8 = forward_backward(m, layer, x, dy, use_kernel=False)
-        layer.activations = m.int4.ACTIVATIONS_BF16
-        y, dx = forward_backward(m, layer, x, dy, use_kernel=False)
+    layer = random_layer(m, 6144, 384, candidate("int4_w4a8", fmt), device, seed=7)
+    g = torch.Generator(device=device).manual_seed(8)
+    x = torch.randn(256, 6144, device=device, generator=g)
+    if outliers:
+        x[:, :4] *= 100
+    x = x.to(torch.bfloat16)
+    dy = torch.randn(256, 384, device=device, generator=g, dtype=torch.bfloat16)
+    y8, dx8 = forward_backward(m, layer, x, dy, use_kernel=False)
+    layer.kernel = kernel_of(m, candidate("int4_fused"), device)
+    y, dx = forward_backward(m, layer, x, dy, use_kernel=False)
     worst = max(relative_error(y8, y), relative_error(dx8, dx))
     tolerance = QUALITY_TOLERANCE["outliers" if outliers else fmt]
     return {"check": f"{fmt}{', 100x outlier channels' if outliers else ''}", "format": fmt,
@@ -149,14 +146,13 @@ def check_quality(m: Modules, fmt: str, device, outliers: bool) -> dict:
 
 def reference_candidates() -> list[dict]:
     """Without a GPU: the qtypes' reference paths (the CPU runs both activation formats)."""
-    return [{"name": "int4_fused (reference)", "qtype": "int4_fused", "env": {}}] + [
-        {"name": f"int4_w4a8 {fmt} (reference)", "qtype": "int4_w4a8", "env": {"INT4_W4A8_ACT": fmt}}
-        for fmt in ("fp8", "int8")]
+    return [candidate("int4_fused", label=" (reference)")] + [
+        candidate("int4_w4a8", fmt, label=" (reference)") for fmt in ("fp8", "int8")]
 
 
 def quality_passed(checks: list, candidate: dict) -> bool:
     """int4_w4a8 candidates need both quality checks of their format; int4_fused has none."""
-    fmt = candidate["env"].get("INT4_W4A8_ACT")
+    fmt = candidate.get("kernel", {}).get("activations")
     return fmt is None or all(c["passed"] for c in checks if c.get("format") == fmt)
 
 
@@ -197,7 +193,7 @@ def time_case(m: Modules, candidate: dict | None, case: tuple, device) -> dict:
         weight = torch.randn(out_f, in_f, device=device, generator=g, dtype=torch.bfloat16) * 0.02
         layer = lambda t: torch.nn.functional.linear(t, weight)  # noqa: E731
     else:
-        layer = random_layer(m, in_f, out_f, candidate["qtype"], device, seed=tokens)
+        layer = random_layer(m, in_f, out_f, candidate, device, seed=tokens)
     xr = x.detach().requires_grad_(True)
     y = layer(xr)
     with torch.no_grad():
@@ -211,8 +207,7 @@ def time_candidate(m: Modules, candidate: dict | None, cases: list[tuple], devic
     gradient per call) and its TFLOP/s, with the per-Linear figures."""
     label = candidate["name"] if candidate else "bf16"
     t0 = time.perf_counter()
-    with environment(candidate["env"] if candidate else {}):
-        rows = [time_case(m, candidate, case, device) for case in cases]
+    rows = [time_case(m, candidate, case, device) for case in cases]
     step_ms = sum(case[4] * (2 * row["fwd_ms"] + row["bwd_ms"]) for case, row in zip(cases, rows))
     flop = sum(case[4] * 3 * 2 * case[1] * case[2] * case[3] for case in cases)
     log(f"  timed {label}: {step_ms:.1f} ms of block Linears per step ({time.perf_counter() - t0:.0f} s)")

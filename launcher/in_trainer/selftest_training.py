@@ -13,7 +13,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from launcher.in_trainer.selftest_kernels import Modules, environment
+from launcher.in_trainer.selftest_kernels import Modules
 from launcher.in_trainer.tiny_assets import FLUX2_PARAMS
 
 MODEL_FILE = Path("extensions_built_in/diffusion_models/flux2/src/model.py")
@@ -82,22 +82,19 @@ def train_candidate(m: Modules, flux2, candidate: dict, device) -> dict:
     model = flux2.Flux2(flux2.Flux2Params(**FLUX2_PARAMS)).to(torch.bfloat16)
     model.requires_grad_(False)
     m.int4.quantize_linears(model, lambda name, _: name.split(".")[0] in ("double_blocks", "single_blocks"))
-    for module in model.modules():
-        if isinstance(module, m.int4.Int4Linear):
-            module.activations = m.int4.ACTIVATIONS_8BIT if candidate["qtype"] == "int4_w4a8" else m.int4.ACTIVATIONS_BF16
+    m.qtypes.configure_linears(model, candidate["qtype"], device, environ={}, **candidate.get("kernel", {}))
     params = with_lora(m, model, RANK)
     model.to(device)
     optimizer = torch.optim.AdamW(params, lr=LEARNING_RATE)
     batch, target = tiny_batch(torch, device)
     losses, all_grads = [], True
-    with environment(candidate["env"]):
-        for _ in range(STEPS):
-            optimizer.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.mse_loss(model(**batch).float(), target)
-            loss.backward()
-            all_grads = all_grads and all(p.grad is not None and bool(torch.isfinite(p.grad).all()) for p in params)
-            optimizer.step()
-            losses.append(float(loss.detach()))
+    for _ in range(STEPS):
+        optimizer.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(model(**batch).float(), target)
+        loss.backward()
+        all_grads = all_grads and all(p.grad is not None and bool(torch.isfinite(p.grad).all()) for p in params)
+        optimizer.step()
+        losses.append(float(loss.detach()))
     finite = all(loss == loss and abs(loss) != float("inf") for loss in losses)
     passed = finite and all_grads and losses[-1] < losses[0]
     return {"candidate": candidate["name"], "passed": passed, "losses": losses, "adapters": len(params) // 2}

@@ -7,21 +7,18 @@ none of that space again: refusing it because the cache it would reuse "needs" 1
 Each part is counted on the volume it goes to; a volume short of space is named with the parts.
 """
 
-import hashlib
-import json
 import os
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.envs.hostinfo import free_disk_gib
 from launcher.errors import LauncherError
-from launcher.runs import files
+from launcher.patching.lock import find_target
+from launcher.patching.overlay import import_module as overlay_module
 from launcher.runs.dataset import IMAGE_SUFFIXES
-from launcher.runs.validate import TRANSFORMER_FILE, safetensors_header
+from launcher.runs.validate import TRANSFORMER_FILE
 
 GIB = 2**30
-MAX_HEADER_BYTES = 256 * 2**20
 # 4-bit weights + group scales/zeros: 17.8 GiB for the 64.4 GB bf16 file (bench/RESULTS.md)
 QUANTIZED_FRACTION = 0.28
 # FLUX.2 VAE latent, 32 channels at 1/8 scale, float32 (generous) per image and resolution
@@ -40,42 +37,18 @@ class Need:
     already: str = ""  # what exists and counts, when it does
 
 
-def _checkpoint_fingerprint(path: Path) -> dict:
-    """The source fingerprint the quantized cache keys on (toolkit/quantized_cache.py)."""
-    stat = path.stat()
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        first = handle.read(8)
-        digest.update(first)
-        length = struct.unpack("<Q", first)[0] if len(first) == 8 else 0
-        limit = length if 0 < length <= MAX_HEADER_BYTES and 8 + length <= stat.st_size else 1 << 20
-        digest.update(handle.read(limit))
-    return {"name": path.name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-            "header_sha256": digest.hexdigest()}
-
-
 def valid_quantized_cache(cache_dir: Path, checkpoint: Path, qtype: str) -> Path | None:
-    """A complete cache file in cache_dir made from this very checkpoint with this qtype, or None.
+    """A complete cache file in cache_dir made from this very checkpoint for this qtype, or None.
 
-    Checks what the launcher can without torch: the file is whole (size = header), and its key
-    names the same checkpoint (size, mtime, header hash) and qtype. The trainer still checks
-    every byte when it loads it.
+    Asked from the trainer's own cache code (the overlay's `toolkit/qcache_index.py`, stdlib
+    only, imported here without torch), so the file name, key, checkpoint fingerprint and the
+    qtype whose file a qtype loads (int4_w4a8 -> int4_fused) are the trainer's, not a copy. The
+    trainer still checks every byte when it loads the file.
     """
-    if not cache_dir.is_dir() or not checkpoint.is_file():
+    folder = find_target(None).overlay  # one overlay for every target
+    if folder is None:
         return None
-    wanted = None
-    for candidate in sorted(cache_dir.glob(f"*{files.QUANT_CACHE_SUFFIX}")):
-        try:
-            header = safetensors_header(candidate)
-            key = json.loads(header["__metadata__"][files.QUANT_CACHE_META_KEY])["key"]
-        except (LauncherError, KeyError, TypeError, ValueError, OSError):
-            continue
-        if key.get("qtype") != qtype:
-            continue
-        wanted = wanted or _checkpoint_fingerprint(checkpoint)
-        if key.get("source") == wanted:
-            return candidate
-    return None
+    return overlay_module(folder, "qcache_index").find_valid_cache(cache_dir, checkpoint, qtype)
 
 
 def _dataset_needs(dataset: dict, text_embeddings: bool) -> list[Need]:

@@ -19,10 +19,6 @@ ENV_TEXT_CACHE_DIR = "AITK_TEXT_CACHE_DIR"
 """Where the text phase caches prompt embeddings (walls 3-4): one folder per workdir."""
 TEXT_ENCODER_RECORD = "encoder-{}.json"
 """In the text cache: the identity last seen at an encoder folder; {} is a hash of its path."""
-QUANT_CACHE_SUFFIX = ".qcache.safetensors"
-"""How the quantized cache names its files; the free-disk check looks for a valid one."""
-QUANT_CACHE_META_KEY = "aitk_qcache"
-"""The cache header's metadata entry holding its key (source checkpoint fingerprint, qtype)."""
 
 ENV_PROFILE_STEPS = "AITK_PROFILE_STEPS"
 """`run --profile N`: the train loop profiles N whole steps with torch.profiler."""
@@ -37,6 +33,5 @@ PROFILE_BREAKDOWN = "breakdown.json"
 """Milliseconds per step by category (block GEMMs, requantization, attention, ...) and phase."""
 
 SHARED_WITH_TRAINER = (SAVE_NOW, STOP_NOW, CHECKPOINT_MANIFEST, ENV_TELEMETRY, ENV_TELEMETRY_INTERVAL,
-                       ENV_QUANT_CACHE_DIR, ENV_TEXT_CACHE_DIR, QUANT_CACHE_SUFFIX, QUANT_CACHE_META_KEY,
-                       ENV_PROFILE_STEPS, ENV_PROFILE_DIR, PROFILE_TRACE, PROFILE_TABLE,
-                       PROFILE_BREAKDOWN)
+                       ENV_QUANT_CACHE_DIR, ENV_TEXT_CACHE_DIR,
+                       ENV_PROFILE_STEPS, ENV_PROFILE_DIR, PROFILE_TRACE, PROFILE_TABLE, PROFILE_BREAKDOWN)

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field, fields
 
 from launcher.envs.selftest import AUTO
 from launcher.runs import files
+from launcher.signals.gpu_sources import SOURCES
 from launcher.suggest import did_you_mean
-from launcher.watchdog.gpu_sources import SOURCES
 from launcher.watchdog.policy import WatchdogConfig
 
 

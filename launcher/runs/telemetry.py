@@ -13,7 +13,7 @@ from pathlib import Path
 from launcher.nofollow import open_append
 from launcher.progress import warn
 from launcher.runs.folders import RunFolder
-from launcher.watchdog.gpu_sources import detect_source
+from launcher.signals.gpu_sources import detect_source
 
 
 def last_rows(path: Path) -> list[dict]:

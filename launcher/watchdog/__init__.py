@@ -1,1 +1,2 @@
-"""The stall watchdog: GPU sources, the detector and policy, the loop that bursts, replay and simulation."""
+"""The stall watchdog: the detector and policy, the loop that bursts, replay and simulation
+(its GPU and trainer-log signals: launcher/signals)."""

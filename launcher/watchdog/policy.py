@@ -23,9 +23,9 @@ from collections import deque
 from dataclasses import dataclass, field, fields
 
 from launcher.errors import LauncherError
-from launcher.runs.trainer_log import Progress, Saved
+from launcher.signals.gpu_sources import GpuSample
+from launcher.signals.trainer_log import Progress, Saved
 from launcher.suggest import did_you_mean
-from launcher.watchdog.gpu_sources import GpuSample
 
 XTX_SATURATED = {"clock_mhz": 2500.0, "power_w": 385.0, "mem_load": 35.0}
 """The 7900 XTX training at full speed (docs/recipe.md: ~2500 MHz, ~385 W, 23-52 % memory load)."""

@@ -20,8 +20,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher.runs.trainer_log import Progress, Saved
-from launcher.watchdog.gpu_sources import GpuSample, GpuSource
+from launcher.signals.gpu_sources import GpuSample, GpuSource
+from launcher.signals.trainer_log import Progress, Saved
 from launcher.watchdog.loop import Watchdog
 from launcher.watchdog.policy import BurstResult, Policy, WatchdogConfig
 

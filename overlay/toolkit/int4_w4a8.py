@@ -14,14 +14,14 @@ RDNA3's int8 WMMA path):
                4-bit weight (computed once per layer), code = W / amax * QMAX
   8-bit type   FP8 e4m3 (QMAX 448, round to nearest even) where the GPU has FP8 matrix
                units (NVIDIA compute capability 8.9 and newer), int8 (QMAX 127, round
-               half up) elsewhere; INT4_W4A8_ACT=fp8|int8 overrides.
+               half up) elsewhere (toolkit/qtypes.py decides once at load time; INT4_W4A8_ACT overrides).
   result       y[r, n] = sum_k code_x[r, k] * code_w[n, k] * (amax_r / QMAX) * (amax_n / QMAX),
                accumulated in int32 (int8) or fp32 (fp8), written in the input's dtype.
 
-The 4-bit weight is requantized to 8 bits one slice at a time (INT4_W4A8_CHUNK_MIB, 64 MiB
-of 8-bit weight) by a Triton kernel, then multiplied by a Triton 8-bit GEMM with the two
-scales applied in its epilogue (INT4_W4A8_GEMM=triton, the portable default) or, for FP8 on
-NVIDIA, by torch._scaled_mm (cuBLASLt, INT4_W4A8_GEMM=scaled_mm). Nothing but the packed
+The 4-bit weight is requantized to 8 bits one slice at a time (the kernel's chunk_bytes,
+64 MiB of 8-bit weight) by a Triton kernel, then multiplied by a Triton 8-bit GEMM with the two
+scales applied in its epilogue (gemm "triton", the portable default) or, for FP8 on
+NVIDIA, by torch._scaled_mm (cuBLASLt, gemm "scaled_mm"). Nothing but the packed
 weight is kept between calls; LoRA adapters and every trainable tensor stay in bf16 (this
 module only computes the frozen base's matmuls and the input gradient through them).
 
@@ -41,19 +41,12 @@ AMD GPU: the int8 path is written for RDNA3 (Triton's int8 tl.dot) but has never
 
 from __future__ import annotations
 
-import os
-from typing import Optional
-
 import torch
 
-from toolkit.int4_linear import GROUP_SIZE, HAVE_TRITON, kernel_available, unpack_uint4
+from toolkit.int4_kernels import GROUP_SIZE, HAVE_TRITON, unpack_uint4
+from toolkit.qtypes import FP8, INT8, Int4Kernel
 
-FP8 = "fp8"
-INT8 = "int8"
-FORMATS = (FP8, INT8)
 QMAX = {FP8: 448.0, INT8: 127.0}
-GEMMS = ("triton", "scaled_mm")
-CHUNK_BYTES = int(os.environ.get("INT4_W4A8_CHUNK_MIB", "64")) * 2**20
 SLICE_ALIGN = 128  # rows / columns per requantized slice: a multiple of the GEMM tiles
 K_ALIGN = 128  # the GEMM's reduction width is zero-padded to this (its largest BLOCK_K)
 
@@ -61,7 +54,7 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    from toolkit.int4_linear import _swizzle, _unpack_dequant
+    from toolkit.int4_kernels import _swizzle, _unpack_dequant
 
 
 # --------------------------------------------------------------------------- choices
@@ -69,33 +62,6 @@ if HAVE_TRITON:
 
 def torch_dtype(fmt: str) -> torch.dtype:
     return torch.float8_e4m3fn if fmt == FP8 else torch.int8
-
-
-def has_fp8_units(device: torch.device) -> bool:
-    """NVIDIA compute capability 8.9+ (Ada, Hopper, Blackwell): FP8 tensor cores."""
-    if device.type != "cuda" or getattr(torch.version, "hip", None) or not torch.cuda.is_available():
-        return False
-    return torch.cuda.get_device_capability(device) >= (8, 9)
-
-
-def activation_format(device: torch.device) -> str:
-    """The 8-bit type for this device: INT4_W4A8_ACT if set, else fp8 where it has FP8 units."""
-    chosen = os.environ.get("INT4_W4A8_ACT", "").strip().lower()
-    if chosen:
-        if chosen not in FORMATS:
-            raise ValueError(f"INT4_W4A8_ACT={chosen!r}: pick one of {', '.join(FORMATS)}")
-        return chosen
-    return FP8 if has_fp8_units(device) else INT8
-
-
-def gemm_choice(fmt: str) -> str:
-    """INT4_W4A8_GEMM if set (scaled_mm needs fp8 on NVIDIA), else the portable Triton GEMM."""
-    chosen = os.environ.get("INT4_W4A8_GEMM", "triton").strip().lower()
-    if chosen not in GEMMS:
-        raise ValueError(f"INT4_W4A8_GEMM={chosen!r}: pick one of {', '.join(GEMMS)}")
-    if chosen == "scaled_mm" and (fmt != FP8 or getattr(torch.version, "hip", None)):
-        raise ValueError("INT4_W4A8_GEMM=scaled_mm needs FP8 activations on an NVIDIA GPU")
-    return chosen
 
 
 # --------------------------------------------------------------------------- weight scales
@@ -367,19 +333,19 @@ def scaled_gemm(a, a_scale, b_rows, b_scale, out, fmt: str, gemm: str):
     return out
 
 
-def _slice_width(total: int, other: int) -> int:
-    """Rows (or columns) per slice: at most CHUNK_BYTES of 8-bit weight, split evenly."""
-    pieces = max(1, -(-total * other // CHUNK_BYTES))
+def _slice_width(total: int, other: int, chunk_bytes: int) -> int:
+    """Rows (or columns) per slice: at most chunk_bytes of 8-bit weight, split evenly."""
+    pieces = max(1, -(-total * other // chunk_bytes))
     width = -(-total // pieces)
     return min(total, -(-width // SLICE_ALIGN) * SLICE_ALIGN)
 
 
-def _sliced_8bit_matmul(a2d, qweight, scale, zero, scales: WeightScales, fmt: str, gemm: Optional[str],
+def _sliced_8bit_matmul(a2d, qweight, scale, zero, scales: WeightScales, kernel: Int4Kernel,
                         group_size: int, transposed: bool):
     """a2d @ W^T (forward) or a2d @ W (transposed: the input gradient) in a2d's dtype, through
     8-bit operands: a2d quantized per row once, the 4-bit weight requantized to 8 bits one slice
     of output columns at a time into one reused buffer."""
-    gemm = gemm or gemm_choice(fmt)
+    fmt = kernel.activations
     a2d = a2d.contiguous()
     N, K = qweight.shape[0], qweight.shape[1] * 2
     width, inner = (K, N) if transposed else (N, K)
@@ -388,26 +354,26 @@ def _sliced_8bit_matmul(a2d, qweight, scale, zero, scales: WeightScales, fmt: st
     if a2d.shape[0] == 0:
         return out
     aq, a_scale = quantize_rows(a2d, fmt)
-    step = _slice_width(width, inner)
+    step = _slice_width(width, inner, kernel.chunk_bytes)
     buf = torch.empty((step, padded(inner)), device=a2d.device, dtype=torch_dtype(fmt))
     buf[:, inner:].zero_()
     for first in range(0, width, step):
         last = min(width, first + step)
         w8 = requantize_slice(qweight, scale, zero, inverse, buf[: last - first], fmt, transposed, first, group_size)
-        scaled_gemm(aq, a_scale, w8, column_scale[first:last], out[:, first:last], fmt, gemm)
+        scaled_gemm(aq, a_scale, w8, column_scale[first:last], out[:, first:last], fmt, kernel.gemm)
     return out
 
 
-def w4a8_matmul_fwd(x2d, qweight, scale, zero, scales: WeightScales, fmt: str, gemm: Optional[str] = None,
+def w4a8_matmul_fwd(x2d, qweight, scale, zero, scales: WeightScales, kernel: Int4Kernel,
                     group_size: int = GROUP_SIZE):
     """GPU: x2d[M, K] @ W^T -> [M, N] in x2d's dtype, through 8-bit operands."""
-    return _sliced_8bit_matmul(x2d, qweight, scale, zero, scales, fmt, gemm, group_size, transposed=False)
+    return _sliced_8bit_matmul(x2d, qweight, scale, zero, scales, kernel, group_size, transposed=False)
 
 
-def w4a8_matmul_bwd(dy2d, qweight, scale, zero, scales: WeightScales, fmt: str, gemm: Optional[str] = None,
+def w4a8_matmul_bwd(dy2d, qweight, scale, zero, scales: WeightScales, kernel: Int4Kernel,
                     group_size: int = GROUP_SIZE):
     """GPU: dy2d[M, N] @ W -> [M, K] in dy2d's dtype, through 8-bit operands."""
-    return _sliced_8bit_matmul(dy2d, qweight, scale, zero, scales, fmt, gemm, group_size, transposed=True)
+    return _sliced_8bit_matmul(dy2d, qweight, scale, zero, scales, kernel, group_size, transposed=True)
 
 
 # --------------------------------------------------------------------------- autograd + module entry
@@ -417,17 +383,17 @@ class W4A8LinearFunction(torch.autograd.Function):
     """y = x @ W^T (+ bias) through 8-bit operands; the gradient flows to x only."""
 
     @staticmethod
-    def forward(ctx, x, qweight, scale, zero, bias, scales, fmt, use_kernel, group_size):
+    def forward(ctx, x, qweight, scale, zero, bias, scales, kernel, use_kernel, group_size):
         shape = x.shape
         x2d = x.reshape(-1, shape[-1])
         if use_kernel:
-            y = w4a8_matmul_fwd(x2d, qweight, scale, zero, scales, fmt, group_size=group_size)
+            y = w4a8_matmul_fwd(x2d, qweight, scale, zero, scales, kernel, group_size=group_size)
         else:
-            y = reference_fwd(x2d, qweight, scale, zero, scales, fmt, group_size)
+            y = reference_fwd(x2d, qweight, scale, zero, scales, kernel.activations, group_size)
         if bias is not None:
             y = y + bias.to(y.dtype)
         ctx.save_for_backward(qweight, scale, zero)
-        ctx.scales, ctx.fmt, ctx.use_kernel, ctx.group_size, ctx.in_shape = scales, fmt, use_kernel, group_size, shape
+        ctx.scales, ctx.kernel, ctx.use_kernel, ctx.group_size, ctx.in_shape = scales, kernel, use_kernel, group_size, shape
         return y.reshape(*shape[:-1], y.shape[-1])
 
     @staticmethod
@@ -437,18 +403,16 @@ class W4A8LinearFunction(torch.autograd.Function):
             qweight, scale, zero = ctx.saved_tensors
             dy2d = dy.reshape(-1, dy.shape[-1])
             if ctx.use_kernel:
-                dx = w4a8_matmul_bwd(dy2d, qweight, scale, zero, ctx.scales, ctx.fmt, group_size=ctx.group_size)
+                dx = w4a8_matmul_bwd(dy2d, qweight, scale, zero, ctx.scales, ctx.kernel, group_size=ctx.group_size)
             else:
-                dx = reference_bwd(dy2d, qweight, scale, zero, ctx.scales, ctx.fmt, ctx.group_size)
+                dx = reference_bwd(dy2d, qweight, scale, zero, ctx.scales, ctx.kernel.activations, ctx.group_size)
             dx = dx.reshape(ctx.in_shape)
         return dx, None, None, None, None, None, None, None, None
 
 
-def w4a8_linear(module, x: torch.Tensor, use_kernel: Optional[bool] = None) -> torch.Tensor:
-    """Int4Linear.forward for activations '8bit': the module's weight, 8-bit matmuls."""
-    if use_kernel is None:
-        use_kernel = kernel_available(x)  # a GPU (or interpreter) tensor in bf16/fp16, Triton present
-    fmt = activation_format(x.device)
-    scales = weight_scales(module, fmt)
-    return W4A8LinearFunction.apply(x, module.qweight, module.scale, module.zero, module.bias, scales, fmt,
+def w4a8_linear(module, x: torch.Tensor, use_kernel: bool) -> torch.Tensor:
+    """Int4Linear.forward for 8-bit activations: the module's weight and kernel, 8-bit matmuls."""
+    kernel = module.kernel
+    scales = weight_scales(module, kernel.activations)
+    return W4A8LinearFunction.apply(x, module.qweight, module.scale, module.zero, module.bias, scales, kernel,
                                     bool(use_kernel), module.group_size)

@@ -24,6 +24,11 @@ sys.path.append(str(Path(__file__).resolve().parent.parent))  # tests/: the shar
 DESELECTED_ON_THIS_TARGET = pytest.StashKey[dict]()
 
 
+ALLOCATOR_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": str(2**20), "MALLOC_TRIM_THRESHOLD_": str(2**20)}
+"""For child processes whose peak host RSS a test compares: one malloc arena and a fixed mmap
+threshold, so buffers of 1 MiB and more are mapped and returned one by one and the peak follows
+what is alive, not the allocation order (test_load_host_memory.py has the measured spread)."""
+
 def carried_patches(series: Path) -> list[str]:
     """The patch file names a series file lists (comments and blank lines left out)."""
     lines = series.read_text(encoding="utf-8").splitlines()
@@ -91,10 +96,13 @@ def load_by_path(checkout: Path, relative: str, name: str):
 
 
 @pytest.fixture(scope="session")
-def streamed_safetensors(trainer_checkout):
-    return load_by_path(
-        trainer_checkout, "toolkit/streamed_safetensors.py", "patched_streamed_safetensors"
-    )
+def streamed_safetensors(trainer_on_path):
+    return importlib.import_module("toolkit.streamed_safetensors")
+
+
+@pytest.fixture(scope="session")
+def safetensors_header(trainer_on_path):
+    return importlib.import_module("toolkit.safetensors_header")
 
 
 @pytest.fixture(scope="session")

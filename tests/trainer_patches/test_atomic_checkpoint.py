@@ -84,7 +84,9 @@ def read_set(found):
 
 @pytest.mark.parametrize("same_names", [False, True], ids=["new-file-names", "overwrites-the-last-save"])
 def test_a_crash_anywhere_in_a_save_leaves_a_whole_checkpoint(ac, crash_at, tmp_path, same_names):
-    name = lambda step: f"{JOB}.safetensors" if same_names else f"{JOB}_{step:09d}.safetensors"
+    def name(step):
+        return f"{JOB}.safetensors" if same_names else f"{JOB}_{step:09d}.safetensors"
+
     seen = set()
     point = 0
     while True:

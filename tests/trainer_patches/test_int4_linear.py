@@ -7,7 +7,7 @@ gradient. The Triton kernels themselves run under Triton's CPU interpreter
 the full-size shapes lives in bench/int4_kernel.py.
 """
 
-import importlib.util
+import importlib
 import json
 import os
 import subprocess
@@ -19,19 +19,16 @@ import pytest
 import torch
 import torch.nn as nn
 
-MODULE = "toolkit/int4_linear.py"
+@pytest.fixture(scope="module")
+def il(trainer_on_path):
+    """The module: Int4Linear, its autograd function, quantize_linears."""
+    return importlib.import_module("toolkit.int4_linear")
 
 
 @pytest.fixture(scope="module")
-def il(trainer_checkout):
-    path = Path(trainer_checkout) / MODULE
-    if not path.exists():
-        pytest.fail(f"{path} is missing: the 'int4 fused linear' patch is not applied")
-    spec = importlib.util.spec_from_file_location("patched_int4_linear", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def ik(trainer_on_path):
+    """The weight format and the kernels."""
+    return importlib.import_module("toolkit.int4_kernels")
 
 
 def weight(out_f, in_f, dtype=torch.bfloat16, seed=0):
@@ -44,29 +41,29 @@ def weight(out_f, in_f, dtype=torch.bfloat16, seed=0):
 
 
 @pytest.mark.parametrize("shape", [(3, 2), (5, 128), (2, 3, 64)])
-def test_pack_unpack_round_trip(il, shape):
+def test_pack_unpack_round_trip(shape, ik):
     g = torch.Generator().manual_seed(1)
     codes = torch.randint(0, 16, shape, generator=g, dtype=torch.uint8)
-    packed = il.pack_uint4(codes)
+    packed = ik.pack_uint4(codes)
     assert packed.dtype == torch.uint8 and packed.shape == (*shape[:-1], shape[-1] // 2)
-    assert torch.equal(il.unpack_uint4(packed), codes)
+    assert torch.equal(ik.unpack_uint4(packed), codes)
     # layout the kernels rely on: even index in the low nibble
     assert int(packed.flatten()[0]) == int(codes.flatten()[0]) | (int(codes.flatten()[1]) << 4)
 
 
-def test_pack_rejects_odd_width(il):
+def test_pack_rejects_odd_width(ik):
     with pytest.raises(ValueError, match="even"):
-        il.pack_uint4(torch.zeros(2, 3, dtype=torch.uint8))
+        ik.pack_uint4(torch.zeros(2, 3, dtype=torch.uint8))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_quantize_layout_and_error_bound(il, dtype):
+def test_quantize_layout_and_error_bound(dtype, ik):
     w = weight(48, 256, dtype)
-    q, s, z = il.quantize_weight(w)
+    q, s, z = ik.quantize_weight(w)
     assert q.shape == (48, 128) and q.dtype == torch.uint8
     assert s.shape == (48, 4) and s.dtype == dtype
     assert z.shape == (48, 4) and z.dtype == torch.uint8 and int(z.max()) <= 15
-    deq = il.dequantize_weight(q, s, z)
+    deq = ik.dequantize_weight(q, s, z)
     assert deq.dtype == dtype
     err = (deq.float() - w.float()).abs().reshape(48, 4, 64)
     # half a step of rounding (a little more in bf16: like torchao, the codes are computed in the
@@ -77,19 +74,19 @@ def test_quantize_layout_and_error_bound(il, dtype):
     assert torch.equal(deq[0, :64], torch.zeros(64, dtype=dtype))  # zero is exact
 
 
-def test_quantize_matches_torchao_uint4(il):
+def test_quantize_matches_torchao_uint4(ik):
     quant_api = pytest.importorskip("torchao.quantization.quant_api")
     lin = nn.Linear(256, 40, bias=False).to(torch.bfloat16)
     with torch.no_grad():
         lin.weight.copy_(weight(40, 256))
-    ours = il.dequantize_weight(*il.quantize_weight(lin.weight))
+    ours = ik.dequantize_weight(*ik.quantize_weight(lin.weight))
     quant_api.quantize_(nn.Sequential(lin), quant_api.UIntXWeightOnlyConfig(torch.uint4))
     assert torch.equal(ours, lin.weight.dequantize())
 
 
-def test_quantize_refuses_bad_width(il):
+def test_quantize_refuses_bad_width(ik):
     with pytest.raises(ValueError, match="multiple of the group size"):
-        il.quantize_weight(torch.zeros(4, 96))
+        ik.quantize_weight(torch.zeros(4, 96))
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -107,13 +104,13 @@ def test_reference_path_is_dequantize_then_matmul(il, bias):
     torch.testing.assert_close(y, expect, rtol=0, atol=0)
 
 
-def test_input_gradient_passes_gradcheck_in_float64(il):
+def test_input_gradient_passes_gradcheck_in_float64(il, ik):
     w = weight(8, 128, torch.float64)
-    q, s, z = il.quantize_weight(w)
+    q, s, z = ik.quantize_weight(w)
     x = torch.randn(2, 2, 128, dtype=torch.float64, requires_grad=True)
 
     def f(inp):
-        return il.Int4LinearFunction.apply(inp, q, s, z, None, 64, False)
+        return il.Int4LinearFunction.apply(inp, q, s, z, None, 64, il.Int4Kernel(), False)
 
     assert torch.autograd.gradcheck(f, (x,), eps=1e-6, atol=1e-7)
 
@@ -154,7 +151,7 @@ def test_tensors_round_trip_with_json_meta(il, tmp_path):
         il.Int4Linear.from_tensors(tensors, dict(meta, format="other"), prefix="blk.0.qkv.")
 
 
-def test_tiny_flux2_trains_through_int4_block_linears(il, flux2_src):
+def test_tiny_flux2_trains_through_int4_block_linears(il, flux2_src, ik):
     params = flux2_src.Flux2Params(in_channels=64, context_in_dim=64, hidden_size=128, num_heads=2, depth=1,
                                    depth_single_blocks=1, axes_dim=[16, 16, 16, 16], mlp_ratio=3.0)
     torch.manual_seed(0)
@@ -193,12 +190,10 @@ def test_tiny_flux2_trains_through_int4_block_linears(il, flux2_src):
 
 INTERPRETED = textwrap.dedent(
     """
-    import importlib.util, json, sys, torch
-    spec = importlib.util.spec_from_file_location("il", sys.argv[1])
-    il = importlib.util.module_from_spec(spec); spec.loader.exec_module(il)
-    il.CHUNK_BYTES = 1  # one 64-row / one-group slice at a time: every chunk boundary is crossed
-    every = {k: list(k.configs) for k in (il._int4_fwd_kernel, il._int4_bwd_kernel,
-                                          il._int4_fwd2_kernel, il._int4_bwd2_kernel)}
+    import json, sys, torch
+    sys.path.insert(0, sys.argv[1])
+    from toolkit import int4_kernels as ik
+    every = {k: list(k.configs) for k in (ik._fused_fwd_kernel, ik._fused_bwd_kernel)}
 
     def pick(kern, **want):
         kern.configs = [c for c in every[kern] if all(c.kwargs[k] == v for k, v in want.items())][:1]
@@ -206,10 +201,9 @@ INTERPRETED = textwrap.dedent(
 
     runs = [("chunked", {})]
     for a in (0, 1):
-        runs.append(("fused1", {il._int4_fwd_kernel: dict(W_AS_A=a), il._int4_bwd_kernel: dict(W_AS_A=a)}))
         for nsub in (1, 2):
-            runs.append(("fused", {il._int4_fwd2_kernel: dict(W_AS_A=a),
-                                   il._int4_bwd2_kernel: dict(W_AS_A=a, NSUB=nsub)}))
+            runs.append(("fused", {ik._fused_fwd_kernel: dict(W_AS_A=a),
+                                   ik._fused_bwd_kernel: dict(W_AS_A=a, NSUB=nsub)}))
     res = []
     for variant, sel in runs:
         for kern, want in sel.items():
@@ -217,13 +211,14 @@ INTERPRETED = textwrap.dedent(
         # odd group count (192 = 3 groups), N not a multiple of any tile, M below one tile
         for M, N, K in [(5, 100, 192), (130, 72, 64)]:
             g = torch.Generator().manual_seed(M)
-            q, s, z = il.quantize_weight((torch.randn(N, K, generator=g) * 0.02).half())
+            q, s, z = ik.quantize_weight((torch.randn(N, K, generator=g) * 0.02).half())
             x = torch.randn(M, K, generator=g).half()
             dy = torch.randn(M, N, generator=g).half()
-            y = il.int4_matmul_fwd(x, q, s, z, variant=variant)
-            dx = il.int4_matmul_bwd(dy, q, s, z, variant=variant)
-            yr = il.reference_matmul_fwd(x.float(), q, s.float(), z)
-            dxr = il.reference_matmul_bwd(dy.float(), q, s.float(), z)
+            # chunk_bytes 1: one 64-row / one-group slice at a time, every chunk boundary is crossed
+            y = ik.int4_matmul_fwd(x, q, s, z, variant=variant, chunk_bytes=1)
+            dx = ik.int4_matmul_bwd(dy, q, s, z, variant=variant, chunk_bytes=1)
+            yr = ik.reference_matmul_fwd(x.float(), q, s.float(), z)
+            dxr = ik.reference_matmul_bwd(dy.float(), q, s.float(), z)
             res.append([variant, str(sel), M, N, K, float((y.float() - yr).abs().max()),
                         float((dx.float() - dxr).abs().max())])
     print(json.dumps(res))
@@ -231,36 +226,36 @@ INTERPRETED = textwrap.dedent(
 )
 
 
-def test_kernels_match_reference_under_triton_interpreter(il, trainer_checkout, tmp_path):
+def test_kernels_match_reference_under_triton_interpreter(trainer_checkout, tmp_path, ik):
     pytest.importorskip("triton")
-    if not il.HAVE_TRITON:
+    if not ik.HAVE_TRITON:
         pytest.skip("triton does not import here")
     script = tmp_path / "interp.py"
     script.write_text(INTERPRETED, encoding="utf-8")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = subprocess.run([sys.executable, str(script), str(Path(trainer_checkout) / MODULE)], env=env,
+    out = subprocess.run([sys.executable, str(script), str(Path(trainer_checkout))], env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = json.loads(out.stdout.strip().splitlines()[-1])
-    assert len(rows) == 2 * 7
+    assert len(rows) == 2 * 5
     for variant, sel, M, N, K, err_y, err_dx in rows:
         assert err_y < 2e-3 and err_dx < 2e-3, (variant, sel, M, N, K, err_y, err_dx)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["chunked", "fused"])
-def test_gpu_kernels_match_reference(il, variant):
+def test_gpu_kernels_match_reference(variant, ik):
     """The Triton kernels on the GPU in bf16, against the fp32 reference on the same 4-bit weight:
     a tile-unaligned shape and a full-size FLUX.2 one (double block proj, 512 px tokens)."""
     for M, N, K in [(5, 100, 192), (1024, 6144, 6144)]:
         g = torch.Generator().manual_seed(M)
-        q, s, z = (t.cuda() for t in il.quantize_weight((torch.randn(N, K, generator=g) * 0.02).bfloat16()))
+        q, s, z = (t.cuda() for t in ik.quantize_weight((torch.randn(N, K, generator=g) * 0.02).bfloat16()))
         x = torch.randn(M, K, generator=g).bfloat16().cuda()
         dy = torch.randn(M, N, generator=g).bfloat16().cuda()
-        y = il.int4_matmul_fwd(x, q, s, z, variant=variant)
-        dx = il.int4_matmul_bwd(dy, q, s, z, variant=variant)
-        yr = il.reference_matmul_fwd(x.float(), q, s.float(), z)
-        dxr = il.reference_matmul_bwd(dy.float(), q, s.float(), z)
+        y = ik.int4_matmul_fwd(x, q, s, z, variant=variant)
+        dx = ik.int4_matmul_bwd(dy, q, s, z, variant=variant)
+        yr = ik.reference_matmul_fwd(x.float(), q, s.float(), z)
+        dxr = ik.reference_matmul_bwd(dy.float(), q, s.float(), z)
         # bf16 inputs and output: ~3.6e-3 of the largest entry measured on an H200 (bench/RESULTS-int4.md)
         assert float((y.float() - yr).abs().max()) < 1e-2 * float(yr.abs().max()), (variant, M, N, K)
         assert float((dx.float() - dxr).abs().max()) < 1e-2 * float(dxr.abs().max()), (variant, M, N, K)

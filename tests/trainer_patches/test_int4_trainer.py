@@ -266,7 +266,7 @@ def test_rehashed_bad_header_is_set_aside_and_model_untouched(trainer, int4_cach
     meta_json = json.dumps(meta, separators=(",", ":"), sort_keys=True)
     index = {k: v for k, v in header.items() if k != "__metadata__"}
     header["__metadata__"][qc.META_KEY] = meta_json
-    header["__metadata__"][qc.META_SHA_KEY] = qc._meta_digest(meta_json, index)
+    header["__metadata__"][qc.META_SHA_KEY] = importlib.import_module("toolkit.qcache_format")._meta_digest(meta_json, index)
     raw = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
     raw += b" " * ((-(8 + len(raw))) % 8)
     int4_cache.path.write_bytes(struct.pack("<Q", len(raw)) + raw + blob[8 + n :])

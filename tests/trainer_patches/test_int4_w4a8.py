@@ -30,12 +30,25 @@ def mods(trainer_on_path):
     return (importlib.import_module("toolkit.int4_linear"), importlib.import_module("toolkit.int4_w4a8"))
 
 
-def layer(il, out_f, in_f, seed=0, activations="8bit"):
+@pytest.fixture(scope="module")
+def qtypes(trainer_on_path):
+    import importlib
+
+    return importlib.import_module("toolkit.qtypes")
+
+
+def eight_bit(il, fmt):
+    """int4_w4a8's kernel with this 8-bit type, passed explicitly (no environment)."""
+    return il.Int4Kernel(fmt, "triton")
+
+
+def layer(il, out_f, in_f, seed=0, fmt="int8"):
+    """An Int4Linear of an N(0, 0.02) weight multiplying with `fmt` activations ("bf16": int4_fused)."""
     g = torch.Generator().manual_seed(seed)
     mod = il.Int4Linear.from_linear(torch.nn.Linear(in_f, out_f, bias=False).requires_grad_(False))
     q, s, z = il.quantize_weight((torch.randn(out_f, in_f, generator=g) * 0.02).bfloat16())
     mod.qweight, mod.scale, mod.zero = q, s, z
-    mod.activations = activations
+    mod.kernel = il.Int4Kernel() if fmt == "bf16" else eight_bit(il, fmt)
     return mod
 
 
@@ -44,24 +57,24 @@ def relative(a, b) -> float:
 
 
 def run_both(il, mod, x, dy):
-    """(y, dx) in the module's 8-bit mode and in bf16-activation mode, reference path."""
+    """(y, dx) with the module's 8-bit kernel and with bf16 activations, reference path."""
     out = []
-    for mode in ("8bit", "bf16"):
-        mod.activations = mode
+    held = mod.kernel
+    for kernel in (held, il.Int4Kernel()):
+        mod.kernel = kernel
         xr = x.clone().requires_grad_(True)
         y = mod(xr)
         y.backward(dy)
         out.append((y.detach(), xr.grad))
-    mod.activations = "8bit"
+    mod.kernel = held
     return out
 
 
 @pytest.mark.parametrize("fmt", ["int8", "fp8"])
 @pytest.mark.parametrize("tokens, in_f, out_f", [(256, 512, 384), (128, 1536, 1536), (77, 640, 576)])
-def test_quality_gate_per_layer_against_bf16_activations(mods, monkeypatch, fmt, tokens, in_f, out_f):
+def test_quality_gate_per_layer_against_bf16_activations(mods, fmt, tokens, in_f, out_f):
     il, _ = mods
-    monkeypatch.setenv("INT4_W4A8_ACT", fmt)
-    mod = layer(il, out_f, in_f, seed=tokens)
+    mod = layer(il, out_f, in_f, seed=tokens, fmt=fmt)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, tokens // 2 + 1, in_f, generator=g).bfloat16()
     dy = torch.randn(2, tokens // 2 + 1, out_f, generator=g).bfloat16()
@@ -72,7 +85,7 @@ def test_quality_gate_per_layer_against_bf16_activations(mods, monkeypatch, fmt,
     assert 0 < err_y <= QUALITY_BOUND[fmt] and 0 < err_dx <= QUALITY_BOUND[fmt]
 
 
-def test_outlier_channels_hurt_int8_not_fp8(mods, monkeypatch):
+def test_outlier_channels_hurt_int8_not_fp8(mods):
     """Why FP8 is preferred where the GPU has it: a few 100x channels (as transformer
     activations have) stretch int8's one step per token; fp8 keeps its relative precision."""
     il, _ = mods
@@ -84,7 +97,7 @@ def test_outlier_channels_hurt_int8_not_fp8(mods, monkeypatch):
     dy = torch.randn(256, 384, generator=g).bfloat16()
     errors = {}
     for fmt in ("int8", "fp8"):
-        monkeypatch.setenv("INT4_W4A8_ACT", fmt)
+        mod.kernel = eight_bit(il, fmt)
         (y8, _), (y, _) = run_both(il, mod, x, dy)
         errors[fmt] = relative(y8, y)
     assert errors["int8"] > 3 * 0.0125 and errors["fp8"] < 0.04, errors
@@ -126,8 +139,7 @@ def test_weight_maxima_are_exact(mods):
 def test_weight_gets_no_gradient_and_bias_is_added(mods):
     il, _ = mods
     lin = torch.nn.Linear(128, 64, bias=True).bfloat16()
-    mod = il.Int4Linear.from_linear(lin)
-    mod.activations = "8bit"
+    mod = il.Int4Linear.from_linear(lin, kernel=eight_bit(il, "int8"))
     mod.requires_grad_(True)
     x = torch.randn(3, 128, dtype=torch.bfloat16, requires_grad=True)
     y = mod(x)
@@ -136,14 +148,39 @@ def test_weight_gets_no_gradient_and_bias_is_added(mods):
     assert all(b.grad is None and not b.requires_grad for b in mod.buffers())
     mod.bias.zero_()
     torch.testing.assert_close(y - mod(x.detach()), lin.bias.detach().expand(3, 64), rtol=0, atol=0.02)
-    assert "activations=8bit" in repr(mod)
+    assert "activations=int8" in repr(mod)
 
 
-def test_bad_format_names_the_variable(mods, monkeypatch):
+def test_bad_override_names_the_variable(qtypes):
+    for variable, value in (("INT4_W4A8_ACT", "int4"), ("INT4_W4A8_GEMM", "cublas"), ("INT4_W4A8_CHUNK_MIB", "0")):
+        with pytest.raises(ValueError, match=f"{variable}='{value}'"):
+            qtypes.kernel_for("int4_w4a8", environ={variable: value})
+    with pytest.raises(ValueError, match="INT4_LINEAR_VARIANT='fused1'"):
+        qtypes.kernel_for("int4_fused", environ={"INT4_LINEAR_VARIANT": "fused1"})
+
+
+def test_kernel_choice_arguments_then_overrides_then_table(qtypes):
+    """The self-test passes its candidate's choice; an override only replaces the table's default."""
+    env = {"INT4_W4A8_ACT": "fp8", "INT4_W4A8_GEMM": "triton", "INT4_W4A8_CHUNK_MIB": "2", "INT4_LINEAR_KERNEL": "0"}
+    assert qtypes.kernel_for("int4_w4a8", environ=env) == qtypes.Int4Kernel("fp8", "triton", 2 * 2**20, False)
+    assert qtypes.kernel_for("int4_w4a8", activations="int8", environ=env).activations == "int8"
+    # no FP8 units on this machine: the table's default is int8
+    assert qtypes.kernel_for("int4_w4a8", environ={}) == qtypes.Int4Kernel("int8", "triton")
+    assert qtypes.kernel_for("int4_fused", environ={}) == qtypes.Int4Kernel("bf16", "chunked")
+    with pytest.raises(ValueError, match="scaled_mm needs FP8"):
+        qtypes.kernel_for("int4_w4a8", activations="int8", gemm="scaled_mm", environ={})
+    assert qtypes.cache_qtype("int4_w4a8") == "int4_fused" and qtypes.cache_qtype("uint4") == "uint4"
+
+
+def test_module_keeps_its_kernel_from_load_time(mods, qtypes, monkeypatch):
+    """The environment is read when the model is configured, never per call."""
     il, _ = mods
-    monkeypatch.setenv("INT4_W4A8_ACT", "int4")
-    with pytest.raises(ValueError, match="INT4_W4A8_ACT='int4'"):
-        layer(il, 64, 64)(torch.randn(2, 64).bfloat16())
+    model = torch.nn.Sequential(layer(il, 64, 64, fmt="bf16"))
+    monkeypatch.setenv("INT4_W4A8_ACT", "fp8")
+    assert qtypes.configure_linears(model, "int4_w4a8") == 1
+    monkeypatch.setenv("INT4_W4A8_ACT", "int4")  # not a format: a per-call read would fail
+    x = torch.randn(3, 64).bfloat16()
+    assert model[0].kernel.activations == "fp8" and model(x).shape == (3, 64)
 
 
 def test_qtype_shares_int4_fused_weights_and_cache(mods, trainer_on_path):
@@ -153,20 +190,22 @@ def test_qtype_shares_int4_fused_weights_and_cache(mods, trainer_on_path):
     quantize = importlib.import_module("toolkit.util.quantize")
     qtype = quantize.get_qtype("int4_w4a8")
     assert isinstance(qtype, quantize.int4fusedtype) and qtype.name == "int4_w4a8"
-    model = torch.nn.Sequential(layer(il, 64, 64, activations="bf16"), torch.nn.Linear(64, 64),
-                                layer(il, 64, 128, activations="bf16"))
+    model = torch.nn.Sequential(layer(il, 64, 64, fmt="bf16"), torch.nn.Linear(64, 64),
+                                layer(il, 64, 128, fmt="bf16"))
     assert quantize.set_int4_activations(model, qtype) == 2
-    assert [getattr(m, "activations", None) for m in model] == ["8bit", None, "8bit"]
+    # the CPU has no FP8 units: the table's default for int4_w4a8 is int8
+    assert [getattr(m, "kernel", None) and m.kernel.activations for m in model] == ["int8", None, "int8"]
     assert quantize.set_int4_activations(model, quantize.get_qtype("int4_fused")) == 0
-    assert [getattr(m, "activations", None) for m in model] == ["bf16", None, "bf16"]
+    assert [getattr(m, "kernel", None) and m.kernel.activations for m in model] == ["bf16", None, "bf16"]
+    assert quantize.set_int4_activations(model, quantize.get_qtype("uint4")) == 0
 
 
 INTERPRETED = textwrap.dedent(
     """
     import json, sys, torch
     sys.path.insert(0, sys.argv[1])
-    from toolkit import int4_linear as il, int4_w4a8 as w
-    w.CHUNK_BYTES = 1  # one 128-row / 128-column slice at a time: every slice boundary is crossed
+    from toolkit import int4_kernels as il, int4_w4a8 as w
+    from toolkit.qtypes import Int4Kernel
     w._scaled_gemm_kernel.configs = [c for c in w._scaled_gemm_kernel.configs if c.kwargs["BLOCK_K"] == 64][:1] \\
         or w._scaled_gemm_kernel.configs[:1]
 
@@ -205,8 +244,10 @@ INTERPRETED = textwrap.dedent(
             codes_equal = bool(torch.equal(xs, xs_ref)) and float(step.max()) <= 1 and float(step.mean()) < 1e-3
             codes_equal = codes_equal and (fmt == "int8" or float(step.max()) == 0)
             pads_zero = bool((xq[:, K:].float() == 0).all())
-            y = w.w4a8_matmul_fwd(x, q, s, z, scales, fmt)
-            dx = w.w4a8_matmul_bwd(dy, q, s, z, scales, fmt)
+            # chunk_bytes 1: one 128-row / 128-column slice at a time, every slice boundary is crossed
+            kernel = Int4Kernel(fmt, "triton", chunk_bytes=1)
+            y = w.w4a8_matmul_fwd(x, q, s, z, scales, kernel)
+            dx = w.w4a8_matmul_bwd(dy, q, s, z, scales, kernel)
             y_ref = w.reference_fwd(x, q, s, z, scales, fmt)
             dx_ref = w.reference_bwd(dy, q, s, z, scales, fmt)
             rel = lambda a, b: float((a.float() - b.float()).norm() / b.float().norm())

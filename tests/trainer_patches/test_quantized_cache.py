@@ -47,6 +47,18 @@ def qc(trainer_on_path):
 
 
 @pytest.fixture(scope="module")
+def qfile(trainer_on_path):
+    """The file format (header bytes, checksums)."""
+    return importlib.import_module("toolkit.qcache_format")
+
+
+@pytest.fixture(scope="module")
+def qcodecs(trainer_on_path):
+    """Model state <-> entries, and the writer."""
+    return importlib.import_module("toolkit.qcache_codecs")
+
+
+@pytest.fixture(scope="module")
 def quantize_mod(trainer_on_path):
     return importlib.import_module("toolkit.util.quantize")
 
@@ -80,15 +92,15 @@ def tiny(request, flux2_src, quantize_mod, tmp_path_factory):
     return types.SimpleNamespace(backend=backend, qtype=qtype, src=src, model=model, meta_model=meta_model)
 
 
-def test_backends_match_this_trainer(qc, tiny):
+def test_backends_match_this_trainer(qc, tiny, qcodecs):
     """The ostris cases run exactly where the cache finds OstrisLinear: a moved module
     would otherwise silently drop them."""
     has_ostris = qc._ostris_api() is not None
     assert has_ostris == (Path(qc.__file__).parents[1] / OSTRIS_QUANT).is_file()
     if tiny.backend == "ostris":
-        assert has_ostris and len(qc._ostris_modules(tiny.model)) >= 10
+        assert has_ostris and len(qcodecs._ostris_modules(tiny.model)) >= 10
     else:
-        assert not qc._ostris_modules(tiny.model)
+        assert not qcodecs._ostris_modules(tiny.model)
 
 
 def inputs():
@@ -131,8 +143,9 @@ def rewrite_meta(qc, path, change):
     meta_json = text if isinstance(text, str) else json.dumps(meta, separators=(",", ":"), sort_keys=True)
     index = {k: v for k, v in header.items() if k != "__metadata__"}
     header["__metadata__"][qc.META_KEY] = meta_json
-    header["__metadata__"][qc.META_SHA_KEY] = qc._meta_digest(meta_json, index)
-    path.write_bytes(qc._header_bytes(header) + blob[8 + n :])
+    qfile = importlib.import_module("toolkit.qcache_format")
+    header["__metadata__"][qc.META_SHA_KEY] = qfile._meta_digest(meta_json, index)
+    path.write_bytes(qfile._header_bytes(header) + blob[8 + n :])
 
 
 @pytest.fixture
@@ -147,7 +160,7 @@ def saved(qc, tiny, tmp_path, capsys):
 # -- round trip ----------------------------------------------------------------
 
 
-def test_round_trip_gives_the_same_outputs(qc, tiny, saved, capsys):
+def test_round_trip_gives_the_same_outputs(qc, tiny, saved, capsys, qcodecs):
     meta = tiny.meta_model()
     t0 = time.perf_counter()
     assert make_cache(qc, tiny, saved.path.parent).load_into(meta)
@@ -172,7 +185,7 @@ def test_round_trip_gives_the_same_outputs(qc, tiny, saved, capsys):
             assert torch.equal(q.dequantize(), p.dequantize()), name
         else:
             assert torch.equal(q, p), name
-    for name, module in qc._ostris_modules(tiny.model).items():
+    for name, module in qcodecs._ostris_modules(tiny.model).items():
         n_quantized += 1
         rebuilt = meta.get_submodule(name)
         assert rebuilt.ostris_quantizer.qtype == module.ostris_quantizer.qtype == tiny.qtype
@@ -497,11 +510,11 @@ def test_metadata_parser_property(qc, tiny, pristine, tmp_path_factory, data):
 
 
 @pytest.mark.parametrize("tiny", ["torchao"], indirect=True)
-def test_ostris_records_need_a_trainer_with_ostrislinear(qc, tiny, saved, monkeypatch, capsys):
+def test_ostris_records_need_a_trainer_with_ostrislinear(qc, tiny, saved, monkeypatch, capsys, qcodecs):
     """A cache naming OstrisLinear modules, read by a trainer without them (the fork; on
     upstream its module is made unimportable), is refused as unusable, never half-loaded."""
     if qc._ostris_api() is not None:
-        monkeypatch.setattr(qc, "_OSTRIS_MODULE", "toolkit.util.ostris_quant_absent")
+        monkeypatch.setattr(qcodecs, "_OSTRIS_MODULE", "toolkit.util.ostris_quant_absent")
     assert qc._ostris_api() is None
     record = {"qtype": tiny.qtype, "dtype": "bfloat16", "buffers": ["packed"], "attrs": {}}
     rewrite_meta(qc, saved.path, lambda meta: meta["ostris"].update({"img_in": record}))
@@ -615,10 +628,10 @@ def test_pickle_payload_is_never_executed(qc, tiny, tmp_path, monkeypatch, capsy
 # -- writes -----------------------------------------------------------------------------
 
 
-def test_failed_write_leaves_old_cache_and_no_temp_files(qc, tiny, saved, monkeypatch, capsys):
+def test_failed_write_leaves_old_cache_and_no_temp_files(qc, tiny, saved, monkeypatch, capsys, qcodecs):
     before = saved.path.read_bytes()
     calls = {"n": 0}
-    real = qc._tensor_bytes
+    real = qcodecs._tensor_bytes
 
     def flaky(t):
         calls["n"] += 1
@@ -626,7 +639,7 @@ def test_failed_write_leaves_old_cache_and_no_temp_files(qc, tiny, saved, monkey
             raise OSError("disk full (simulated)")
         return real(t)
 
-    monkeypatch.setattr(qc, "_tensor_bytes", flaky)
+    monkeypatch.setattr(qcodecs, "_tensor_bytes", flaky)
     assert not make_cache(qc, tiny, saved.path.parent).save(tiny.model)
     assert "disk full" in capsys.readouterr().out
     assert saved.path.read_bytes() == before
@@ -710,8 +723,8 @@ def test_cache_off_or_unsupported(qc, tiny, tmp_path, capsys, config, message):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("streamed", [True, False])
-def test_flux2_load_model_writes_then_loads_the_cache(trainer_on_path, quantize_mod, tmp_path, monkeypatch, capsys,
-                                                      streamed, backend, load_transformer):
+def test_flux2_load_model_writes_then_loads_the_cache(trainer_on_path, quantize_mod, tmp_path, monkeypatch, capsys, streamed, backend,
+                                                     load_transformer):
     """First load quantizes and writes the cache; the second never reads the checkpoint."""
     fm = importlib.import_module("extensions_built_in.diffusion_models.flux2.flux2_model")
     from toolkit.config_modules import ModelConfig

@@ -133,8 +133,8 @@ def test_huge_header_length_is_rejected(streamed_safetensors, tmp_path):
     expect_header_error(streamed_safetensors, path, "header length")
 
 
-def test_header_length_beyond_limit_is_rejected(streamed_safetensors, tmp_path, monkeypatch):
-    monkeypatch.setattr(streamed_safetensors, "MAX_HEADER_BYTES", 16)
+def test_header_length_beyond_limit_is_rejected(streamed_safetensors, safetensors_header, tmp_path, monkeypatch):
+    monkeypatch.setattr(safetensors_header, "MAX_HEADER_BYTES", 16)
     header = {"w": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}
     path = write(tmp_path, "long.safetensors", pack(header, b"\x00"))
     expect_header_error(streamed_safetensors, path, "header length")
