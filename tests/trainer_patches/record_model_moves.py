@@ -1,7 +1,8 @@
 """Run the trainer with the training device set to cpu:0 and record what moves the model where.
 
 Used by test_resident_training.py and test_no_round_trips.py as
-`<venv python> record_model_moves.py CONFIG EVENTS_JSON`, from the trainer checkout. cpu:0 is a device distinct from cpu for torch's bookkeeping, so a
+`<venv python> record_model_moves.py CONFIG EVENTS_JSON`, from the trainer checkout. cpu:0 is
+a device distinct from cpu for torch's bookkeeping, so a
 move of the transformer "to the GPU" is visible on a CPU-only machine while the run still
 trains on the CPU. EVENTS_JSON gets, in order:
   {"event": "model_to_device", "caller": <function that called Flux2.to(cpu:0)>}
