@@ -26,6 +26,7 @@ weights give meaningless images and losses; memory, load times and step times ar
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -292,7 +293,7 @@ def build_text_encoder(folder: Path, shape: dict) -> None:
     shapes = meta_shapes(Mistral3ForConditionalGeneration, config)
     shards, current, size = [], {}, 0
     for name, tensor_shape in shapes.items():
-        nbytes = 2 * prod(tensor_shape)
+        nbytes = 2 * math.prod(tensor_shape)
         if current and size + nbytes > SHARD_BYTES:
             shards.append(current)
             current, size = {}, 0
@@ -306,13 +307,6 @@ def build_text_encoder(folder: Path, shape: dict) -> None:
         weight_map.update(dict.fromkeys(shard, name))
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2), encoding="utf-8")
-
-
-def prod(shape) -> int:
-    total = 1
-    for size in shape:
-        total *= size
-    return total
 
 
 def write_random_checkpoint(shapes: dict, path: Path) -> int:
