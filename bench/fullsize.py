@@ -370,6 +370,8 @@ def launch(args) -> int:
     command = [sys.executable, "-m", "launcher", "run", str(short), "--workdir", str(root / "wd"),
                "--model-dir", str(args.model_dir or assets), "--text-encoder", str(assets / "text_encoder"),
                "--dataset", str(assets / "dataset"), "--output", str(output)]
+    if args.profile:
+        command += ["--profile", str(args.profile)]
     env = {**os.environ, "PYTHONPATH": str(root / "site"), "BENCH_VRAM_CAP_GIB": str(args.cap_gib) if args.cap_gib else ""}
     if args.cap_gib:
         check_cap(root, args.cap_gib)
@@ -379,7 +381,7 @@ def launch(args) -> int:
     wall = time.time() - started
     result = {"label": args.label, "preset": str(args.preset), "rc": launcher.returncode, "wall_s": round(wall, 1),
               "cap_gib": args.cap_gib, "trainer_peak_rss_gib": round(peak_rss / GIB, 2),
-              **telemetry_figures(output, started)}
+              **telemetry_figures(output, started, 2 + (args.profile + 1 if args.profile else 0)), **profile_figures(output)}
     print(json.dumps(result), flush=True)
     if args.json_out:
         args.json_out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
@@ -398,18 +400,25 @@ def sample_peak_rss(launcher, child: subprocess.Popen) -> int:
     return peak
 
 
-def telemetry_figures(output: Path, started: float) -> dict:
-    """Seconds to the first training row, mean s/it after the first two steps, peak VRAM."""
+def telemetry_figures(output: Path, started: float, skip: int = 2) -> dict:
+    """Seconds to the first training row, mean s/it after the first `skip` steps (warm-up, and
+    the profiled ones and the one that writes their trace), peak VRAM."""
     rows = []
     for path in output.glob("*/trainer-telemetry.jsonl"):
         rows += [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     start = next((row["time"] for row in rows if row.get("event") == "start"), None)
-    speeds = [row["s_per_it"] for row in rows if row.get("s_per_it") and row.get("step", 0) > 2]
+    speeds = [row["s_per_it"] for row in rows if row.get("s_per_it") and row.get("step", 0) > skip]
     peaks = [row["vram_max_allocated_gib"] for row in rows if row.get("vram_max_allocated_gib")]
     return {"to_first_step_s": round(start - started, 1) if start else None,
             "s_per_it": round(sum(speeds) / len(speeds), 3) if speeds else None,
             "vram_peak_allocated_gib": max(peaks) if peaks else None,
             "telemetry_rows": len(rows)}
+
+
+def profile_figures(output: Path) -> dict:
+    """The step breakdown of a profiled launch (`run --profile N`: <run>/profile/breakdown.json)."""
+    found = sorted(output.glob("*/profile/breakdown.json"))
+    return {"breakdown": json.loads(found[-1].read_text(encoding="utf-8"))} if found else {}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -444,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="override a process key, e.g. --set model.qtype int4_fused")
     p.add_argument("--launcher-set", nargs=2, action="append", metavar=("KEY", "VALUE"),
                    help="a key of the preset's launcher: block, e.g. sampling force")
+    p.add_argument("--profile", type=int, metavar="N", help="profile N steps (`run --profile N`); the result "
+                   "carries the run's breakdown.json")
     p.add_argument("--json-out", type=Path)
     p.set_defaults(handler=launch)
     args = parser.parse_args(argv)
