@@ -8,8 +8,11 @@ guard, with the trainer venv of a workdir made by `python -m launcher setup --wo
     python tests/prove_guards.py --workdir W --only no-host-sync   # patches whose file name has this
 
 For each patch it prints `fails without it` (the guard works), `PASSES without it` (the guard does
-not guard: exit status 1), `not revertible` (a later patch builds on it; revert that one too to
-check it) or `no in-trainer guard` (its guards run in the launcher's venv). The scratch checkout
+not guard: exit status 1), `not revertible` or `no in-trainer guard` (its guards run in the
+launcher's venv). A patch that later patches build on (its revert conflicts) is reverted together
+with the later ones that change its files (or, where that still conflicts, with every later one),
+newest first, and the verdict names them: the guard then fails without the whole group, which
+still proves it is not vacuous. The scratch checkout
 is a `git worktree` of W/trainer, removed afterwards; W itself is not changed.
 """
 
@@ -49,6 +52,24 @@ def patch_commit(checkout: Path, patch: str) -> str | None:
     return None
 
 
+def git(tree: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True)
+
+
+def revert(tree: Path, sha: str) -> list[str] | None:
+    """Revert `sha` in the work tree (nothing committed). When later patches build on it, revert
+    first those that change its files, else every later one, newest first. The subjects of the
+    extra reverts, or None."""
+    files = git(tree, "show", "--format=", "--name-only", sha).stdout.split()
+    for later in ([], git(tree, "log", "--format=%H", f"{sha}..HEAD", "--", *files).stdout.split(),
+                  git(tree, "log", "--format=%H", f"{sha}..HEAD").stdout.split()):
+        if all(git(tree, "revert", "--no-commit", commit).returncode == 0 for commit in [*later, sha]):
+            return [git(tree, "log", "-1", "--format=%s", commit).stdout.strip() for commit in later]
+        git(tree, "revert", "--abort")
+        git(tree, "reset", "-q", "--hard")
+    return None
+
+
 def without(workdir: Path, patch: str, tests: list[str]) -> str:
     checkout = workdir / "trainer"
     sha = patch_commit(checkout, patch)
@@ -58,7 +79,8 @@ def without(workdir: Path, patch: str, tests: list[str]) -> str:
         tree = Path(scratch) / "trainer"
         subprocess.run(["git", "-C", str(checkout), "worktree", "add", "-q", "--detach", str(tree)], check=True)
         try:
-            if subprocess.run(["git", "-C", str(tree), "revert", "--no-commit", sha], capture_output=True).returncode:
+            also = revert(tree, sha)
+            if also is None:
                 return "not revertible"
             (Path(scratch) / "venv").symlink_to(workdir / "venv", target_is_directory=True)
             python = workdir / "venv" / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
@@ -66,8 +88,10 @@ def without(workdir: Path, patch: str, tests: list[str]) -> str:
             run = subprocess.run([str(python), "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-c",
                                   str(SUITE / "pytest.ini"), "--confcutdir", str(SUITE), "-m", "not gpu",
                                   *[str(SUITE / t) for t in tests]], cwd=REPO, env=env, capture_output=True, text=True)
-            return "fails without it" if run.returncode == 1 else \
+            verdict = "fails without it" if run.returncode == 1 else \
                 "PASSES without it" if run.returncode == 0 else f"pytest exit {run.returncode}"
+            return verdict + (f" (and without {len(also)} later patch(es) on its files: {'; '.join(also)})"
+                              if also else "")
         finally:
             subprocess.run(["git", "-C", str(checkout), "worktree", "remove", "--force", str(tree)], capture_output=True)
 
