@@ -11,13 +11,13 @@ import json
 from pathlib import Path
 
 from launcher.atomic import write_text_atomic
+from launcher.comfy import folder, lora_check, workflow
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir
 from launcher.errors import LauncherError
 from launcher.nofollow import refuse_links
 from launcher.progress import say, warn
-from launcher.comfy import folder, lora_check, workflow
-from launcher.runs.prompts import caption_prompt
 from launcher.runs.folders import RunFolder, find_run, read_run_config
+from launcher.runs.prompts import caption_prompt
 
 EXAMPLES = """examples:
   python -m launcher comfy --comfy-dir D:\\ComfyUI                  # the latest run's newest LoRA
