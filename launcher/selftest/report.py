@@ -1,5 +1,5 @@
-"""The stored self-test as plain text: what `python -m launcher selftest` prints, meant to be
-pasted whole into a bug report."""
+"""What `python -m launcher selftest` prints: one section per part of the report (machine, kernels,
+quality gate, tiny steps, timings, sampling, streaming) and the verdict `qtype: auto` follows."""
 
 from pathlib import Path
 
