@@ -48,7 +48,7 @@ from triton.testing import do_bench  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # the six block Linear shapes (name, in_features, out_features, where), as the self-test times them
-from launcher.in_trainer.selftest_kernels import BLOCK_LINEARS  # noqa: E402
+from launcher.in_trainer.selftest.kernels import BLOCK_LINEARS  # noqa: E402
 
 VARIANTS = [v for v in args.variants.split(",") if v]
 KERNELS = {"fused": (ik._fused_fwd_kernel, ik._fused_bwd_kernel)}

@@ -21,7 +21,7 @@ stamp() { echo "== $(date -u +%T) $*" | tee -a $LOG; }
 { date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,temperature.gpu,power.draw --format=csv,noheader
   python3 -c "import torch, triton, torchao; print('torch', torch.__version__, 'triton', triton.__version__, 'torchao', torchao.__version__)"; } 2>&1 | tee -a $LOG
 stamp selftest
-timeout $(left 200) python3 -m launcher.in_trainer.selftest --trainer .bench-carry/trainer --out $OUT/selftest.json \
+timeout $(left 200) python3 -m launcher.in_trainer.selftest.runner --trainer .bench-carry/trainer --out $OUT/selftest.json \
   --tokens "1024,512;4096,512" 2>&1 | grep -v -i "warn" | cut -c1-400 | tee -a $LOG
 stamp "selftest rc=$?"
 eval "$(python3 -c "

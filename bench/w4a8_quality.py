@@ -11,7 +11,7 @@ second set, with 4 input channels scaled 100x, the outliers transformer activati
     next to the 4-bit weight's own error against the bf16 weight;
   * correctness: the W4A8 kernels against the module's plain-PyTorch reference (same codes).
 
-Timings are the self-test's (`launcher.in_trainer.selftest --tokens ...`). Loads the trainer's
+Timings are the self-test's (`launcher.in_trainer.selftest.runner --tokens ...`). Loads the trainer's
 modules from --trainer (a checkout, or the files bench/carry.py copies):
 
     python bench/w4a8_quality.py --trainer .bench-carry/trainer --out $OUT/w4a8_quality.json
@@ -37,7 +37,7 @@ from toolkit import int4_kernels as ik  # noqa: E402
 from toolkit import int4_w4a8 as w  # noqa: E402
 from toolkit import qtypes  # noqa: E402
 
-from launcher.in_trainer.selftest_kernels import block_linear_cases, candidates  # noqa: E402
+from launcher.in_trainer.selftest.kernels import block_linear_cases, candidates  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 ACT = torch.bfloat16 if DEV == "cuda" else torch.float16  # the CPU interpreter mishandles bf16

@@ -23,7 +23,8 @@ from launcher.cli import main
 from launcher.envs.trainer_python import child_env
 from launcher.envs.workdir import venv_python
 from launcher.in_trainer.tiny_assets import FLUX2_PARAMS
-from launcher.runs import comfy, disk_budget, validate
+from launcher.comfy import workflow
+from launcher.runs import disk_budget, prompts, validate
 from launcher.runs.presets import PRESETS_DIR
 
 NAME = "sks_flux2"
@@ -107,38 +108,38 @@ def launch(workdir: Path, *args: str) -> int:
 
 
 def test_workflow_is_the_template_with_the_lora_prompt_and_seed():
-    template = comfy.load_template()
-    workflow = comfy.build(template, "mine.safetensors", "a photo of sks", "flux2-24gb/mine")
-    assert comfy.check_against_template(workflow.ui, workflow.api, template) == []
-    api = workflow.api
+    template = workflow.load_template()
+    built = workflow.build(template, "mine.safetensors", "a photo of sks", "flux2-24gb/mine")
+    assert workflow.check_against_template(built.ui, built.api, template) == []
+    api = built.api
     (guider,) = [node for node in api.values() if node["class_type"] == "BasicGuider"]
     lora = api[guider["inputs"]["model"][0]]
     assert lora["class_type"] == "LoraLoaderModelOnly" and lora["inputs"]["lora_name"] == "mine.safetensors"
     assert api[lora["inputs"]["model"][0]]["class_type"] == "UNETLoader"
     (text,) = [node for node in api.values() if node["class_type"] == "CLIPTextEncode"]
     (noise,) = [node for node in api.values() if node["class_type"] == "RandomNoise"]
-    assert text["inputs"]["text"] == "a photo of sks" and noise["inputs"]["noise_seed"] == comfy.SEED
+    assert text["inputs"]["text"] == "a photo of sks" and noise["inputs"]["noise_seed"] == workflow.SEED
     loras = [node["inputs"]["lora_name"] for node in api.values() if node["class_type"] == "LoraLoaderModelOnly"]
     assert loras == ["mine.safetensors"], "the template's turbo branch is off, so its LoRA must not be required"
-    assert {model["directory"] for model in workflow.models} == {"diffusion_models", "text_encoders", "vae"}
-    template_types = {node["type"] for graph in comfy.graphs(template) for node in graph["nodes"]}
-    assert {node["type"] for graph in comfy.graphs(workflow.ui) for node in graph["nodes"]} == template_types
+    assert {model["directory"] for model in built.models} == {"diffusion_models", "text_encoders", "vae"}
+    template_types = {node["type"] for graph in workflow.graphs(template) for node in graph["nodes"]}
+    assert {node["type"] for graph in workflow.graphs(built.ui) for node in graph["nodes"]} == template_types
 
 
 def test_ui_workflow_keeps_the_template_and_routes_the_model_through_the_lora():
-    template = comfy.load_template()
-    ui = comfy.build(template, "mine.safetensors", "p", "x").ui
-    graph, loader = comfy.only_node(ui, "UNETLoader")
-    links = comfy.links_of(graph)
+    template = workflow.load_template()
+    ui = workflow.build(template, "mine.safetensors", "p", "x").ui
+    graph, loader = workflow.only_node(ui, "UNETLoader")
+    links = workflow.links_of(graph)
     (first,) = loader["outputs"][0]["links"]
     ours = next(node for node in graph["nodes"] if node["id"] == links[first]["target_id"])
     assert ours["type"] == "LoraLoaderModelOnly" and ours["widgets_values"] == ["mine.safetensors", 1.0]
-    template_graph, template_loader = comfy.only_node(template, "UNETLoader")
-    template_links = comfy.links_of(template_graph)
+    template_graph, template_loader = workflow.only_node(template, "UNETLoader")
+    template_links = workflow.links_of(template_graph)
     assert sorted((links[i]["target_id"], links[i]["target_slot"]) for i in ours["outputs"][0]["links"]) == sorted(
         (template_links[i]["target_id"], template_links[i]["target_slot"]) for i in template_loader["outputs"][0]["links"]
     ), "the LoRA feeds exactly what the template's loader fed"
-    assert comfy.only_node(ui, "RandomNoise")[1]["widgets_values"] == [comfy.SEED, "fixed"]
+    assert workflow.only_node(ui, "RandomNoise")[1]["widgets_values"] == [workflow.SEED, "fixed"]
     assert len(ui["nodes"]) == len(template["nodes"]) and ui["links"] and isinstance(ui["links"][0], list)
 
 
@@ -147,15 +148,15 @@ def test_ui_workflow_keeps_the_template_and_routes_the_model_through_the_lora():
     (lambda ui, api: api.update(x={"class_type": "KSampler", "inputs": {}}), "not a node type of the template"),
     (lambda ui, api: next(n for n in api.values() if n["class_type"] == "BasicGuider")["inputs"].pop("model"),
      "'model' is connected in the template but not here"),
-    (lambda ui, api: comfy.only_node(ui, "UNETLoader")[1]["outputs"][0]["links"].append(99999), "does not start there"),
-    (lambda ui, api: comfy.only_node(ui, "VAELoader")[1]["widgets_values"].append(1), "widget values"),
+    (lambda ui, api: workflow.only_node(ui, "UNETLoader")[1]["outputs"][0]["links"].append(99999), "does not start there"),
+    (lambda ui, api: workflow.only_node(ui, "VAELoader")[1]["widgets_values"].append(1), "widget values"),
 ])
 def test_the_template_check_catches_a_broken_workflow(damage, expected):
-    template = comfy.load_template()
-    workflow = comfy.build(template, "mine.safetensors", "p", "x")
-    ui, api = copy.deepcopy(workflow.ui), copy.deepcopy(workflow.api)
+    template = workflow.load_template()
+    built = workflow.build(template, "mine.safetensors", "p", "x")
+    ui, api = copy.deepcopy(built.ui), copy.deepcopy(built.api)
     damage(ui, api)
-    assert any(expected in problem for problem in comfy.check_against_template(ui, api, template))
+    assert any(expected in problem for problem in workflow.check_against_template(ui, api, template))
 
 
 def test_comfy_writes_workflows_checks_and_places_the_lora(fake_run, comfy_dir, capsys):
@@ -165,7 +166,7 @@ def test_comfy_writes_workflows_checks_and_places_the_lora(fake_run, comfy_dir, 
     assert "3 Linear modules, 6 tensors, rank 4" in out
     api = json.loads((root / "comfyui" / f"{NAME}.api.json").read_text(encoding="utf-8"))
     ui = json.loads((root / "comfyui" / f"{NAME}.workflow.json").read_text(encoding="utf-8"))
-    assert comfy.check_against_template(ui, api, comfy.load_template()) == []
+    assert workflow.check_against_template(ui, api, workflow.load_template()) == []
     prompts = [node["inputs"]["text"] for node in api.values() if node["class_type"] == "CLIPTextEncode"]
     assert prompts == ["a photo of sks on a white background"], "first caption, trigger word filled in"
     placed = comfy_dir / "models" / "loras" / f"{NAME}.safetensors"
@@ -180,14 +181,14 @@ def test_comfy_writes_workflows_checks_and_places_the_lora(fake_run, comfy_dir, 
     ("a photo of [trigger] dog", None, "a photo of dog"),
 ])
 def test_caption_prompt_puts_the_trigger_word_in_as_the_trainer_does(caption, trigger, prompt):
-    assert comfy.with_trigger(caption, trigger) == prompt
+    assert prompts.with_trigger(caption, trigger) == prompt
 
 
 def test_models_found_and_the_prompt_flag(fake_run, comfy_dir, capsys):
     workdir, root = fake_run
-    workflow = comfy.build(comfy.load_template(), "x", "p", "x")
+    built = workflow.build(workflow.load_template(), "x", "p", "x")
     (comfy_dir / "comfyui_version.py").write_text('__version__ = "0.19.0"\n')
-    for model in workflow.models + workflow.canvas_models:
+    for model in built.models + built.canvas_models:
         folder = {"diffusion_models": "unet"}.get(model["directory"], model["directory"])  # the older name counts
         (comfy_dir / "models" / folder).mkdir(parents=True, exist_ok=True)
         (comfy_dir / "models" / folder / model["name"]).write_bytes(b"")
@@ -301,7 +302,7 @@ def test_comfy_on_the_tiny_run(tiny_comfy):
     assert base.is_file()
     api = json.loads((run.comfyui / "tiny_flux2.api.json").read_text())
     ui = json.loads((run.comfyui / "tiny_flux2.workflow.json").read_text())
-    assert comfy.check_against_template(ui, api, comfy.load_template()) == []
+    assert workflow.check_against_template(ui, api, workflow.load_template()) == []
     assert (folder / "models" / "loras" / "tiny_flux2.safetensors").is_file()
     dataset = Path(config["config"]["process"][0]["datasets"][0]["folder_path"])
     first_caption = min(dataset.glob("*.txt")).read_text().strip()
@@ -365,8 +366,8 @@ def test_comfyui_accepts_the_api_workflow(comfyui_checkout, tiny_comfy):
     """What POST /prompt runs (execution.validate_prompt) accepts the API workflow once its files exist."""
     run, workdir, _, result = tiny_comfy
     assert result.returncode == 0, result.stdout + result.stderr
-    workflow = comfy.build(comfy.load_template(), "tiny_flux2.safetensors", "p", "x")
-    files = ["loras/tiny_flux2.safetensors", *(f"{m['directory']}/{m['name']}" for m in workflow.models)]
+    built = workflow.build(workflow.load_template(), "tiny_flux2.safetensors", "p", "x")
+    files = ["loras/tiny_flux2.safetensors", *(f"{m['directory']}/{m['name']}" for m in built.models)]
     api = str(run.comfyui / "tiny_flux2.api.json")
     report = in_comfyui(workdir, comfyui_checkout, "api", "--api", api, *(f"--file={f}" for f in files))
     assert report["valid"] is True and report["outputs"] == ["9"], report

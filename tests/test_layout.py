@@ -20,12 +20,20 @@ def top_level_imports(path: Path) -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("path", sorted(IN_TRAINER.glob("*.py")), ids=lambda p: p.name)
+IN_TRAINER_MODULES = sorted(IN_TRAINER.rglob("*.py"))
+"""Every module under in_trainer/, its subpackages (the self-test's) included."""
+
+
+@pytest.mark.parametrize("path", IN_TRAINER_MODULES, ids=lambda p: p.relative_to(IN_TRAINER).as_posix())
 def test_in_trainer_modules_import_only_the_standard_library(path):
     foreign = [name for name in top_level_imports(path)
                if name.split(".")[0] not in sys.stdlib_module_names
                and not name.startswith("launcher.in_trainer")]
     assert not foreign, f"{path.name} imports {foreign} at module level; import them inside the function"
+
+
+def test_the_checker_reaches_into_subpackages():
+    assert IN_TRAINER / "selftest" / "kernels.py" in IN_TRAINER_MODULES
 
 
 def test_the_checker_sees_a_foreign_import(tmp_path):
@@ -49,10 +57,11 @@ OVERLAY_READ_BY_THE_LAUNCHER = ("qtypes", "safetensors_header", "qcache_index")
 
 
 def package_imports() -> dict[str, set[str]]:
-    """{launcher subpackage: the other launcher subpackages its modules import, anywhere in them}."""
+    """{launcher subpackage: the other launcher subpackages its modules import, anywhere in them};
+    a nested package (in_trainer/selftest) counts as part of the top one."""
     graph: dict[str, set[str]] = {}
-    for path in LAUNCHER.glob("*/*.py"):
-        package = path.parent.name
+    for path in LAUNCHER.glob("*/**/*.py"):
+        package = path.relative_to(LAUNCHER).parts[0]
         found = graph.setdefault(package, set())
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             modules = [node.module] if isinstance(node, ast.ImportFrom) and node.module else \
@@ -81,7 +90,9 @@ def cycle_in(graph: dict[str, set[str]]) -> list[str] | None:
 def test_launcher_packages_import_each_other_without_a_cycle():
     """runs and watchdog both read the trainer log and the GPU: those live below both (signals)."""
     assert cycle_in({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
-    assert cycle_in(package_imports()) is None
+    graph = package_imports()
+    assert set(graph) == {init.parent.name for init in LAUNCHER.glob("*/__init__.py")}, "every subpackage is read"
+    assert cycle_in(graph) is None
 
 
 @pytest.mark.parametrize("name", OVERLAY_READ_BY_THE_LAUNCHER)

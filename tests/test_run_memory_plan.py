@@ -8,7 +8,7 @@ from test_selftest import GPU_RESULT, workdir_with
 from tiny_run import tiny_preset
 
 from launcher.cli import main
-from launcher.envs import selftest
+from launcher.selftest import verdict
 
 
 def planned(mode=None):
@@ -33,7 +33,7 @@ PASSED = {"passed": True, "completed": True, "device": "cuda", "steps": 40, "sec
 def test_stream_mode_auto_follows_the_selftest(tmp_path, streaming, mode, why):
     result = {**GPU_RESULT, **({"streaming": streaming} if streaming else {})}
     config = planned()
-    line = selftest.resolve_stream_mode(config, workdir_with(tmp_path, result))
+    line = verdict.resolve_stream_mode(config, workdir_with(tmp_path, result))
     assert stream_mode(config) == mode
     assert line.startswith(f"stream_mode auto -> {mode}: ") and why in line and "NVIDIA H200" in line
 
@@ -41,11 +41,11 @@ def test_stream_mode_auto_follows_the_selftest(tmp_path, streaming, mode, why):
 def test_stream_mode_without_a_selftest_is_serialized_and_a_named_mode_stays(tmp_path):
     workdir = workdir_with(tmp_path, None)
     config = planned()
-    assert "no self-test result" in selftest.resolve_stream_mode(config, workdir)
+    assert "no self-test result" in verdict.resolve_stream_mode(config, workdir)
     assert stream_mode(config) == "serialized"
     config = planned("overlapped")
-    assert selftest.resolve_stream_mode(config, workdir) is None and stream_mode(config) == "overlapped"
-    assert selftest.resolve_stream_mode({"config": {"process": [{"model": {}}]}}, workdir) is None
+    assert verdict.resolve_stream_mode(config, workdir) is None and stream_mode(config) == "overlapped"
+    assert verdict.resolve_stream_mode({"config": {"process": [{"model": {}}]}}, workdir) is None
 
 
 def tiny_planned(tmp_path, budget_gib):

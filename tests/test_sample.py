@@ -130,7 +130,7 @@ def sampling_config(disable: bool | None = False) -> dict:
 
 
 def write_selftest(workdir, **sampling) -> None:
-    from launcher.envs.selftest import trainer_build
+    from launcher.selftest.verdict import trainer_build
 
     result = {"created": "2026-12-01T12:00:00", "environment": {"gpu": {"name": "Radeon RX 7900 XTX"}},
               "trainer": trainer_build(workdir)}
@@ -145,7 +145,7 @@ def write_selftest(workdir, **sampling) -> None:
     ({"passed": False, "error": "did not finish in 600 s"}, "did not finish in 600 s"),
 ])
 def test_in_training_sampling_is_off_until_the_selftest_sampled(tmp_path, sampling, why):
-    from launcher.envs.selftest import resolve_sampling
+    from launcher.selftest.verdict import resolve_sampling
     from launcher.envs.workdir import Workdir
 
     workdir = Workdir(tmp_path)
@@ -159,7 +159,7 @@ def test_in_training_sampling_is_off_until_the_selftest_sampled(tmp_path, sampli
 
 
 def test_in_training_sampling_stays_on_after_a_passing_selftest_or_when_forced(tmp_path):
-    from launcher.envs.selftest import resolve_sampling
+    from launcher.selftest.verdict import resolve_sampling
     from launcher.envs.workdir import Workdir
 
     workdir = Workdir(tmp_path)
@@ -173,7 +173,7 @@ def test_in_training_sampling_stays_on_after_a_passing_selftest_or_when_forced(t
 
 
 def test_a_sampling_check_that_hangs_is_a_failure_not_a_hung_selftest(tmp_path, monkeypatch):
-    from launcher.commands import selftest
+    from launcher.selftest import launch, report
     from launcher.envs.workdir import Workdir
 
     limits = []
@@ -182,13 +182,13 @@ def test_a_sampling_check_that_hangs_is_a_failure_not_a_hung_selftest(tmp_path, 
         limits.append(timeout)
         raise subprocess.TimeoutExpired(module, timeout)
 
-    monkeypatch.setattr(selftest.tiny, "ensure_assets", lambda *args: {"name_or_path": "x"})
-    monkeypatch.setattr(selftest, "run_module", hang)
-    result = selftest.sampling_check(Workdir(tmp_path), tmp_path / "python", {})
-    assert limits == [selftest.SAMPLING_LIMIT_S]
-    assert result == {"passed": False, "error": f"did not finish in {selftest.SAMPLING_LIMIT_S} s "
+    monkeypatch.setattr(launch.tiny, "ensure_assets", lambda *args: {"name_or_path": "x"})
+    monkeypatch.setattr(launch, "run_module", hang)
+    result = launch.sampling_check(Workdir(tmp_path), tmp_path / "python", {})
+    assert limits == [launch.SAMPLING_LIMIT_S]
+    assert result == {"passed": False, "error": f"did not finish in {launch.SAMPLING_LIMIT_S} s "
                                                  "(a driver deadlock looks like this)"}
-    assert "FAIL  did not finish" in "\n".join(selftest.sampling_lines({"sampling": result}))
+    assert "FAIL  did not finish" in "\n".join(report.sampling_lines({"sampling": result}))
     passed = {"passed": True, "device": "cuda", "seconds": 9.5, "size": 128, "steps": 4}
     assert "pass  128 px, 4 steps, strengths 0 and 1 on the cuda in 9.5 s" in "\n".join(
-        selftest.sampling_lines({"sampling": passed}))
+        report.sampling_lines({"sampling": passed}))

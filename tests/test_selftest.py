@@ -13,7 +13,7 @@ import yaml
 from test_run import dry_run
 
 from launcher.cli import main
-from launcher.envs import selftest
+from launcher.selftest import verdict
 from launcher.envs.workdir import Workdir
 from launcher.runs import disk_budget
 from launcher.runs.schema import check_preset
@@ -33,19 +33,19 @@ def workdir_with(tmp_path, result: dict | None, state: dict | None = None) -> Wo
     workdir.root.mkdir(parents=True, exist_ok=True)
     workdir.state_file.write_text(json.dumps(state or {"target": "amd-fork", "commit": "abc", "patches": {"p": "1"}}))
     if result is not None:
-        stamped = {**result, "trainer": selftest.trainer_build(workdir)}
+        stamped = {**result, "trainer": verdict.trainer_build(workdir)}
         workdir.selftest.write_text(json.dumps(stamped))
     return workdir
 
 
 def test_auto_without_a_selftest_is_uint4_and_says_how_to_test(tmp_path):
-    choice = selftest.resolve_qtype("auto", workdir_with(tmp_path, None))
+    choice = verdict.resolve_qtype("auto", workdir_with(tmp_path, None))
     assert choice.qtype == "uint4" and choice.env == {}
     assert "no self-test result" in choice.line and "python -m launcher selftest" in choice.line
 
 
 def test_auto_follows_the_fastest_that_passed_with_its_variables(tmp_path):
-    choice = selftest.resolve_qtype("auto", workdir_with(tmp_path, GPU_RESULT))
+    choice = verdict.resolve_qtype("auto", workdir_with(tmp_path, GPU_RESULT))
     assert choice.qtype == "int4_w4a8"
     assert choice.env == {"INT4_W4A8_ACT": "fp8", "INT4_W4A8_GEMM": "scaled_mm"}
     assert "NVIDIA H200" in choice.line and "0.94x" in choice.line and "2026-11-30" in choice.line
@@ -54,19 +54,19 @@ def test_auto_follows_the_fastest_that_passed_with_its_variables(tmp_path):
 def test_a_result_from_another_trainer_build_is_stale(tmp_path):
     workdir = workdir_with(tmp_path, GPU_RESULT)
     workdir.state_file.write_text(json.dumps({"target": "amd-fork", "commit": "abc", "patches": {"p": "2"}}))
-    choice = selftest.resolve_qtype("auto", workdir)
+    choice = verdict.resolve_qtype("auto", workdir)
     assert choice.qtype == "uint4" and "stale" in choice.line and "another trainer build" in choice.line
 
 
 def test_nothing_passed_falls_back_with_the_reason(tmp_path):
     failed = {**GPU_RESULT, "fastest": {"qtype": None, "reason": "no 4-bit kernel path passed its checks"}}
-    choice = selftest.resolve_qtype("auto", workdir_with(tmp_path, failed))
+    choice = verdict.resolve_qtype("auto", workdir_with(tmp_path, failed))
     assert choice.qtype == "uint4" and "no 4-bit kernel path passed its checks" in choice.line
 
 
 def test_a_named_qtype_is_left_alone(tmp_path):
-    choice = selftest.resolve_qtype("int4_fused", workdir_with(tmp_path, GPU_RESULT))
-    assert choice == selftest.QtypeChoice("int4_fused")
+    choice = verdict.resolve_qtype("int4_fused", workdir_with(tmp_path, GPU_RESULT))
+    assert choice == verdict.QtypeChoice("int4_fused")
 
 
 def test_dry_run_renders_the_chosen_qtype_and_its_variables(places, tmp_path, capsys, monkeypatch):
@@ -108,15 +108,15 @@ def test_selftest_without_a_gpu_checks_the_reference_path(trainer_workdir, capsy
     assert "on the cpu\n  presets with `stream_mode: auto` stream serialized" in out
 
     result = json.loads(workdir.selftest.read_text())
-    assert result["trainer"] == selftest.trainer_build(workdir) and result["environment"]["gpu"] is None
+    assert result["trainer"] == verdict.trainer_build(workdir) and result["environment"]["gpu"] is None
     assert result["fastest"]["qtype"] is None and not result["timing"]
     assert all(row["passed"] and row["losses"][-1] < row["losses"][0] for row in result["training"])
     assert result["sampling"]["passed"] and result["sampling"]["device"] == "cpu", result["sampling"]
     assert "  pass  128 px, 4 steps, strengths 0 and 1 on the cpu" in out
-    choice = selftest.resolve_qtype("auto", workdir)
+    choice = verdict.resolve_qtype("auto", workdir)
     assert choice.qtype == "uint4" and "saw no GPU" in choice.line
     assert result["streaming"]["completed"] and result["streaming"]["matches_serialized"]
-    assert selftest.streaming_verdict(workdir)[0] == "serialized"  # the mechanics ran, on no GPU
+    assert verdict.streaming_verdict(workdir)[0] == "serialized"  # the mechanics ran, on no GPU
 
     assert main(["doctor", "--workdir", str(workdir.root)]) == 0
     assert "selftest        " in capsys.readouterr().out

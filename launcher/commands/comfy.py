@@ -11,12 +11,13 @@ import json
 from pathlib import Path
 
 from launcher.atomic import write_text_atomic
+from launcher.comfy import folder, lora_check, workflow
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir
 from launcher.errors import LauncherError
 from launcher.nofollow import refuse_links
 from launcher.progress import say, warn
-from launcher.runs import comfy, comfy_folder, lora_check
 from launcher.runs.folders import RunFolder, find_run, read_run_config
+from launcher.runs.prompts import caption_prompt
 
 EXAMPLES = """examples:
   python -m launcher comfy --comfy-dir D:\\ComfyUI                  # the latest run's newest LoRA
@@ -47,35 +48,35 @@ def handle(args) -> int:
     run = find_run(Workdir(args.workdir.resolve()).runs, args.run)
     config = read_run_config(run.root)
     lora = run.saved_lora(args.checkpoint)
-    comfy_dir = comfy_folder.check_comfy_dir(args.comfy_dir.resolve()) if args.comfy_dir else None
-    too_old = comfy_folder.version_note(comfy_dir) if comfy_dir else None
+    comfy_dir = folder.check_comfy_dir(args.comfy_dir.resolve()) if args.comfy_dir else None
+    too_old = folder.version_note(comfy_dir) if comfy_dir else None
     if too_old:
         warn(too_old)
-    prompt = args.prompt or comfy.caption_prompt(config)
+    prompt = args.prompt or caption_prompt(config)
     if not prompt:
         raise LauncherError(f"no caption found in the dataset named by {run.config}; pass --prompt \"...\"")
     base = lora_check.base_checkpoint(config["config"]["process"][0]["model"]["name_or_path"])
     summary = lora_check.check_lora(lora, base)
     say(f"LoRA check: {lora.name}: {summary.modules} Linear modules, {summary.tensors} tensors, rank "
         f"{'/'.join(map(str, summary.ranks))}; every tensor is one ComfyUI's FLUX.2 loader matches")
-    workflow = comfy.build(comfy.load_template(), lora.name, prompt, f"{OUTPUT_PREFIX}/{lora.stem}")
+    built = workflow.build(workflow.load_template(), lora.name, prompt, f"{OUTPUT_PREFIX}/{lora.stem}")
     if comfy_dir is not None:
-        placed = comfy_folder.place_lora(lora, comfy_dir, link=args.link, force=args.force)
+        placed = folder.place_lora(lora, comfy_dir, link=args.link, force=args.force)
         say(f"LoRA in place: {placed}")
-    write_workflows(run, lora, workflow)
+    write_workflows(run, lora, built)
     say(f"prompt: {prompt}")
-    report_models(workflow.models, comfy_dir)
-    report_canvas_models(workflow.canvas_models, comfy_dir)
+    report_models(built.models, comfy_dir)
+    report_canvas_models(built.canvas_models, comfy_dir)
     return 0
 
 
-def write_workflows(run: RunFolder, lora: Path, workflow: comfy.Workflow) -> None:
+def write_workflows(run: RunFolder, lora: Path, built: workflow.Workflow) -> None:
     refuse_links(run.root, run.comfyui)
     run.comfyui.mkdir(parents=True, exist_ok=True)
     ui = run.comfyui / f"{lora.stem}.workflow.json"
     api = run.comfyui / f"{lora.stem}.api.json"
-    write_text_atomic(ui, json.dumps(workflow.ui, indent=2, ensure_ascii=False) + "\n")  # replaces a link there
-    write_text_atomic(api, json.dumps(workflow.api, indent=2, ensure_ascii=False) + "\n")
+    write_text_atomic(ui, json.dumps(built.ui, indent=2, ensure_ascii=False) + "\n")  # replaces a link there
+    write_text_atomic(api, json.dumps(built.api, indent=2, ensure_ascii=False) + "\n")
     say(f"wrote {ui} (drag it onto the ComfyUI canvas)")
     say(f"wrote {api} (API format: POST {{\"prompt\": <its content>}} to ComfyUI's /prompt)")
 
@@ -83,18 +84,18 @@ def write_workflows(run: RunFolder, lora: Path, workflow: comfy.Workflow) -> Non
 def report_models(models: list[dict], comfy_dir: Path | None) -> None:
     """Which models the workflow loads, and with a ComfyUI folder, which of them it lacks."""
     if comfy_dir is None:
-        say(f"the workflows need ComfyUI {'.'.join(map(str, comfy_folder.MIN_VERSION))} or newer (the first release "
+        say(f"the workflows need ComfyUI {'.'.join(map(str, folder.MIN_VERSION))} or newer (the first release "
             "that loads the FLUX.2 small-decoder VAE)")
         say("put the LoRA into ComfyUI's models/loras/ (or pass --comfy-dir); the workflow also loads:")
         for model in models:
-            say(f"  {comfy_folder.model_location(model)}")
+            say(f"  {folder.model_location(model)}")
         return
     for model in models:
-        found = comfy_folder.find_model(comfy_dir, model)
+        found = folder.find_model(comfy_dir, model)
         if found:
             say(f"  found {found}")
         else:
-            warn(f"{comfy_dir} lacks {comfy_folder.model_location(model)}, "
+            warn(f"{comfy_dir} lacks {folder.model_location(model)}, "
                  "unless a folder of its extra_model_paths.yaml has it")
 
 
@@ -102,11 +103,11 @@ def report_canvas_models(models: list[dict], comfy_dir: Path | None) -> None:
     """Files only the canvas workflow names: ComfyUI refuses to queue it without them, even with the
     switch that uses them off; the API workflow runs without them."""
     for model in models:
-        found = comfy_folder.find_model(comfy_dir, model) if comfy_dir else None
+        found = folder.find_model(comfy_dir, model) if comfy_dir else None
         if found:
             say(f"  found {found} (for the canvas workflow)")
             continue
         where = f"{comfy_dir} lacks" if comfy_dir else "the canvas workflow also needs"
         (warn if comfy_dir else say)(
-            f"{where} {comfy_folder.model_location(model)}: ComfyUI checks it before queueing the .workflow.json even "
+            f"{where} {folder.model_location(model)}: ComfyUI checks it before queueing the .workflow.json even "
             "with its switch off; download it, or queue the .api.json, which does not use it")

@@ -11,8 +11,8 @@ from launcher.commands.run import ALLOCATOR_VARIABLES as SET_BY_RUN
 from launcher.commands.run import EXPANDABLE
 from launcher.envs.hostinfo import free_disk_gib, memory_gib
 from launcher.envs.probe import probe_with
-from launcher.envs.selftest import load_result, staleness, summary_line
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, venv_python
+from launcher.selftest.verdict import load_result, staleness, summary_line
 
 ALLOCATOR_VARIABLES = ("PYTORCH_HIP_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 # HIP runtimes on which Tensor.to() hangs in hsaKmtMemoryVaMap with expandable segments

@@ -20,7 +20,6 @@ import yaml
 from launcher import __version__
 from launcher.atomic import write_text_atomic
 from launcher.envs.probe import probe_with
-from launcher.envs.selftest import load_result, resolve_config, resolve_sampling, resolve_stream_mode, summary_line
 from launcher.envs.torchenv import NO_BYTECODE, clean_env
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, read_state, venv_python
 from launcher.errors import LauncherError
@@ -35,6 +34,7 @@ from launcher.runs.run_lock import run_folder_lock
 from launcher.runs.schema import Vocabulary, short
 from launcher.runs.telemetry import TelemetryRecorder
 from launcher.runs.vocabulary import read_vocabulary
+from launcher.selftest.verdict import load_result, resolve_config, resolve_sampling, resolve_stream_mode, summary_line
 from launcher.watchdog.loop import watch_run
 from launcher.watchdog.policy import load_config
 

@@ -12,12 +12,13 @@ import argparse
 import os
 from pathlib import Path
 
+from launcher.comfy import lora_check
 from launcher.envs.trainer_python import run_module
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, venv_python
 from launcher.errors import LauncherError
 from launcher.nofollow import refuse_links
 from launcher.progress import say
-from launcher.runs import files, lora_check, samples
+from launcher.runs import files, samples
 from launcher.runs.folders import find_run, read_run_config
 
 EXAMPLES = """examples:

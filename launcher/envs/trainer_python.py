@@ -17,7 +17,8 @@ LAUNCHER_ROOT = Path(__file__).resolve().parents[2]
 
 
 def module_command(python: Path, module: str, *args: str) -> list[str]:
-    """`python -m launcher.in_trainer.<module> ARGS`; paths in ARGS should be absolute."""
+    """`python -m launcher.in_trainer.<module> ARGS` (`module` may be dotted: `selftest.runner`);
+    paths in ARGS should be absolute."""
     return [str(python), "-m", f"launcher.in_trainer.{module}", *args]
 
 

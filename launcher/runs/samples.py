@@ -7,7 +7,7 @@ so a bad request is refused in a moment, before the model's minutes of loading.
 from pathlib import Path
 
 from launcher.errors import LauncherError
-from launcher.runs import comfy, run_lock
+from launcher.runs import prompts, run_lock
 from launcher.runs.folders import RunFolder
 
 SIZE_STEP = 16  # the FLUX.2 VAE's 8x downsampling and the transformer's 2x2 patches
@@ -23,8 +23,8 @@ def default_prompts(config: dict) -> list[str]:
     trigger = process.get("trigger_word")
     listed = (process.get("sample") or {}).get("prompts") or []
     if listed:
-        return [comfy.with_trigger(p, trigger) if isinstance(p, str) and p.strip() else p for p in listed]
-    caption = comfy.caption_prompt(config)
+        return [prompts.with_trigger(p, trigger) if isinstance(p, str) and p.strip() else p for p in listed]
+    caption = prompts.caption_prompt(config)
     return [caption] if caption else []
 
 

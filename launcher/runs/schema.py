@@ -23,7 +23,6 @@ import reprlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 
-from launcher.envs.selftest import AUTO
 from launcher.runs import files
 from launcher.signals.gpu_sources import SOURCES
 from launcher.suggest import did_you_mean
@@ -300,8 +299,9 @@ def watchdog_block() -> Block:
 
 RESOLUTION = Integer(minimum=16, multiple_of=16)
 QTYPE = Text(lambda v: v.qtypes)
-# `auto` is the launcher's: `run` turns it into a qtype from the self-test (launcher/envs/selftest.py)
-# before the trainer reads the config, so only the transformer's qtype may say it
+AUTO = "auto"
+"""The launcher's own qtype: `run` turns it into a qtype from the self-test (launcher/selftest/verdict.py)
+before the trainer reads the config, so only the transformer's qtype may say it."""
 MODEL_QTYPE = Text(lambda v: v.qtypes | {AUTO} if v.qtypes is not None else None)
 DTYPE = Text(lambda v: v.dtypes)
 

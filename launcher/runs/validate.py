@@ -175,7 +175,7 @@ def _hub_cached(repo_id: str) -> bool:
 
 def network_warnings(config: dict) -> list[str]:
     """Networks ComfyUI cannot load: they train and save without complaint, and ComfyUI then
-    skips every tensor of them with only a log line (see launcher/runs/lora_check.py)."""
+    skips every tensor of them with only a log line (see launcher/comfy/lora_check.py)."""
     messages = []
     for index, process in enumerate(config["config"]["process"]):
         kind = str((process.get("network") or {}).get("type", "lora"))  # the trainer's default is lora

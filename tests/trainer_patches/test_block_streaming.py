@@ -8,8 +8,8 @@ import copy
 import pytest
 import torch
 
-from launcher.in_trainer.selftest_streaming import block_stack
-from launcher.in_trainer.selftest_streaming import one_step as step
+from launcher.in_trainer.selftest.streaming import block_stack
+from launcher.in_trainer.selftest.streaming import one_step as step
 
 pytestmark = pytest.mark.patch("memory-plan")
 WIDTH = 64

@@ -1,4 +1,4 @@
-"""The self-test, trainer side: `python -m launcher.in_trainer.selftest --trainer DIR --out FILE`.
+"""The self-test, trainer side: `python -m launcher.in_trainer.selftest.runner --trainer DIR --out FILE`.
 
 Runs under the trainer venv's interpreter, where torch, Triton and the patched trainer's
 4-bit modules are, and writes one JSON report (`launcher selftest` prints it for people):
@@ -23,9 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from launcher.in_trainer import selftest_kernels as kernels
-from launcher.in_trainer import selftest_streaming as streaming
-from launcher.in_trainer import selftest_training as training
+from launcher.in_trainer.selftest import kernels, streaming, training
 
 SCHEMA = 1
 

@@ -2,7 +2,7 @@
 and the stream mode behind `model_kwargs: {stream_mode: auto}` of a memory plan.
 
 `python -m launcher selftest` writes `<workdir>/selftest.json` (written by
-`launcher.in_trainer.selftest` under the trainer's interpreter, stamped here with the trainer
+`launcher.in_trainer.selftest.runner` under the trainer's interpreter, stamped here with the trainer
 build it tested). A preset's `qtype: auto` becomes the fastest 4-bit qtype that passed there,
 with the environment variables that pick its GPU path; in every other case it becomes
 `uint4`, the fork's own torchao path, and `run` says in one line why.
@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass, field
 
 from launcher.envs.workdir import Workdir, read_state
+from launcher.runs.schema import AUTO
 
-AUTO = "auto"
 FALLBACK_QTYPE = "uint4"
 FAST_QTYPES = ("int4_fused", "int4_w4a8")
 HOW_TO_TEST = "`python -m launcher selftest` (a few minutes) tests the 4-bit kernels on this GPU"

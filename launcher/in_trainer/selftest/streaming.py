@@ -4,7 +4,7 @@ toolkit/block_streaming.py) run for a bounded time, in a child process with a de
 Block swap with copies in flight during kernels deadlocked the HIP driver on Windows (wall 5), so
 `stream_mode: auto` uses overlapped streaming only where this check ran to the end on the GPU and
 gave the serialized mode's outputs and gradients; a hang is a result (the child is killed at the
-deadline), not a hung self-test. `python -m launcher.in_trainer.selftest_streaming --trainer DIR
+deadline), not a hung self-test. `python -m launcher.in_trainer.selftest.streaming --trainer DIR
 --seconds S` is the child: it prints one JSON line.
 """
 
@@ -107,7 +107,7 @@ def child(trainer: Path, seconds: float) -> dict:
 def check(trainer: Path, log, seconds: float = RUN_SECONDS, deadline: float = DEADLINE_SECONDS) -> dict:
     """Run the child; {"passed", "device", ...} or {"passed": False, "reason"} on a hang or an error."""
     log(f"overlapped block streaming for {seconds:.0f} s (deadline {deadline:.0f} s)")
-    command = [sys.executable, "-m", "launcher.in_trainer.selftest_streaming", "--trainer", str(trainer),
+    command = [sys.executable, "-m", "launcher.in_trainer.selftest.streaming", "--trainer", str(trainer),
                "--seconds", str(seconds)]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=deadline)

@@ -13,7 +13,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from launcher.in_trainer.selftest_kernels import Modules
+from launcher.in_trainer.selftest.kernels import Modules
 from launcher.in_trainer.tiny_assets import FLUX2_PARAMS
 
 MODEL_FILE = Path("extensions_built_in/diffusion_models/flux2/src/model.py")

@@ -1,0 +1,104 @@
+"""What `python -m launcher selftest` prints: one section per part of the report (machine, kernels,
+quality gate, tiny steps, timings, sampling, streaming) and the verdict `qtype: auto` follows."""
+
+from pathlib import Path
+
+
+def format_report(report: dict, path: Path) -> list[str]:
+    """The self-test as plain text, meant to be pasted whole into a bug report."""
+    env = report["environment"]
+    trainer = report.get("trainer") or {}
+    backend = f"HIP {env['hip']}" if env.get("hip") else f"CUDA {env.get('cuda')}"
+    lines = [
+        f"flux2-24gb self-test (launcher {report.get('launcher')}), {report.get('created')}",
+        f"machine   {env['platform']}, Python {env['python']}",
+        f"torch     {env['torch']} ({backend}), Triton {env.get('triton') or 'does not import: ' + env.get('triton_error', '?')}",
+        gpu_line(env, report.get("driver")),
+        f"trainer   {trainer.get('target')} {str(trainer.get('commit'))[:10]} + {trainer.get('patch_count')} patches, "
+        f"overlay {str(trainer.get('overlay'))[:10]}",
+    ]
+    lines += section("kernels against the plain-PyTorch reference", [c for c in report["checks"] if "candidate" in c])
+    lines += section("8-bit activations against bf16 activations (reference path)",
+                     [c for c in report["checks"] if "check" in c])
+    lines.append("  (`qtype: auto` never picks a format that fails here; naming int4_w4a8 and\n"
+                 "   INT4_W4A8_ACT in a preset still uses it)")
+    lines += training_lines(report, on_gpu=env.get("gpu") is not None)
+    lines += timing_lines(report)
+    lines += sampling_lines(report)
+    lines += streaming_lines(report.get("streaming"))
+    lines += [""] + verdict_lines(report) + [f"written to {path}"]
+    return lines
+
+
+def gpu_line(env: dict, driver: str | None) -> str:
+    gpu = env.get("gpu")
+    if not gpu:
+        return "gpu       NONE: torch sees no GPU, so only the reference path (CPU) was checked; nothing was timed"
+    fp8 = "yes" if env.get("fp8_units") else "no (8-bit paths use int8)"
+    return f"gpu       {gpu['name']}, {gpu['vram_gib']} GiB, {gpu['arch']}, driver {driver or 'unknown'}, FP8 units: {fp8}"
+
+
+def section(title: str, checks: list) -> list[str]:
+    lines = ["", title] + ([] if checks else ["  not run (they need a GPU and Triton)"])
+    for check in checks:
+        name = check.get("candidate") or check["check"]
+        verdict = "pass" if check["passed"] else "FAIL"
+        detail = (f"max relative error {check['max_relative_error']:.1e} (limit {check['tolerance']:.0e})"
+                  if "max_relative_error" in check else check.get("error", ""))
+        lines.append(f"  {name:<34} {verdict}  {detail}")
+    return lines
+
+
+def training_lines(report: dict, on_gpu: bool) -> list[str]:
+    lines = ["", f"3 LoRA steps on the tiny FLUX.2 ({'GPU' if on_gpu else 'CPU, reference path'})"]
+    for row in report.get("training", []):
+        losses = row.get("losses") or []
+        detail = f"loss {losses[0]:.4f} -> {losses[-1]:.4f}" if losses else row.get("error", "")
+        lines.append(f"  {row['candidate']:<34} {'pass' if row['passed'] else 'FAIL'}  {detail}")
+    return lines
+
+
+def sampling_lines(report: dict) -> list[str]:
+    sampling = report.get("sampling")
+    if sampling is None:
+        return ["", "sampling (wall 6): not checked by this self-test"]
+    detail = (f"{sampling.get('size')} px, {sampling.get('steps')} steps, strengths 0 and 1 on the "
+              f"{sampling.get('device')} in {sampling.get('seconds')} s" if "seconds" in sampling else sampling.get("error", ""))
+    return ["", "sampling the tiny 4-bit FLUX.2 (wall 6; `sample_every` in training needs a pass)",
+            f"  {'pass' if sampling.get('passed') else 'FAIL'}  {detail}"]
+
+
+def timing_lines(report: dict) -> list[str]:
+    lines = []
+    for shape in report.get("timing", []):
+        lines += ["", f"FLUX.2 [dev] block Linears of one step at {shape['image_tokens']} image + "
+                      f"{shape['text_tokens']} text tokens x batch {shape['batch']} (2 forwards + 1 input gradient each)"]
+        base = next((r["step_ms"] for r in shape["results"] if r["candidate"] == "bf16"), None)
+        for row in shape["results"]:
+            ratio = f"{row['step_ms'] / base:.2f}x bf16" if base else ""
+            lines.append(f"  {row['candidate']:<34} {row['step_ms']:8.1f} ms  {row['tflops']:6.1f} TFLOP/s  {ratio}")
+    return lines
+
+
+def streaming_lines(streaming: dict | None) -> list[str]:
+    lines = ["", "overlapped block streaming (copies on a side stream during kernels: wall 5)"]
+    if not streaming:
+        return lines + ["  not run"]
+    if not streaming.get("completed"):
+        return lines + [f"  FAIL  {streaming.get('reason')}", "  presets with `stream_mode: auto` stream serialized"]
+    verdict = "pass" if streaming.get("passed") else "FAIL"
+    lines.append(f"  {verdict}  {streaming['steps']} steps in {streaming['seconds']} s on the {streaming['device']}"
+                 f"{'' if streaming.get('passed') else ': ' + str(streaming.get('reason'))}")
+    uses = "overlapped" if streaming.get("passed") and streaming.get("device") == "cuda" else "serialized"
+    return lines + [f"  presets with `stream_mode: auto` stream {uses}"]
+
+
+def verdict_lines(report: dict) -> list[str]:
+    fastest = report.get("fastest") or {}
+    if fastest.get("qtype"):
+        ratio = f", {fastest['x_bf16']:.2f}x the bf16 time" if fastest.get("x_bf16") else ""
+        env = " ".join(f"{k}={v}" for k, v in (fastest.get("env") or {}).items())
+        return [f"fastest that passed: {fastest['qtype']} ({fastest['candidate']}){ratio}",
+                f"presets with `qtype: auto` use it{' with ' + env if env else ''}"]
+    return [f"fastest that passed: none ({fastest.get('reason')})",
+            "presets with `qtype: auto` use uint4 (the fork's torchao path)"]
