@@ -39,8 +39,10 @@ if HAVE_TRITON:
         if _is_hip():  # untested: RDNA3 (wave32 WMMA), small stage counts
             shapes = [(64, 64, 0, 4, 2), (128, 64, 0, 4, 2), (128, 128, 0, 8, 2), (64, 128, 1, 4, 2)]
         else:
-            shapes = [(128, 128, 0, 4, 4), (128, 256, 0, 8, 3), (256, 128, 0, 8, 3),
-                      (128, 128, 1, 4, 4), (128, 256, 1, 8, 3), (64, 128, 1, 4, 4)]
+            # each weight tile is requantized once per program: tall tiles (BLOCK_M 256) spread that
+            # work over more tokens; BLOCK_M 64 for the short text-token matmuls
+            shapes = [(128, 128, 0, 4, 4), (256, 128, 0, 8, 3), (128, 128, 1, 4, 4),
+                      (256, 128, 1, 8, 3), (128, 256, 1, 8, 3), (64, 128, 1, 4, 4)]
         return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "W_AS_A": a, "GROUP_M": 8}, num_warps=w, num_stages=s)
                 for bm, bn, a, w, s in shapes]
 
