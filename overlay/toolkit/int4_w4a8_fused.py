@@ -17,8 +17,9 @@ no weight buffer of any size is written. Tiles are laid out as toolkit/int4_kern
 fused kernels lay them (one quantization group of 64 inputs per reduction step in the forward;
 one or two groups of output columns per program in the input gradient), whose helpers are reused.
 
-Tested: Triton's CPU interpreter (both orientations, FP8 and int8, partial tiles). Not yet timed
-on a GPU, and never run on an AMD GPU (ROCm gets its own small autotuning lists).
+Tested: Triton's CPU interpreter (both orientations, FP8 and int8, partial tiles); compiled by
+Triton 3.6 without a GPU for sm_90 (every config, on the wgmma path) and gfx1100 (int8). Not yet
+run or timed on any GPU; ROCm gets its own small autotuning lists.
 """
 
 from __future__ import annotations
