@@ -11,10 +11,14 @@ second set, with 4 input channels scaled 100x, the outliers transformer activati
     next to the 4-bit weight's own error against the bf16 weight;
   * correctness: the W4A8 kernels against the module's plain-PyTorch reference (same codes).
 
-Timings are the self-test's (`launcher.in_trainer.selftest.runner --tokens ...`). Loads the trainer's
-modules from --trainer (a checkout, or the files bench/carry.py copies):
+Each path passes when its kernel stays within the self-test's tolerance of its reference
+(`kernel_check`). `--time ROUNDS` then times the block Linears of one training step at
+`--tokens` with the self-test's own timing (2 forwards, as checkpointing recomputes, + 1 input
+gradient per Linear, summed over the 56 blocks) for bf16 weights, int4_fused and every path,
+ROUNDS rounds taken in turn so that clock drift is shared, and keeps each one's median.
+Loads the trainer's modules from --trainer (a checkout, or the files bench/carry.py copies):
 
-    python bench/w4a8_quality.py --trainer .bench-carry/trainer --out $OUT/w4a8_quality.json
+    python bench/w4a8_quality.py --trainer .bench-carry/trainer --out $OUT/w4a8_quality.json --time 5
 """
 
 import argparse
@@ -28,6 +32,8 @@ p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 p.add_argument("--trainer", required=True, type=Path)
 p.add_argument("--out", required=True, type=Path)
 p.add_argument("--tiny", action="store_true", help="small shapes (a CPU dry run under TRITON_INTERPRET=1)")
+p.add_argument("--time", type=int, default=0, metavar="ROUNDS", help="also time one step's block Linears")
+p.add_argument("--tokens", default="1024,512;4096,512", help="image,text tokens of the timed steps")
 args = p.parse_args()
 sys.path.insert(0, str(args.trainer.resolve()))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -37,6 +43,7 @@ from toolkit import int4_kernels as ik  # noqa: E402
 from toolkit import int4_w4a8 as w  # noqa: E402
 from toolkit import qtypes  # noqa: E402
 
+from launcher.in_trainer.selftest import kernels  # noqa: E402
 from launcher.in_trainer.selftest.kernels import block_linear_cases, candidates  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -90,7 +97,10 @@ def main():
     cases = [(n, i, o, t) for n, i, o, t, _ in block_linear_cases(1024, 512)]
     if args.tiny:
         cases = [(n, i // 48, o // 48, t // 16) for n, i, o, t in cases][:3]
-        w._scaled_gemm_kernel.configs = w._scaled_gemm_kernel.configs[:1]  # no autotuning without a GPU
+        from toolkit import int4_w4a8_fused as f
+
+        for kernel in (w._scaled_gemm_kernel, f._fused_gemm_fwd_kernel, f._fused_gemm_bwd_kernel):
+            kernel.configs = kernel.configs[:1]  # no autotuning without a GPU
     R["paths"] = [p_["name"] for p_ in paths]
     for outliers in (False, True):
         for name, in_f, out_f, tokens in cases:
@@ -103,8 +113,62 @@ def main():
                     f"{max(case[p_['name']]['kernel_vs_reference'].values()):.1e})" for p_ in paths))
             if DEV == "cuda":
                 torch.cuda.empty_cache()
+    R["kernel_check"] = kernel_check(paths)
+    if args.time:
+        R["timing"] = timing(paths, fp8)
     R["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     args.out.write_text(json.dumps(R, indent=1))
+
+
+def kernel_check(paths) -> dict:
+    """Per path: the largest kernel-vs-reference error over every case, against the self-test's limit."""
+    limit = kernels.KERNEL_TOLERANCE["int4_w4a8"]
+    verdict = {}
+    for path in paths:
+        worst = max(max(case[path["name"]]["kernel_vs_reference"].values()) for case in R["cases"])
+        verdict[path["name"]] = {"max_relative_error": worst, "tolerance": limit, "passed": worst <= limit}
+        log(f"kernel vs reference, {path['name']}: {worst:.1e} ({'pass' if worst <= limit else 'FAIL'}, limit {limit})")
+    return verdict
+
+
+def cpu_timed_ms(torch_, fn, reps: int = 2) -> float:
+    """The dry run's stand-in for the self-test's CUDA-event timer."""
+    fn()
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - start) * 1e3 / reps
+
+
+def timing(paths, fp8: bool) -> list:
+    """Median block-Linear ms of one step per path over args.time interleaved rounds, per token shape."""
+    m = kernels.Modules()
+    timed = [None] + [c for c in candidates(fp8, bool(getattr(torch.version, "hip", None)))
+                      if c["qtype"] == "int4_fused"] + paths
+    if DEV == "cpu":
+        kernels.timed_ms = cpu_timed_ms
+    shapes = []
+    for part in args.tokens.split(";"):
+        image, text = (int(v) for v in part.split(","))
+        cases = block_linear_cases(image, text)
+        if args.tiny:
+            cases = [(n, i // 48, o // 48, max(1, t // 64), calls) for n, i, o, t, calls in cases][:2]
+        log(f"timing the block Linears at {image} image + {text} text tokens, {args.time} rounds")
+        runs = {}
+        for _ in range(args.time):
+            for cand in timed:
+                row = kernels.time_candidate(m, cand, cases, DEV, log)
+                runs.setdefault(row["candidate"], []).append(row["step_ms"])
+        medians = {name: sorted(ms)[len(ms) // 2] for name, ms in runs.items()}
+        rows = [{"candidate": name, "median_ms": ms, "x_bf16": ms / medians["bf16"], "runs_ms": runs[name]}
+                for name, ms in medians.items()]
+        for row in rows:
+            log(f"  {row['candidate']:28s} {row['median_ms']:8.1f} ms  x{row['x_bf16']:.3f} bf16  "
+                f"(runs {', '.join(f'{v:.1f}' for v in row['runs_ms'])})")
+        shapes.append({"image_tokens": image, "text_tokens": text, "results": rows})
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
+    return shapes
 
 
 if __name__ == "__main__":
