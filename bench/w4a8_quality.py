@@ -14,7 +14,7 @@ second set, with 4 input channels scaled 100x, the outliers transformer activati
 Timings are the self-test's (`launcher.in_trainer.selftest --tokens ...`). Loads the trainer's
 modules from --trainer (a checkout, or the files bench/carry.py copies):
 
-    python bench/w4a8_quality.py --trainer .bench-carry/trainer --out $OUT/w4a8_quality.json
+    python -m bench.w4a8_quality --trainer .bench-carry/trainer --out $OUT/w4a8_quality.json
 """
 
 import argparse
@@ -30,7 +30,6 @@ p.add_argument("--out", required=True, type=Path)
 p.add_argument("--tiny", action="store_true", help="small shapes (a CPU dry run under TRITON_INTERPRET=1)")
 args = p.parse_args()
 sys.path.insert(0, str(args.trainer.resolve()))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 from toolkit import int4_kernels as ik  # noqa: E402

@@ -1,6 +1,6 @@
 """Host RAM of the transformer load does not grow with depth when blocks go off the host.
 
-bench/load_rss_depth.py runs the real Flux2Model.load_model (to where the text encoder would
+load_rss_probe.py (beside this file) runs the real Flux2Model.load_model (to where the text encoder would
 load) in a fresh process per measurement and reports the peak RSS the load added (VmHWM,
 reset after imports). Depth N and 4N, for the streamed phase (read + quantize per block) and
 the cache load (4 MiB of staging, so the cache is many times the buffers). On a CPU machine
@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 from conftest import ALLOCATOR_ENV
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "load_rss_depth.py"
+PROBE = Path(__file__).resolve().parent / "load_rss_probe.py"
 # hidden:double:single at depth N and 4N: the blocks add ~350 MiB of bf16, ~96 MiB quantized.
 # Off the host, the peak of a streamed load varies by up to ~30 MiB with no trend in depth
 # (allocator and quantization temporaries), so the parked control must grow by several times that.
@@ -46,7 +46,7 @@ def rows(trainer_checkout, tmp_path_factory):
         pytest.skip("needs Linux's VmHWM reset (/proc/self/clear_refs)")
     out = tmp_path_factory.mktemp("rss") / "rows.jsonl"
     done = subprocess.run(
-        [sys.executable, str(BENCH), "--trainer", str(trainer_checkout), "--dir", str(out.parent),
+        [sys.executable, str(PROBE), "--trainer", str(trainer_checkout), "--dir", str(out.parent),
          "--sizes", ",".join(SIZES), "--qtypes", "int4_fused", "--staging-mib", "4", "--out", str(out)],
         capture_output=True, text=True, env={**os.environ, **ALLOCATOR_ENV, "CUDA_VISIBLE_DEVICES": ""},
     )
