@@ -202,7 +202,7 @@ def parent(args) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trainer", required=True, type=Path)
-    p.add_argument("--dir", type=Path, required=True, help="where checkpoints and caches go")
+    p.add_argument("--dir", type=Path, help="where checkpoints and caches go (required)")
     p.add_argument("--sizes", default="1024:2:8,1024:4:16", help="hidden:double:single, comma-separated")
     p.add_argument("--qtypes", default="uint4,int4_fused")
     p.add_argument("--places", default="cpu,offhost", help="cpu: parked on the host; offhost: placed on meta")
@@ -217,6 +217,8 @@ def main() -> None:
     p.add_argument("--cache-dir", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     args.trainer = args.trainer.resolve()
+    if not args.child and args.dir is None:
+        p.error("--dir is required: a scratch folder for the checkpoints and caches")
     if args.child:
         print(json.dumps(child(args)), flush=True)
     else:
