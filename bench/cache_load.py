@@ -18,8 +18,8 @@ trainer did before (the whole model read into host RAM, then moved), and once pe
 kind through toolkit/staged_load.py's bounded staging buffers (pinned or plain host memory),
 each with the peak host RSS it added (VmHWM, reset before the load).
 
-    python bench/cache_load.py --trainer DIR --workdir QC --out r.json                 # full size
-    python bench/cache_load.py --trainer DIR --hidden 1536 --heads 12 --device cpu ... # reduced
+    python -m bench.cache_load --trainer DIR --workdir QC --out r.json                 # full size
+    python -m bench.cache_load --trainer DIR --hidden 1536 --heads 12 --device cpu ... # reduced
 
 The cache file stays in --workdir (bench/train_step.py --cache can then load it).
 """
@@ -31,8 +31,6 @@ import os
 import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 p.add_argument("--trainer", required=True, type=Path)
@@ -52,7 +50,7 @@ args = p.parse_args()
 
 import torch  # noqa: E402
 
-import _trainer as T  # noqa: E402
+from bench import _trainer as T  # noqa: E402
 
 R = {"argv": sys.argv[1:], "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": os.uname().nodename,
      "cpus": os.cpu_count(), "phase": "start"}

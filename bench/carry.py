@@ -4,7 +4,7 @@
 A GPU machine that gets only this repository's working tree needs these files next to it;
 .bench-carry/ is ignored by git (.git/info/exclude): copy it along, never commit it.
 
-    python bench/carry.py --trainer W/trainer [--dest .bench-carry/trainer]
+    python -m bench.carry --trainer W/trainer [--dest .bench-carry/trainer]
 """
 
 import argparse

@@ -16,9 +16,9 @@ Three steps, each a subcommand:
   launch   (there) one `launcher run` of a preset with the steps cut short, while the trainer's
            host memory is sampled every 0.2 s; one JSON object of figures
 
-    python bench/fullsize.py pack --workdir W --image-freeze FREEZE.txt
-    python3 bench/fullsize.py prepare --carry .bench-carry --root R
-    python3 bench/fullsize.py launch --root R --preset presets/rtx4090_512.yaml --label first --steps 6
+    python -m bench.fullsize pack --workdir W --image-freeze FREEZE.txt
+    python3 -m bench.fullsize prepare --carry .bench-carry --root R
+    python3 -m bench.fullsize launch --root R --preset presets/rtx4090_512.yaml --label first --steps 6
 
 FREEZE.txt is `python -m pip list --format=freeze` run with the GPU machine's Python. Random
 weights give meaningless images and losses; memory, load times and step times are real.
@@ -37,7 +37,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 # The GPU machine provides these itself; packing them would add gigabytes.
 PROVIDED = ("torch==", "torchvision==", "torchaudio==", "triton==", "nvidia-", "cuda-", "cupy")

@@ -21,8 +21,8 @@ Each child gets a time budget; the whole suite stops starting children at --budg
 Writes suite.json (every child's JSON merged, rewritten after each child) and suite.log (all
 output) into --out-dir, and prints a table last.
 
-    python bench/gpu_suite.py --trainer .bench-carry/trainer --out-dir OUT            # GPU machine
-    python bench/gpu_suite.py --trainer <checkout> --out-dir OUT --tiny --device cpu # dry run
+    python -m bench.gpu_suite --trainer .bench-carry/trainer --out-dir OUT            # GPU machine
+    python -m bench.gpu_suite --trainer <checkout> --out-dir OUT --tiny --device cpu # dry run
 """
 
 import argparse
@@ -52,6 +52,8 @@ p.add_argument("--bf16-ref", type=Path, help="earlier suite.json with a bf16_unc
 p.add_argument("--matmul-child", action="store_true", help=argparse.SUPPRESS)
 p.add_argument("--json", type=Path, help=argparse.SUPPRESS)
 args = p.parse_args()
+# the children run from the repository root (python -m bench.NAME): paths given relative to here
+args.trainer, args.workdir, args.out_dir = (path.resolve() for path in (args.trainer, args.workdir, args.out_dir))
 
 
 def matmul_child():
@@ -144,7 +146,7 @@ def run_child(name, cmd, timeout, env_extra=None):
     env.update(env_extra or {})
     say(f"{name}: start (timeout {timeout:.0f}s): {' '.join(cmd)}  env+{env_extra or {}}")
     t0 = time.time()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=HERE.parent)
 
     def pump():
         for line in proc.stdout:
@@ -182,21 +184,21 @@ tiny = ["--tiny", "--device", "cpu"] if args.tiny else ["--device", args.device]
 tr = ["--trainer", str(args.trainer)]
 EXP = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
-mm = run_child("matmul", [py, "-u", str(Path(__file__).resolve()), "--matmul-child", "--json", "{JSON}",
+mm = run_child("matmul", [py, "-u", "-m", "bench.gpu_suite", "--matmul-child", "--json", "{JSON}",
                           "--device", "cpu" if args.tiny else args.device] + tr + ["--out-dir", str(args.out_dir)],
                40)
 if args.set == "qtype":  # no cache child: every child builds its weights from random blocks
     args.only = args.only or ",".join(["matmul"] + [f"{args.qtype}_{n}" for n in
                                                      ("512_cap24", "1024_cap24", "768_cap24", "448x2_cap24",
                                                       "512_uncapped", "512_cap24_fused")])
-cache = run_child("cache", [py, "-u", str(HERE / "cache_load.py")] + tr + tiny +
+cache = run_child("cache", [py, "-u", "-m", "bench.cache_load"] + tr + tiny +
                   ["--workdir", str(args.workdir / "qcache"), "--qtype", args.qtype, "--out", "{JSON}"], 170)
 cache_file = cache.get("cache_path") if cache.get("phase") == "done" else None
 cache_arg = ["--cache", cache_file] if cache_file else []
 if not cache_file:
     say("no cache file: the uint4 children build their weights directly")
 
-step = [py, "-u", str(HERE / "train_step.py")] + tr + tiny + ["--out", "{JSON}", "--deadline", "{DEADLINE}"]
+step = [py, "-u", "-m", "bench.train_step"] + tr + tiny + ["--out", "{JSON}", "--deadline", "{DEADLINE}"]
 r = "64" if args.tiny else None  # tiny: small latents
 VARIANTS = [
     # name, shapes, weights, cap, timeout

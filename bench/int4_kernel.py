@@ -16,7 +16,7 @@ that reach it at 512 px (1024 image + 512 text tokens) and 1024 px (4096 + 512):
 Needs a GPU with Triton. The modules are imported from a trainer checkout (--trainer), so the
 script runs against any checkout:
 
-    python bench/int4_kernel.py --trainer <workdir>/trainer --out results.json
+    python -m bench.int4_kernel --trainer <workdir>/trainer --out results.json
 """
 
 import argparse
@@ -46,7 +46,6 @@ from toolkit.qtypes import Int4Kernel  # noqa: E402
 import triton  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # the six block Linear shapes (name, in_features, out_features, where), as the self-test times them
 from launcher.in_trainer.selftest.kernels import BLOCK_LINEARS  # noqa: E402
 

@@ -14,7 +14,7 @@ Modes:
   streamed-quantize  patch 0003's block-by-block build + quantize on the CPU
 
 Run it with the trainer's interpreter, pointing at a patched trainer checkout:
-  <venv>/bin/python bench/loader_rss.py --trainer <workdir>/trainer --sizes 3072:2:4,3072:4:8
+  <venv>/bin/python -m bench.loader_rss --trainer <workdir>/trainer --sizes 3072:2:4,3072:4:8
 
 Each size is "hidden:double_blocks:single_blocks" (FLUX.2 [dev] is 6144:8:48, 64 GB);
 heads are hidden/128 so the rotary axes stay [32, 32, 32, 32]. Files are deleted

@@ -6,7 +6,7 @@ checkpoint written by loader_rss.write_checkpoint, and prints the RSS after the 
 to the size of the quantized state it keeps. --release also calls gc.collect() and glibc's
 malloc_trim(0) after each block (Linux only). One size per process:
 
-    <venv>/bin/python bench/loader_trim_probe.py --trainer <checkout> --size 1536:4:24 [--release]
+    <venv>/bin/python -m bench.loader_trim_probe --trainer <checkout> --size 1536:4:24 [--release]
 """
 
 import argparse
@@ -14,12 +14,8 @@ import ctypes
 import gc
 import importlib
 import json
-import sys
 import tempfile
 from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 p.add_argument("--trainer", required=True, type=Path)
@@ -31,8 +27,8 @@ args = p.parse_args()
 
 import torch  # noqa: E402
 
-import _trainer as T  # noqa: E402
-import loader_rss  # noqa: E402  (its checkpoint writer and size parsing)
+from bench import _trainer as T  # noqa: E402
+from bench import loader_rss  # noqa: E402  (its checkpoint writer and size parsing)
 
 GiB = 2**30
 tr = T.Trainer(args.trainer)

@@ -12,7 +12,7 @@ training, a launch from the cache ~6 GiB. Here, one child process per variant:
   the GPU, and report host RSS, the host allocator's cached pinned bytes, and RSS after
   gc + malloc_trim (toolkit/host_memory.release_freed_memory).
 
-    python bench/pinned_retention.py --trainer .bench-carry/trainer --gib 4 --out pinned.json
+    python -m bench.pinned_retention --trainer .bench-carry/trainer --gib 4 --out pinned.json
 """
 
 import argparse
@@ -21,15 +21,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[1]
 VARIANTS = "int4_fused:1,int4_fused:0,uint4:1,uint4:0"  # qtype:non_blocking
 
 
 def child(trainer: Path, qtype: str, non_blocking: bool, gib: float) -> dict:
     import torch
 
-    sys.path.insert(0, str(HERE))
-    import _trainer as T
+    from bench import _trainer as T
 
     tr = T.Trainer(trainer)
     from toolkit.host_memory import release_freed_memory
@@ -80,8 +79,9 @@ def main() -> int:
     rows = []
     for variant in args.variants.split(","):
         qtype, non_blocking = variant.split(":")
-        done = subprocess.run([sys.executable, __file__, "--trainer", str(args.trainer), "--gib", str(args.gib),
-                               "--child", qtype, non_blocking], capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "-m", "bench.pinned_retention", "--trainer", str(args.trainer),
+                               "--gib", str(args.gib), "--child", qtype, non_blocking],
+                              capture_output=True, text=True, cwd=REPO)
         if done.returncode:
             print(done.stdout[-2000:], done.stderr[-3000:], file=sys.stderr)
             return 1

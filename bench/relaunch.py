@@ -10,8 +10,8 @@ every 0.1 s from /proc, and how long the trainer's interpreter takes to import w
 needs and build the job (`toolkit.job.get_job` on the launch's rendered config), in wall and
 in CPU seconds (the latter moves less on a shared machine).
 
-    python bench/relaunch.py --workdir W --out OUT [--preset presets/tiny.yaml] [--launches 2]
-    python bench/relaunch.py --workdir W --out OUT -- --model-dir M --text-encoder T --dataset D
+    python -m bench.relaunch --workdir W --out OUT [--preset presets/tiny.yaml] [--launches 2]
+    python -m bench.relaunch --workdir W --out OUT -- --model-dir M --text-encoder T --dataset D
 
 Arguments after `--` go to `launcher run` as they are.
 """
@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 GIB = 2**30
 IMPORT_PROBE = """
 import sys, time

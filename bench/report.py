@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
-"""Generate RESULTS.md's tables from bench/results.csv, the machine-readable results table.
+"""Generate every table of RESULTS.md from bench/results/, the machine-readable results.
 
-Each row of results.csv is one measurement (its table, date, configuration, figures and the
-archived raw file it came from). A table in RESULTS.md sits between two markers,
-`<!-- results.csv: NAME -->` and `<!-- end results.csv -->`, and is rewritten from the rows of
-table NAME; the prose around it stays hand-written. Add a measurement by adding rows (and its raw
-output to archive/), then:
+One CSV per table, `results/NAME.csv`, one row per measurement; its last two columns are `date`
+(when it was measured) and `source` (the raw file(s) under archive/ the row's figures come from,
+space-separated; empty where none was kept). In RESULTS.md a table sits between
+`<!-- results: NAME -->` and `<!-- end results -->` and is rewritten from `results/NAME.csv`; the
+prose around it stays hand-written.
+
+Most tables show their other columns as they are: the column's name is its title, and a name
+ending in `:` is right-aligned (markdown's `---:`). A table with a renderer of its own (RENDERERS)
+keeps its figures in separate columns and builds the cells from them.
 
     python bench/report.py            # rewrite the tables in RESULTS.md
-    python bench/report.py --check    # exit 1 if RESULTS.md does not match results.csv
+    python bench/report.py --check    # exit 1 if RESULTS.md and results/ disagree
 """
 
 import argparse
@@ -18,7 +22,16 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-TABLE = re.compile(r"(<!-- results\.csv: (\w+) -->\n)(.*?)(<!-- end results\.csv -->)", re.S)
+TABLE = re.compile(r"(<!-- results: (\w+) -->\n)(.*?)(<!-- end results -->)", re.S)
+META = ["date", "source"]
+
+
+class ResultsError(ValueError):
+    """The results folder and the document cannot be matched; the message says how to fix it."""
+
+
+def markdown_row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
 
 
 def step_row(row: dict) -> str:
@@ -30,7 +43,7 @@ def step_row(row: dict) -> str:
     else:
         cells += [row["s_per_step"], f"{row['fwd_s']} / {row['bwd_opt_s']}", pair, row["tflops"],
                   f"{row['mfu_pct']} %", row["x_bf16"]]
-    return "| " + " | ".join(cells + [f"[raw]({row['source']})"]) + " |"
+    return markdown_row(cells + [f"[raw]({row['source']})"])
 
 
 RENDERERS = {
@@ -39,25 +52,64 @@ RENDERERS = {
 }
 
 
-def render(rows: list[dict], name: str) -> str:
-    header, row_text = RENDERERS[name]
-    return "\n".join([header, *(row_text(row) for row in rows if row["table"] == name)]) + "\n"
+def read_table(path: Path) -> tuple[list[str], list[list[str]]]:
+    """The columns and rows of one results CSV, checked: the meta columns last, every row full."""
+    with path.open(newline="", encoding="utf-8") as handle:
+        header, *rows = list(csv.reader(handle))
+    if header[-len(META):] != META:
+        raise ResultsError(f"{path}: the last columns must be {', '.join(META)} (found {header[-2:]})")
+    for number, row in enumerate(rows, start=2):
+        if len(row) != len(header):
+            raise ResultsError(f"{path}, line {number}: {len(row)} cells for {len(header)} columns")
+        for source in row[-1].split():
+            if not (path.parent.parent / source).is_file():
+                raise ResultsError(f"{path}, line {number}: source {source} is not a file of bench/: "
+                                   "archive the raw output there or empty the cell")
+    return header, rows
+
+
+def render(path: Path) -> str:
+    header, rows = read_table(path)
+    if path.stem in RENDERERS:
+        head, row_text = RENDERERS[path.stem]
+        return "\n".join([head, *(row_text(dict(zip(header, row))) for row in rows)]) + "\n"
+    shown = header[:-len(META)]
+    titles = [name[:-1] if name.endswith(":") else name for name in shown]
+    align = ["---:" if name.endswith(":") else "---" for name in shown]
+    lines = [markdown_row(titles), markdown_row(align)]
+    lines += [markdown_row(row[:-len(META)]) for row in rows]
+    return "\n".join(lines) + "\n"
 
 
 def generated(results: Path, document: str) -> str:
-    with results.open(newline="", encoding="utf-8") as handle:
-        rows = list(csv.DictReader(handle))
-    return TABLE.sub(lambda m: m.group(1) + render(rows, m.group(2)) + m.group(4), document)
+    """The document with every marked table rewritten; every results file must be shown once."""
+    names = TABLE.findall(document)
+    used = [name for _, name, _, _ in names]
+    missing = [name for name in used if not (results / f"{name}.csv").is_file()]
+    if missing:
+        raise ResultsError(f"no {results}/NAME.csv for the table(s) {', '.join(missing)} of the document")
+    unused = sorted(path.stem for path in results.glob("*.csv") if path.stem not in used)
+    if unused:
+        raise ResultsError(f"{results}: {', '.join(unused)} not shown in the document: add a "
+                           "`<!-- results: NAME -->` table there or remove the file")
+    twice = sorted({name for name in used if used.count(name) > 1})
+    if twice:
+        raise ResultsError(f"the table(s) {', '.join(twice)} are marked more than once in the document")
+    return TABLE.sub(lambda m: m.group(1) + render(results / f"{m.group(2)}.csv") + m.group(4), document)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 when RESULTS.md is stale")
-    parser.add_argument("--results", type=Path, default=HERE / "results.csv")
+    parser.add_argument("--results", type=Path, default=HERE / "results")
     parser.add_argument("--document", type=Path, default=HERE / "RESULTS.md")
     args = parser.parse_args(argv)
     document = args.document.read_text(encoding="utf-8")
-    new = generated(args.results, document)
+    try:
+        new = generated(args.results, document)
+    except ResultsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     if args.check:
         if new != document:
             print(f"{args.document} does not match {args.results}: run python bench/report.py", file=sys.stderr)

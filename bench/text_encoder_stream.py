@@ -9,7 +9,7 @@ each in its own process so host peaks (VmHWM, Linux) are its own:
 and compares the stacked hidden states. Defaults: full width (hidden 5120, MLP 32768, vocab
 131072, 32 heads, 8 KV heads), 8 layers, states (2, 4, 6), 8 prompts of 512 tokens.
 
-    python bench/text_encoder_stream.py --trainer W/trainer --tokenizer-from TINY/text_encoder --out r.json
+    python -m bench.text_encoder_stream --trainer W/trainer --tokenizer-from TINY/text_encoder --out r.json
     ... --device cpu --hidden 256 --intermediate 512 --vocab 1000 --heads 4 --kv-heads 2   (a CPU dry run)
 """
 

@@ -19,8 +19,8 @@ parameters, MSE against a random target, inputs made by the trainer's batched_pr
 Per shape: warm-up steps, then timed steps until --steps or the --deadline; the median.
 Peak allocated/reserved VRAM are over the steps of that shape (reset before it).
 
-    python bench/train_step.py --trainer DIR --weights uint4 --cache F --shapes 512 --cap-gib 24 --out r.json
-    python bench/train_step.py --trainer DIR --weights bf16 --tiny --device cpu --shapes 64,64x2 --out t.json
+    python -m bench.train_step --trainer DIR --weights uint4 --cache F --shapes 512 --cap-gib 24 --out r.json
+    python -m bench.train_step --trainer DIR --weights bf16 --tiny --device cpu --shapes 64,64x2 --out t.json
 
 The JSON is rewritten after every phase, so a kill or an OOM leaves what was measured.
 Exit code 0 when every shape ran, 2 when one hit OOM, 1 on any other failure.
@@ -34,8 +34,6 @@ import sys
 import time
 import traceback
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 p.add_argument("--trainer", required=True, type=Path, help="trainer checkout or .bench-carry/trainer")
@@ -86,7 +84,7 @@ save()
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import _trainer as T  # noqa: E402
+from bench import _trainer as T  # noqa: E402
 
 DEV = torch.device(args.device)
 CUDA = DEV.type == "cuda"

@@ -29,7 +29,7 @@ import json
 f = json.load(open('$OUT/selftest.json')).get('fastest') or {}
 print(' '.join(f'export {k}={v};' for k, v in (f.get('env') or {}).items()))" 2>/dev/null)"
 stamp "W4A8 path: INT4_W4A8_ACT=$INT4_W4A8_ACT INT4_W4A8_GEMM=$INT4_W4A8_GEMM"
-timeout $(left 80) python3 bench/w4a8_quality.py --trainer .bench-carry/trainer --out $OUT/w4a8_quality.json 2>&1 \
+timeout $(left 80) python3 -m bench.w4a8_quality --trainer .bench-carry/trainer --out $OUT/w4a8_quality.json 2>&1 \
   | cut -c1-400 | tee -a $LOG
 stamp "quality rc=$?"
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
@@ -37,7 +37,7 @@ for spec in "int4_w4a8 --cap-gib 24" "bf16" "int4_fused --cap-gib 24"; do
   set -- $spec; q=$1; shift
   t=$(left 110); [ "$t" -lt 40 ] && { stamp "skip $q: $t s left"; continue; }
   stamp "step $q"
-  timeout $t python3 bench/train_step.py --trainer .bench-carry/trainer --weights $q --shapes 512 --steps 5 "$@" \
+  timeout $t python3 -m bench.train_step --trainer .bench-carry/trainer --weights $q --shapes 512 --steps 5 "$@" \
     --tag ${q}_512 --out $OUT/step_$q.json 2>&1 | grep -E "RESULT|FAIL|OOM|weights ready|warm-up|Error" | cut -c1-300 | tee -a $LOG
 done
 stamp done

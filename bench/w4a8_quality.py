@@ -18,7 +18,7 @@ gradient per Linear, summed over the 56 blocks) for bf16 weights, int4_fused and
 ROUNDS rounds taken in turn so that clock drift is shared, and keeps each one's median.
 Loads the trainer's modules from --trainer (a checkout, or the files bench/carry.py copies):
 
-    python bench/w4a8_quality.py --trainer .bench-carry/trainer --out $OUT/w4a8_quality.json --time 5
+    python -m bench.w4a8_quality --trainer .bench-carry/trainer --out $OUT/w4a8_quality.json --time 5
 """
 
 import argparse
@@ -36,7 +36,6 @@ p.add_argument("--time", type=int, default=0, metavar="ROUNDS", help="also time 
 p.add_argument("--tokens", default="1024,512;4096,512", help="image,text tokens of the timed steps")
 args = p.parse_args()
 sys.path.insert(0, str(args.trainer.resolve()))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 from toolkit import int4_kernels as ik  # noqa: E402

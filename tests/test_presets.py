@@ -1,5 +1,6 @@
 """Preset loading and rendering: the launcher block is split off, machine paths are filled in."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,13 @@ def test_render_fills_run_folder_and_tiny_assets(tmp_path):
     assert process["datasets"][0]["folder_path"] == "/assets/tiny/dataset"
     assert process["datasets"][0]["resolution"] == [128]
     assert preset.config["config"]["process"][0]["model"]["model_kwargs"] == {}  # preset untouched
+
+
+def test_preset_comments_carry_no_benchmark_figures():
+    """Figures drift; a preset comment may point to bench/RESULTS.md, not quote it."""
+    figure = re.compile(r"\d\s*(GiB|MiB|s/it|s/step|it/s|TFLOP|ms\b|x bf16)")
+    found = [f"{path.name}:{number}: {line.strip()}"
+             for path in sorted((Path(__file__).resolve().parents[1] / "presets").glob("*.yaml"))
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if "#" in line and figure.search(line.split("#", 1)[1])]
+    assert not found, "benchmark figures in preset comments (point to bench/RESULTS.md instead):\n" + "\n".join(found)

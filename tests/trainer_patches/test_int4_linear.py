@@ -256,6 +256,6 @@ def test_gpu_kernels_match_reference(variant, ik):
         dx = ik.int4_matmul_bwd(dy, q, s, z, variant=variant)
         yr = ik.reference_matmul_fwd(x.float(), q, s.float(), z)
         dxr = ik.reference_matmul_bwd(dy.float(), q, s.float(), z)
-        # bf16 inputs and output: ~3.6e-3 of the largest entry measured on an H200 (bench/RESULTS-int4.md)
+        # bf16 inputs and output: ~3.6e-3 of the largest entry measured on an H200 (bench/RESULTS.md)
         assert float((y.float() - yr).abs().max()) < 1e-2 * float(yr.abs().max()), (variant, M, N, K)
         assert float((dx.float() - dxr).abs().max()) < 1e-2 * float(dxr.abs().max()), (variant, M, N, K)

@@ -3,7 +3,7 @@
 
 Runs the patched trainer's own Flux2Model.load_model (stopped where the text encoder would
 load: the transformer is complete there) in a fresh process per measurement, on a random
-FLUX.2-shaped checkpoint written by loader_rss.write_checkpoint, and reports:
+FLUX.2-shaped checkpoint, and reports:
 
   peak_gib   VmHWM above the RSS after imports (the kernel's high-water mark, reset after
              imports through /proc/self/clear_refs), i.e. what the load itself needed
@@ -24,10 +24,13 @@ and placements of the quantized blocks:
             stands in for the GPU (it holds no host memory, as the GPU would not), so what
             remains is the host RAM the loader itself needs
 
-Linux only (VmHWM, clear_refs). Run with the trainer venv's interpreter:
+Linux only (VmHWM, clear_refs). `test_load_host_memory.py` runs it at two depths; it lives
+with the tests so that what CI checks cannot change with the benchmarks. The benchmark of the
+same name (`python -m bench.run load_rss_depth`) runs this file; by hand, with the trainer
+venv's interpreter:
 
-    <venv>/bin/python bench/load_rss_depth.py --trainer <workdir>/trainer --dir <scratch> \
-        --sizes 1024:2:8,1024:4:16 --qtypes uint4,int4_fused --out rss.jsonl
+    <venv>/bin/python tests/trainer_patches/load_rss_probe.py --trainer <workdir>/trainer \
+        --dir <scratch> --sizes 1024:2:8,1024:4:16 --qtypes uint4,int4_fused --out rss.jsonl
 """
 
 import argparse
@@ -39,7 +42,6 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
 GIB = 2**30
 
 
@@ -69,6 +71,28 @@ def host_tensor_bytes(model) -> int:
             seen.add(storage.data_ptr())
             total += storage.nbytes()
     return total
+
+
+def flux2_params(size: str) -> dict:
+    """hidden:double:single -> FLUX.2 params; heads of 128 keep the rotary axes [32, 32, 32, 32]."""
+    hidden, depth, single = (int(v) for v in size.split(":"))
+    return {"hidden_size": hidden, "num_heads": hidden // 128, "depth": depth, "depth_single_blocks": single,
+            "axes_dim": [32, 32, 32, 32]}
+
+
+def write_checkpoint(trainer: Path, params: dict, path: Path) -> None:
+    """Random bf16 weights under the trainer's own FLUX.2 keys and shapes (N(0, 0.02), seed 0)."""
+    import torch
+    from safetensors.torch import save_file
+
+    sys.path.insert(0, str(trainer))
+    from extensions_built_in.diffusion_models.flux2.src.model import Flux2, Flux2Params
+
+    with torch.device("meta"):
+        shapes = {name: value.shape for name, value in Flux2(Flux2Params(**params)).state_dict().items()}
+    generator = torch.Generator().manual_seed(0)
+    save_file({name: (torch.randn(shape, generator=generator) * 0.02).to(torch.bfloat16)
+               for name, shape in shapes.items()}, str(path))
 
 
 def model_config(checkpoint: Path, params: dict, qtype: str, cache_dir: Path, cache: bool, staging_mib):
@@ -140,9 +164,7 @@ def child(args) -> dict:
 
 
 def measure(args, size: str, qtype: str, mode: str, place: str, checkpoint: Path, cache_dir: Path) -> dict:
-    import loader_rss
-
-    params = loader_rss.flux2_params(size)
+    params = flux2_params(size)
     command = [sys.executable, __file__, "--child", "--trainer", str(args.trainer), "--checkpoint", str(checkpoint),
                "--params", json.dumps(params), "--qtype", qtype, "--mode", mode, "--place", place,
                "--cache-dir", str(cache_dir)] + (["--staging-mib", str(args.staging_mib)] if args.staging_mib else [])
@@ -154,19 +176,14 @@ def measure(args, size: str, qtype: str, mode: str, place: str, checkpoint: Path
 
 
 def parent(args) -> None:
-    sys.path.insert(0, str(HERE))
-    import loader_rss
-
-    trainer = loader_rss.import_trainer(args.trainer)
     args.dir.mkdir(parents=True, exist_ok=True)
     out = open(args.out, "a", encoding="utf-8") if args.out else None
     for size in args.sizes.split(","):
-        params = loader_rss.flux2_params(size)
         folder = args.dir / size.replace(":", "x")
         checkpoint = folder / "flux2-dev.safetensors"
         if not checkpoint.is_file():
             folder.mkdir(parents=True, exist_ok=True)
-            loader_rss.write_checkpoint(trainer, params, checkpoint)
+            write_checkpoint(args.trainer, flux2_params(size), checkpoint)
         for qtype in args.qtypes.split(","):
             cache_dir = folder / f"cache-{qtype}"
             for place in args.places.split(","):
@@ -185,7 +202,7 @@ def parent(args) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trainer", required=True, type=Path)
-    p.add_argument("--dir", type=Path, help="where checkpoints and caches go")
+    p.add_argument("--dir", type=Path, help="where checkpoints and caches go (required)")
     p.add_argument("--sizes", default="1024:2:8,1024:4:16", help="hidden:double:single, comma-separated")
     p.add_argument("--qtypes", default="uint4,int4_fused")
     p.add_argument("--places", default="cpu,offhost", help="cpu: parked on the host; offhost: placed on meta")
@@ -200,6 +217,8 @@ def main() -> None:
     p.add_argument("--cache-dir", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     args.trainer = args.trainer.resolve()
+    if not args.child and args.dir is None:
+        p.error("--dir is required: a scratch folder for the checkpoints and caches")
     if args.child:
         print(json.dumps(child(args)), flush=True)
     else:

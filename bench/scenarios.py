@@ -1,0 +1,124 @@
+"""Every measurement of bench/ by name: which script, its arguments, where it runs, what it feeds.
+
+`python -m bench.run NAME` runs one (see run.py); `python -m bench.run --list` prints this table.
+In `args`, `{trainer}` is the trainer checkout (`--trainer`), `{workdir}` a launcher workdir
+(`--workdir`), `{dir}` a scratch folder (`--dir`), `{out}` the output folder (`--out`): the
+files named in `outputs` are written there and archived under archive/ with the date.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    what: str
+    command: tuple[str, ...]  # a module run with `python -m`, or `bash FILE`, then its arguments
+    where: str  # "CPU", "GPU", "CPU or GPU", "here" (the machine that prepares a GPU call)
+    python: str  # the interpreter to start bench.run with
+    tables: tuple[str, ...] = ()  # the results/NAME.csv tables its output feeds
+    outputs: tuple[str, ...] = ()  # files of {out} archived as the raw output
+    stdout_rows: bool = False  # the script prints its JSON rows: kept as {out}/rows.jsonl
+    env: tuple[tuple[str, str], ...] = ()
+    needs: str = ""  # what must follow `--` (arguments without a default)
+
+
+TRAINER_VENV = "the trainer venv (W/venv)"
+GPU_PYTHON = "the GPU machine's python3, wheels of .whl on PYTHONPATH"
+ANY = "any python of 3.10+"
+EXPANDABLE = (("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),)
+
+SCENARIOS = {s.name: s for s in [
+    Scenario("carry", "copies the trainer files the GPU scenarios import into .bench-carry/trainer",
+             ("bench.carry", "--trainer", "{trainer}"), "here", ANY),
+    Scenario("loader_rss", "peak host RSS and wall time to load (+ quantize) a FLUX.2-shaped checkpoint: the fork's "
+             "load_file path vs the streamed block-by-block loader (figure 1)",
+             ("bench.loader_rss", "--trainer", "{trainer}", "--sizes",
+              "1536:1:6,1536:2:12,1536:4:24,1536:8:48,6144:1:6", "--dir", "{dir}"),
+             "CPU", TRAINER_VENV, ("loader_rss",), ("output.log",), env=(("HF_HUB_OFFLINE", "1"),)),
+    Scenario("loader_trim", "RSS of the streamed load + quantize without and (`-- --release`) with malloc_trim "
+             "after each block, next to the quantized state kept (figure 1 note); one size per call",
+             ("bench.loader_trim_probe", "--trainer", "{trainer}", "--size", "1536:4:24", "--dir", "{dir}"),
+             "CPU", TRAINER_VENV, ("loader_trim",), ("rows.jsonl",), stdout_rows=True, env=(("HF_HUB_OFFLINE", "1"),)),
+    Scenario("load_rss_depth", "peak host RSS of the trainer's own Flux2Model.load_model at two depths: streamed + "
+             "quantize and from the cache, blocks parked on the CPU or off the host (meta stands in for the GPU)",
+             ("tests/trainer_patches/load_rss_probe.py", "--trainer", "{trainer}", "--dir", "{dir}",
+              "--sizes", "1024:2:8,1024:4:16", "--qtypes", "int4_fused", "--out", "{out}/rows.jsonl"),
+             "CPU", TRAINER_VENV, ("load_rss_depth",), ("rows.jsonl",)),
+    Scenario("load_rss_depth_upstream", "the same at width 768 with 4 MiB of staging, three depths (the test's sizes)",
+             ("tests/trainer_patches/load_rss_probe.py", "--trainer", "{trainer}", "--dir", "{dir}",
+              "--sizes", "768:2:4,768:4:8,768:8:16", "--qtypes", "int4_fused", "--staging-mib", "4",
+              "--out", "{out}/rows.jsonl"),
+             "CPU", TRAINER_VENV + " of the upstream-main workdir", ("load_rss_depth_upstream",), ("rows.jsonl",)),
+    Scenario("gpu_suite", "figures 2 (full size), 3 and 4: the cache load and one LoRA step of the 32B model per "
+             "variant (uint4 capped at 24/22 GiB and uncapped, bf16), each in its own child with a time budget",
+             ("bench.gpu_suite", "--trainer", "{trainer}", "--out-dir", "{out}", "--workdir", "{dir}",
+              "--budget", "450"),
+             "GPU", GPU_PYTHON, ("step", "cache_load"), ("suite.json", "suite.log")),
+    Scenario("gpu_suite_qtype", "the training-step children for another qtype (no cache; four shapes at 24 GiB, 512 px "
+             "uncapped and with INT4_LINEAR_VARIANT=fused), divided by the archived bf16 run",
+             ("bench.gpu_suite", "--trainer", "{trainer}", "--out-dir", "{out}", "--workdir", "{dir}",
+              "--set", "qtype", "--qtype", "int4_fused", "--bf16-ref", "bench/archive/gpu_suite_2026-11-29.json",
+              "--budget", "340"),
+             "GPU", GPU_PYTHON, ("int4_fused_step",), ("suite.json", "suite.log")),
+    Scenario("train_step", "one LoRA training step (r32 on all block Linears, checkpointing, AdamW) at 512 px: "
+             "s/step and peak VRAM; `-- --weights bf16` (or another qtype, `--cap-gib 0`) for the other rows",
+             ("bench.train_step", "--trainer", "{trainer}", "--weights", "int4_fused", "--shapes", "512",
+              "--cap-gib", "24", "--steps", "5", "--out", "{out}/step.json"),
+             "GPU (or `-- --tiny --device cpu`)", GPU_PYTHON, ("same_call", "w4a8_step"), ("step.json",), env=EXPANDABLE),
+    Scenario("cache_load_gpu", "the quantized cache loaded onto the GPU through the staging buffers (pinned and "
+             "plain) vs to the host then moved, with the peak host RSS each added; width 3072, 8.08 B parameters",
+             ("bench.cache_load", "--trainer", "{trainer}", "--workdir", "{dir}", "--hidden", "3072", "--heads", "24",
+              "--depth", "8", "--single", "48", "--device", "cuda", "--load-device", "cuda", "--out", "{out}/cache_load.json"),
+             "GPU", GPU_PYTHON, ("cache_load_gpu",), ("cache_load.json",)),
+    Scenario("pinned_retention", "host RSS kept after quantized blocks went GPU -> host -> GPU, with the fork's "
+             "non-blocking copy to the host vs a blocking one",
+             ("bench.pinned_retention", "--trainer", "{trainer}", "--gib", "2", "--variants",
+              "int4_fused:1,int4_fused:0", "--out", "{out}/rows.json"),
+             "GPU", GPU_PYTHON, ("pinned_retention",), ("rows.json",)),
+    Scenario("text_encoder", "walls 3-4: the text phase's streamed Mistral encoder vs the whole model at full width: "
+             "host and VRAM peaks, time, identical hidden states",
+             ("bench.text_encoder_stream", "--trainer", "{trainer}", "--work", "{dir}", "--out", "{out}/result.json"),
+             "GPU (or `-- --device cpu` at toy sizes)", "the GPU machine's python3, the fork's transformers pin",
+             ("text_encoder",), ("result.json",), needs="--tokenizer-from DIR (a FLUX.2 tokenizer folder)"),
+    Scenario("int4_kernel", "the 4-bit Linear's GPU variants per block Linear shape against bf16 and torchao",
+             ("bench.int4_kernel", "--trainer", "{trainer}", "--variants", "fused,chunked", "--out", "{out}/kernel.json"),
+             "GPU (or `TRITON_INTERPRET=1`, `-- --quick`)", GPU_PYTHON, ("int4_kernel", "int4_kernel_step"),
+             ("kernel.json",)),
+    Scenario("w4a8_quality", "the quality gate of qtype int4_w4a8 at full FLUX.2 block shapes: 8-bit against bf16 "
+             "activations (with and without outlier channels), every W4A8 kernel (triton, fused, scaled_mm) against its "
+             "reference with a pass/fail per path, and the block-Linear time of one step for bf16, int4_fused and "
+             "every W4A8 path (5 interleaved rounds, medians)",
+             ("bench.w4a8_quality", "--trainer", "{trainer}", "--out", "{out}/quality.json", "--time", "5"),
+             "GPU (or `-- --tiny` under TRITON_INTERPRET=1)", GPU_PYTHON, ("w4a8_quality",), ("quality.json",)),
+    Scenario("w4a8_gpu", "one GPU call: the self-test's trainer side at 512 and 1024 px (kernel checks, tiny steps, "
+             "block-Linear timings), w4a8_quality, and train_step at 512 px for int4_w4a8, bf16 and int4_fused "
+             "(the trainer is .bench-carry/trainer)",
+             ("bash", "bench/w4a8_gpu.sh"), "GPU", GPU_PYTHON, ("block_linear_time", "w4a8_quality", "w4a8_step"),
+             ("selftest.json", "w4a8_quality.json", "step_int4_w4a8.json", "step_bf16.json", "step_int4_fused.json",
+              "all.log"), env=(("OUT", "{out}"), ("BUDGET", "520"))),
+    Scenario("relaunch", "a launch and relaunches of a preset through `python -m launcher run`: wall time, seconds "
+             "to the first step, peak RSS of the trainer and of its process tree, the job's import time",
+             ("bench.relaunch", "--workdir", "{workdir}", "--out", "{dir}"),
+             "CPU (tiny preset) or GPU machine (Linux)", ANY + " with the launcher installed", ("relaunch",),
+             ("rows.jsonl",), stdout_rows=True),
+    Scenario("fullsize_pack", "packs what a full-width `launcher run` needs on an offline GPU machine into "
+             ".bench-carry (then carry it along)",
+             ("bench.fullsize", "pack", "--workdir", "{workdir}"), "here", ANY + " with the launcher installed",
+             needs="--image-freeze FREEZE.txt (the GPU image's `pip freeze`)"),
+    Scenario("fullsize_prepare", "on the GPU machine: a venv from the carried packages and random-weight assets "
+             "(transformer, Mistral3 text encoder, captioned images) under {dir}",
+             ("bench.fullsize", "prepare", "--carry", ".bench-carry", "--root", "{dir}"), "GPU", "the GPU machine's python3",
+             needs="the sizes, e.g. --single-blocks 36 --image-size 1024 --model-dir M"),
+    Scenario("fullsize_launch", "one `python -m launcher run` of a shipped preset on the prepared root: trainer peak "
+             "RSS, time to the first step, s/it, VRAM, the memory plan",
+             ("bench.fullsize", "launch", "--root", "{dir}", "--json-out", "{out}/launch.json"), "GPU",
+             "the GPU machine's python3", ("memory_plan", "fullsize_half", "samples"), ("launch.json",),
+             needs="--preset presets/NAME.yaml --label LABEL [--steps N --cap-gib G --set KEY VALUE ...]"),
+]}
+
+# Tables whose figures no scenario makes: where they came from instead.
+ELSEWHERE = {
+    "baseline": "a side script before this harness (not the trainer)",
+    "step_profile": "`python -m launcher run --profile 3` (its breakdown.json)",
+}
