@@ -1,7 +1,6 @@
 """In-trainer telemetry: one JSON line at most every AITK_TELEMETRY_INTERVAL seconds (default 10)
 appended to the file named by AITK_TELEMETRY, plus a row at the start of training and after
-each checkpoint save (a stall watchdog uses saves as a trigger). A step that ends a checkpoint
-always has its row, whatever the interval: the loss curve reaches every saved LoRA.
+each checkpoint save (a stall watchdog uses saves as a trigger).
 
 Loading is reported too: a row at the end of each load phase (text encoder, transformer from
 the file or the quantized cache) with its duration, a row every interval while the model
@@ -179,8 +178,6 @@ def record_event(event: str, step: int = None, **fields) -> None:
     if telemetry:
         if event == "start":
             telemetry.stop_sampling()
-        if event == "save" and telemetry.step is not None and telemetry.step != telemetry.row_step:
-            _safely(telemetry.write)  # the saved step's own row, before the save row
         _safely(lambda: telemetry.write(event, step, **fields))
 
 
