@@ -26,17 +26,31 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SUITE = REPO / "tests" / "trainer_patches"
-ROW = re.compile(r"^\|.*?`(\d{4}-[^`]+\.patch)`.*\|([^|]*)\|\s*$")
+PATCH = re.compile(r"`(\d{4}-[^`]+\.patch)`")
+
+
+def guard_files(cell: str) -> list[str]:
+    """The in-trainer test files a "guarded by" cell names. A bare `test_x.py` is in the folder of
+    the last path before it (`tests/trainer_patches/test_a.py`, `test_b.py`: both in-trainer)."""
+    folder, found = None, []
+    for name in re.findall(r"`([^`]+\.py)`", cell):
+        if "/" in name:
+            folder, name = name.rsplit("/", 1)
+        if folder == "tests/trainer_patches" and name.startswith("test_") and name not in found:
+            found.append(name)
+    return found
 
 
 def guards(walls: Path) -> dict[str, list[str]]:
-    """{patch file name: in-trainer test files named in its row's last column}."""
+    """{patch file name: in-trainer test files named in the last column of each row naming it}."""
     found: dict[str, list[str]] = {}
     for line in walls.read_text(encoding="utf-8").splitlines():
-        match = ROW.match(line)
-        if match:
-            tests = re.findall(r"tests/trainer_patches/(test_\w+\.py)", match.group(2))
-            found.setdefault(match.group(1), []).extend(t for t in tests if t not in found.get(match.group(1), []))
+        cells = line.strip().strip("|").split(" | ")
+        if not line.startswith("|") or len(cells) < 3:
+            continue
+        tests = guard_files(cells[-1])
+        for patch in PATCH.findall(" | ".join(cells[:-1])):
+            found.setdefault(patch, []).extend(t for t in tests if t not in found[patch])
     return found
 
 
