@@ -27,7 +27,6 @@ CARRY_FILES = [
     Path("toolkit/staged_load.py"),  # the cache's bounded-staging reader
     Path("toolkit/host_memory.py"),
     Path("toolkit/int4_w4a8.py"),  # qtype int4_w4a8 (Int4Linear imports it in 8-bit mode)
-    Path("toolkit/int4_w4a8_fused.py"),  # int4_w4a8's gemm "fused" (int4_w4a8.py imports it on use)
     Path("toolkit/int4_kernels.py"),  # the 4-bit format and kernels (int4_linear.py imports them)
     Path("toolkit/qtypes.py"),  # the qtype table (Int4Linear's kernel choice, the cache's qtype)
     Path("toolkit/safetensors_header.py"),  # the header reader of the streamed reader and the cache

@@ -134,21 +134,20 @@ def test_only_the_transformer_qtype_may_say_auto():
 
 
 def test_every_w4a8_gemm_is_a_candidate_and_auto_takes_only_one_that_passed():
-    """The fused 8-bit GEMM is checked, trained and timed like the others; a faster path that
-    failed a check is never `fastest`."""
+    """Each 8-bit GEMM the table knows is checked, trained and timed where the GPU runs it; a
+    faster path that failed a check is never `fastest`."""
     from launcher.in_trainer.selftest import runner as trainer_side
     from launcher.in_trainer.selftest.kernels import candidates
 
     names = [c["name"] for c in candidates(fp8_units=True, hip=False)]
-    assert names == ["int4_fused", "int4_w4a8 fp8 triton", "int4_w4a8 fp8 fused", "int4_w4a8 fp8 scaled_mm",
-                     "int4_w4a8 int8 triton", "int4_w4a8 int8 fused"]
-    assert "int4_w4a8 int8 fused" in [c["name"] for c in candidates(fp8_units=False, hip=True)]
+    assert names == ["int4_fused", "int4_w4a8 fp8 triton", "int4_w4a8 fp8 scaled_mm", "int4_w4a8 int8 triton"]
+    assert [c["name"] for c in candidates(fp8_units=False, hip=True)] == ["int4_fused", "int4_w4a8 int8 triton"]
     cands = candidates(fp8_units=True, hip=False)
-    fused = next(c for c in cands if c["name"] == "int4_w4a8 fp8 fused")
-    assert fused["env"] == {"INT4_W4A8_ACT": "fp8", "INT4_W4A8_GEMM": "fused"}
-    timed = {"bf16": 330.0, "int4_w4a8 fp8 fused": 300.0, "int4_w4a8 fp8 scaled_mm": 390.0}
+    triton = next(c for c in cands if c["name"] == "int4_w4a8 fp8 triton")
+    assert triton["env"] == {"INT4_W4A8_ACT": "fp8", "INT4_W4A8_GEMM": "triton"}
+    timed = {"bf16": 330.0, "int4_w4a8 fp8 triton": 300.0, "int4_w4a8 fp8 scaled_mm": 390.0}
     report = {"timing": [{"results": [{"candidate": name, "step_ms": ms} for name, ms in timed.items()]}]}
-    assert trainer_side.pick_fastest(report, cands, {"int4_w4a8 fp8 fused", "int4_w4a8 fp8 scaled_mm"})["env"] == \
-        fused["env"]
+    assert trainer_side.pick_fastest(report, cands, {"int4_w4a8 fp8 triton", "int4_w4a8 fp8 scaled_mm"})["env"] == \
+        triton["env"]
     assert trainer_side.pick_fastest(report, cands, {"int4_w4a8 fp8 scaled_mm"})["candidate"] == \
         "int4_w4a8 fp8 scaled_mm"

@@ -21,9 +21,7 @@ RDNA3's int8 WMMA path):
 The 4-bit weight is requantized to 8 bits one slice at a time (the kernel's chunk_bytes,
 64 MiB of 8-bit weight) by a Triton kernel, then multiplied by a Triton 8-bit GEMM with the two
 scales applied in its epilogue (gemm "triton", the portable default) or, for FP8 on
-NVIDIA, by torch._scaled_mm (cuBLASLt, gemm "scaled_mm"). Gemm "fused"
-(toolkit/int4_w4a8_fused.py) does the same requantization tile by tile in registers inside one
-Triton GEMM per matmul, so no 8-bit weight is written at all. Nothing but the packed
+NVIDIA, by torch._scaled_mm (cuBLASLt, gemm "scaled_mm"). Nothing but the packed
 weight is kept between calls; LoRA adapters and every trainable tensor stay in bf16 (this
 module only computes the frozen base's matmuls and the input gradient through them).
 
@@ -366,25 +364,16 @@ def _sliced_8bit_matmul(a2d, qweight, scale, zero, scales: WeightScales, kernel:
     return out
 
 
-def _8bit_matmul(a2d, qweight, scale, zero, scales: WeightScales, kernel: Int4Kernel, group_size: int,
-                 transposed: bool):
-    if kernel.gemm == "fused":  # requantized in registers: toolkit/int4_w4a8_fused.py (imports this module)
-        from toolkit.int4_w4a8_fused import fused_8bit_matmul
-
-        return fused_8bit_matmul(a2d, qweight, scale, zero, scales, kernel.activations, group_size, transposed)
-    return _sliced_8bit_matmul(a2d, qweight, scale, zero, scales, kernel, group_size, transposed)
-
-
 def w4a8_matmul_fwd(x2d, qweight, scale, zero, scales: WeightScales, kernel: Int4Kernel,
                     group_size: int = GROUP_SIZE):
     """GPU: x2d[M, K] @ W^T -> [M, N] in x2d's dtype, through 8-bit operands."""
-    return _8bit_matmul(x2d, qweight, scale, zero, scales, kernel, group_size, transposed=False)
+    return _sliced_8bit_matmul(x2d, qweight, scale, zero, scales, kernel, group_size, transposed=False)
 
 
 def w4a8_matmul_bwd(dy2d, qweight, scale, zero, scales: WeightScales, kernel: Int4Kernel,
                     group_size: int = GROUP_SIZE):
     """GPU: dy2d[M, N] @ W -> [M, K] in dy2d's dtype, through 8-bit operands."""
-    return _8bit_matmul(dy2d, qweight, scale, zero, scales, kernel, group_size, transposed=True)
+    return _sliced_8bit_matmul(dy2d, qweight, scale, zero, scales, kernel, group_size, transposed=True)
 
 
 # --------------------------------------------------------------------------- autograd + module entry

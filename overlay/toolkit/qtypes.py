@@ -18,13 +18,8 @@ variables below are overrides of the defaults, read once by `kernel_for`; an arg
   INT4_LINEAR_CHUNK_MIB 64              bf16 path: MiB of dequantized weight per slice
   INT4_W4A8_ACT         fp8|int8        int4_w4a8's 8-bit type (default: fp8 where the GPU has
                                         FP8 matrix units, NVIDIA sm89+; int8 elsewhere)
-  INT4_W4A8_GEMM        triton|scaled_mm|fused  int4_w4a8's GEMM: the 4-bit weight requantized
-                                        to an 8-bit slice buffer, then the Triton 8-bit GEMM
-                                        (triton) or torch._scaled_mm (scaled_mm: FP8 on NVIDIA
-                                        only); or requantized tile by tile in registers inside
-                                        one Triton kernel per matmul, no weight buffer (fused)
-  INT4_W4A8_CHUNK_MIB   64              int4_w4a8 triton|scaled_mm: MiB of 8-bit weight per
-                                        requantized slice
+  INT4_W4A8_GEMM        triton|scaled_mm  int4_w4a8's GEMM (scaled_mm: FP8 on NVIDIA only)
+  INT4_W4A8_CHUNK_MIB   64              int4_w4a8: MiB of 8-bit weight per requantized slice
 
 Stdlib-only at module level: the launcher reads the table without torch.
 """
@@ -40,7 +35,7 @@ FP8 = "fp8"
 INT8 = "int8"
 EIGHT_BIT = "8bit"  # a qtype whose activations are fp8 or int8, chosen per device
 INT4_VARIANTS = ("chunked", "fused")
-W4A8_GEMMS = ("triton", "scaled_mm", "fused")
+W4A8_GEMMS = ("triton", "scaled_mm")
 DEFAULT_CHUNK_MIB = 64
 
 

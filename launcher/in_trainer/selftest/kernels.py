@@ -2,9 +2,8 @@
 
 A *candidate* is a qtype plus the kernel choice that picks its GPU path: `int4_fused` (bf16
 activations, 4-bit weight dequantized a slice at a time), and `int4_w4a8` with FP8 activations
-(GPUs with FP8 matrix units) or int8 activations, each through the portable Triton GEMM, the
-Triton GEMM that requantizes the 4-bit weight in registers ("fused") or, for FP8 on NVIDIA,
-torch._scaled_mm. The choice is handed to the trainer's qtype table
+(GPUs with FP8 matrix units) or int8 activations, each through the portable Triton GEMM or, for
+FP8 on NVIDIA, torch._scaled_mm. The choice is handed to the trainer's qtype table
 (toolkit/qtypes.py `kernel_for`) as arguments; its `env` is what `run` exports for the chosen
 candidate (the table's documented overrides). Every function takes the trainer's modules as
 arguments (`Modules`): nothing here imports torch at module level, because the launcher imports
@@ -68,7 +67,7 @@ def candidates(fp8_units: bool, hip: bool) -> list[dict]:
     found = [candidate("int4_fused")]
     formats = (["fp8"] if fp8_units else []) + ["int8"]
     for fmt in formats:
-        gemms = ["triton", "fused"] + (["scaled_mm"] if fmt == "fp8" and not hip else [])
+        gemms = ["triton"] + (["scaled_mm"] if fmt == "fp8" and not hip else [])
         found += [candidate("int4_w4a8", fmt, gemm) for gemm in gemms]
     return found
 
