@@ -97,6 +97,15 @@ SCENARIOS = {s.name: s for s in [
              ("bash", "bench/w4a8_gpu.sh"), "GPU", GPU_PYTHON, ("block_linear_time", "w4a8_quality", "w4a8_step"),
              ("selftest.json", "w4a8_quality.json", "step_int4_w4a8.json", "step_bf16.json", "step_int4_fused.json",
               "all.log"), env=(("OUT", "{out}"), ("BUDGET", "520"))),
+    Scenario("same_call_run", "bf16 against int4_w4a8 at 512 and 1024 px through `launcher run` on the prepared "
+             "full-width root, checkpointing everywhere and the plan's choice, with profiled steps (breakdown.json); "
+             "one stage per call, same machine",
+             ("bash", "bench/same_call.sh"), "GPU", "the GPU machine's python3", ("same_call_run", "step_profile"),
+             env=(("OUT", "{out}"),), needs="STAGE (prepare, then 512, then 1024), with R and M set"),
+    Scenario("w4a8_slice", "one LoRA step of the full-size model at 512 px (train_step): bf16 against int4_w4a8 FP8 "
+             "per GEMM and weight-slice size (INT4_W4A8_CHUNK_MIB), then the self-test's trainer side, timed",
+             ("bash", "bench/w4a8_slice.sh"), "GPU", "the GPU machine's python3, .bench-carry's packages",
+             ("w4a8_slice", "selftest_paths"), env=(("OUT", "{out}"),)),
     Scenario("relaunch", "a launch and relaunches of a preset through `python -m launcher run`: wall time, seconds "
              "to the first step, peak RSS of the trainer and of its process tree, the job's import time",
              ("bench.relaunch", "--workdir", "{workdir}", "--out", "{dir}"),

@@ -19,7 +19,7 @@ RDNA3's int8 WMMA path):
                accumulated in int32 (int8) or fp32 (fp8), written in the input's dtype.
 
 The 4-bit weight is requantized to 8 bits one slice at a time (the kernel's chunk_bytes,
-64 MiB of 8-bit weight) by a Triton kernel, then multiplied by a Triton 8-bit GEMM with the two
+256 MiB of 8-bit weight by default) by a Triton kernel, then multiplied by a Triton 8-bit GEMM with the two
 scales applied in its epilogue (gemm "triton", the portable default) or, for FP8 on
 NVIDIA, by torch._scaled_mm (cuBLASLt, gemm "scaled_mm"). Nothing but the packed
 weight is kept between calls; LoRA adapters and every trainable tensor stay in bf16 (this

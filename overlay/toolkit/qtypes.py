@@ -19,7 +19,7 @@ variables below are overrides of the defaults, read once by `kernel_for`; an arg
   INT4_W4A8_ACT         fp8|int8        int4_w4a8's 8-bit type (default: fp8 where the GPU has
                                         FP8 matrix units, NVIDIA sm89+; int8 elsewhere)
   INT4_W4A8_GEMM        triton|scaled_mm  int4_w4a8's GEMM (scaled_mm: FP8 on NVIDIA only)
-  INT4_W4A8_CHUNK_MIB   64              int4_w4a8: MiB of 8-bit weight per requantized slice
+  INT4_W4A8_CHUNK_MIB   256             int4_w4a8: MiB of 8-bit weight per requantized slice
 
 Stdlib-only at module level: the launcher reads the table without torch.
 """
@@ -46,14 +46,17 @@ class Qtype:
     activations: str  # BF16 or EIGHT_BIT
     gemm: str  # the default GEMM path of those activations
     cache_qtype: str  # the qtype whose quantized cache file this one loads and writes
+    chunk_mib: int  # the default weight slice of its sliced GEMM path
 
 
 INT4_LINEAR = "toolkit.int4_linear.Int4Linear"
 QTYPES = {
     spec.name: spec
     for spec in (
-        Qtype("int4_fused", INT4_LINEAR, BF16, "chunked", "int4_fused"),
-        Qtype("int4_w4a8", INT4_LINEAR, EIGHT_BIT, "triton", "int4_fused"),
+        Qtype("int4_fused", INT4_LINEAR, BF16, "chunked", "int4_fused", DEFAULT_CHUNK_MIB),
+        # 256 MiB: a FLUX.2 block Linear in one or two slices. At 512 px the 8-bit path is bound by
+        # kernel launches, and 64 MiB slices cost 13 % of a step (bench/RESULTS.md, "Slice size")
+        Qtype("int4_w4a8", INT4_LINEAR, EIGHT_BIT, "triton", "int4_fused", 256),
     )
 }
 
@@ -74,10 +77,10 @@ def cache_qtype(name: str) -> str:
     return spec.cache_qtype if spec else name
 
 
-def _chunk_bytes(environ: Mapping[str, str], variable: str) -> int:
-    text = environ.get(variable, str(DEFAULT_CHUNK_MIB)).strip()
+def _chunk_bytes(environ: Mapping[str, str], variable: str, default_mib: int) -> int:
+    text = environ.get(variable, str(default_mib)).strip()
     if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"{variable}={text!r}: a whole number of MiB, at least 1 (default {DEFAULT_CHUNK_MIB})")
+        raise ValueError(f"{variable}={text!r}: a whole number of MiB, at least 1 (default {default_mib})")
     return int(text) * 2**20
 
 
@@ -118,13 +121,13 @@ def kernel_for(name: str, device=None, *, activations: Optional[str] = None, gem
     if spec.activations == BF16:
         return Int4Kernel(BF16, _pick(gemm or env.get("INT4_LINEAR_VARIANT") or spec.gemm, INT4_VARIANTS,
                                       "INT4_LINEAR_VARIANT"),
-                          chunk_bytes or _chunk_bytes(env, "INT4_LINEAR_CHUNK_MIB"), use_kernel)
+                          chunk_bytes or _chunk_bytes(env, "INT4_LINEAR_CHUNK_MIB", spec.chunk_mib), use_kernel)
     chosen = activations or env.get("INT4_W4A8_ACT", "").strip()
     fmt = _pick(chosen, (FP8, INT8), "INT4_W4A8_ACT") if chosen else (FP8 if has_fp8_units(device) else INT8)
     path = _pick(gemm or env.get("INT4_W4A8_GEMM") or spec.gemm, W4A8_GEMMS, "INT4_W4A8_GEMM")
     if path == "scaled_mm" and (fmt != FP8 or _is_hip()):
         raise ValueError("INT4_W4A8_GEMM=scaled_mm needs FP8 activations on an NVIDIA GPU")
-    return Int4Kernel(fmt, path, chunk_bytes or _chunk_bytes(env, "INT4_W4A8_CHUNK_MIB"), use_kernel)
+    return Int4Kernel(fmt, path, chunk_bytes or _chunk_bytes(env, "INT4_W4A8_CHUNK_MIB", spec.chunk_mib), use_kernel)
 
 
 def configure_linears(model, name: str, device=None, **choice) -> int:

@@ -165,8 +165,8 @@ def test_kernel_choice_arguments_then_overrides_then_table(qtypes):
     assert qtypes.kernel_for("int4_w4a8", environ=env) == qtypes.Int4Kernel("fp8", "triton", 2 * 2**20, False)
     assert qtypes.kernel_for("int4_w4a8", activations="int8", environ=env).activations == "int8"
     # no FP8 units on this machine: the table's default is int8
-    assert qtypes.kernel_for("int4_w4a8", environ={}) == qtypes.Int4Kernel("int8", "triton")
-    assert qtypes.kernel_for("int4_fused", environ={}) == qtypes.Int4Kernel("bf16", "chunked")
+    assert qtypes.kernel_for("int4_w4a8", environ={}) == qtypes.Int4Kernel("int8", "triton", 256 * 2**20)
+    assert qtypes.kernel_for("int4_fused", environ={}) == qtypes.Int4Kernel("bf16", "chunked", 64 * 2**20)
     with pytest.raises(ValueError, match="scaled_mm needs FP8"):
         qtypes.kernel_for("int4_w4a8", activations="int8", gemm="scaled_mm", environ={})
     assert qtypes.cache_qtype("int4_w4a8") == "int4_fused" and qtypes.cache_qtype("uint4") == "uint4"

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The 4-bit step against bf16 in one GPU session, full width, through `python -m launcher run`
+# (bench/fullsize.py launch). Run from the repository root on the GPU machine, one stage per call,
+# the stages in order on the same machine (R and M must survive between them):
+#   prepare  assets and venv (bench/fullsize.py prepare) beside `launcher selftest`, then the first
+#            launch: the preset as shipped (qtype auto -> the self-test's pick, memory_plan auto)
+#            at the 22 GiB card's cap scaled to 44 blocks, which quantizes and writes the cache
+#   512      int4_w4a8 through torch._scaled_mm, then through the Triton GEMM (3 profiled steps:
+#            its breakdown.json), then bf16 weights (3 profiled steps), all uncapped with
+#            checkpointing everywhere (memory_plan off)
+#   1024     int4_w4a8 Triton and bf16 at 1024 px (2 profiled steps each), then the preset as
+#            shipped (the plan's choice) at the 22 GiB cap
+#   R=RAMDISK/R M=DISK/m OUT=OUT bash bench/same_call.sh prepare   (then 512, then 1024)
+# Results: $OUT/<label>.json (bench/fullsize.py launch), $OUT/<label>.log, $OUT/selftest.json.
+set -u
+R=${R:?set R: a folder on a RAM disk (the text encoder is 44 GiB)} M=${M:?set M: a folder on a disk with 50 GiB free}
+export PYTHONUNBUFFERED=1
+BASE=(--root "$R" --model-dir "$M" --preset presets/rtx4090_512.yaml
+      --set model.model_kwargs.flux2_params "{depth_single_blocks: 36}" --launcher-set telemetry "{interval_s: 0.1}")
+OFF=(--cap-gib 0 --set model.model_kwargs.memory_plan "'off'")
+W4A8=(--set model.qtype int4_w4a8)
+SCALED=(--launcher-set env "{INT4_W4A8_GEMM: scaled_mm}")
+TRITON=(--launcher-set env "{INT4_W4A8_GEMM: triton}")
+BF16=(--set model.quantize false --set model.qtype uint4 --set model.model_kwargs.quantized_cache false)
+CAP22=18.8  # a 22 GiB card's cap less the 12 of 56 blocks this run leaves out (as in RESULTS.md)
+
+launch() {  # label px steps seconds args...
+  local label=$1 px=$2 steps=$3 limit=$4; shift 4
+  echo "=== $label ($(date -u +%T))"
+  timeout "$limit" python3 -m bench.fullsize launch "${BASE[@]}" --label "$label" --steps "$steps" \
+    --set datasets.0.resolution "[$px]" "$@" --json-out "$OUT/$label.json" > "$OUT/$label.log" 2>&1
+  echo "rc $? ($(date -u +%T))"; tail -c 400 "$OUT/$label.log"; echo
+  cp "$R/runs/$label"/*/run.json "$OUT/$label.run.json" 2>/dev/null
+}
+
+case ${1:?stage: prepare, 512 or 1024} in
+prepare)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -m bench.fullsize prepare --carry .bench-carry --root "$R" --model-dir "$M" --single-blocks 36 \
+    --image-size 1024 > "$OUT/prepare.log" 2>&1 &
+  until compgen -G "$R/wd/venv/lib/python3*/site-packages/zz_bench_vram_cap.pth" > /dev/null; do sleep 2; done
+  start=$(date +%s)
+  PYTHONPATH="$R/site" python3 -m launcher selftest --workdir "$R/wd" > "$OUT/selftest.log" 2>&1
+  echo "selftest rc $? in $(( $(date +%s) - start )) s"; tail -40 "$OUT/selftest.log"
+  cp "$R/wd/selftest.json" "$OUT/selftest.json"
+  wait; echo "prepare done ($(date -u +%T))"; tail -3 "$OUT/prepare.log"
+  launch auto_first_512 512 10 300 --cap-gib "$CAP22" ;;
+512)
+  launch w4a8_scaled_mm_512 512 10 110 "${OFF[@]}" "${W4A8[@]}" "${SCALED[@]}"
+  launch w4a8_triton_512 512 12 150 "${OFF[@]}" "${W4A8[@]}" "${TRITON[@]}" --profile 3
+  launch bf16_512 512 12 200 "${OFF[@]}" "${BF16[@]}" --profile 3 ;;
+1024)
+  launch w4a8_triton_1024 1024 9 140 "${OFF[@]}" "${W4A8[@]}" "${TRITON[@]}" --profile 2
+  launch bf16_1024 1024 9 180 "${OFF[@]}" "${BF16[@]}" --profile 2
+  launch auto_plan_1024 1024 6 100 --cap-gib "$CAP22" ;;
+esac

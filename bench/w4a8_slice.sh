@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One GPU call, from the repository root with .bench-carry/ (bench/fullsize.py pack) carried: one
+# LoRA step of the full-size model at 512 px (bench/train_step.py, 10 timed steps per child,
+# uncapped), bf16 weights against int4_w4a8 FP8 with each GEMM at several weight-slice sizes
+# (INT4_W4A8_CHUNK_MIB), then the self-test's trainer side with the time it takes. Within BUDGET
+# seconds (default 470). Results: $OUT/<label>.json and .log, $OUT/selftest.json.
+set -u
+export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True TRITON_CACHE_AUTOTUNING=1
+END=$(( $(date +%s) + ${BUDGET:-470} ))
+S=.bench-site; mkdir -p $S && tar xJf .bench-carry/site.tar.xz -C $S && tar xJf .bench-carry/trainer.tar.xz -C $S
+export PYTHONPATH=$PWD/$S/site:$PWD
+T=$S/trainer
+step() {  # label weights [VAR=VALUE ...]
+  local label=$1 weights=$2; shift 2
+  local left=$(( END - $(date +%s) )); [ $left -lt 45 ] && { echo "skip $label"; return; }
+  [ $left -gt 110 ] && left=110
+  echo "== $label $(date +%T)"
+  env "$@" timeout $left python3 -m bench.train_step --trainer $T --weights $weights --shapes 512 --steps 10 \
+    --tag $label --out $OUT/$label.json > $OUT/$label.log 2>&1
+  echo "rc $? $(date +%T)"
+  python3 -c "import json,statistics;r=json.load(open('$OUT/$label.json'));s=r['shapes']['512']['steps'];print('$label median', round(statistics.median(x['total_s'] for x in s),4), 'n', len(s))" 2>&1 | tail -1
+}
+step bf16 bf16
+step triton_c64 int4_w4a8 INT4_W4A8_ACT=fp8 INT4_W4A8_GEMM=triton INT4_W4A8_CHUNK_MIB=64
+step triton_c512 int4_w4a8 INT4_W4A8_ACT=fp8 INT4_W4A8_GEMM=triton INT4_W4A8_CHUNK_MIB=512
+step scaled_c64 int4_w4a8 INT4_W4A8_ACT=fp8 INT4_W4A8_GEMM=scaled_mm INT4_W4A8_CHUNK_MIB=64
+step scaled_c512 int4_w4a8 INT4_W4A8_ACT=fp8 INT4_W4A8_GEMM=scaled_mm INT4_W4A8_CHUNK_MIB=512
+step triton_c256 int4_w4a8 INT4_W4A8_ACT=fp8 INT4_W4A8_GEMM=triton INT4_W4A8_CHUNK_MIB=256
+left=$(( END - $(date +%s) ))
+if [ $left -gt 60 ]; then
+  echo "== selftest (trainer side) $(date +%T), $left s left"; start=$(date +%s)
+  timeout $left python3 -m launcher.in_trainer.selftest.runner --trainer $T --out $OUT/selftest.json > $OUT/selftest.log 2>&1
+  echo "selftest rc $? in $(( $(date +%s) - start )) s"; tail -25 $OUT/selftest.log
+fi
