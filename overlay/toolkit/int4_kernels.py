@@ -175,6 +175,18 @@ if HAVE_TRITON:
         q = tl.interleave(b & 0xF, b >> 4).to(tl.float32)
         return ((q - z.to(tl.float32)[:, None]) * s.to(tl.float32)[:, None]).to(dtype)
 
+    @triton.jit
+    def _group_of_rows(qw_ptr, s_ptr, z_ptr, rows, g, N, stride_qn, stride_sn, dtype: tl.constexpr,
+                       GROUP: tl.constexpr):
+        # group g of the weight rows `rows` (those < N; the others read as 0) -> [R, GROUP] in dtype
+        live = rows < N
+        rows64 = rows.to(tl.int64)
+        b = tl.load(qw_ptr + (rows64 * stride_qn)[:, None] + (g * (GROUP // 2) + tl.arange(0, GROUP // 2))[None, :],
+                    mask=live[:, None], other=0)
+        s = tl.load(s_ptr + rows64 * stride_sn + g, mask=live, other=0.0)
+        z = tl.load(z_ptr + rows64 * stride_sn + g, mask=live, other=0)
+        return _unpack_dequant(b, s, z, dtype)
+
     @triton.autotune(configs=_fused_fwd_configs(), key=["M", "N", "K"])
     @triton.jit
     def _fused_fwd_kernel(
@@ -313,15 +325,10 @@ if HAVE_TRITON:
         # out[r, j*GROUP:(j+1)*GROUP] = W[r, (g_first+j)*GROUP : ...] for BLOCK_R rows, group j
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         j = tl.program_id(1)
-        g = g_first + j
         live = rows < N
         rows64 = rows.to(tl.int64)
-        offs_b = tl.arange(0, GROUP // 2)
-        b = tl.load(qw_ptr + (rows64 * stride_qn)[:, None] + (g * (GROUP // 2) + offs_b)[None, :],
-                    mask=live[:, None], other=0)
-        s = tl.load(s_ptr + rows64 * stride_sn + g, mask=live, other=0.0)
-        z = tl.load(z_ptr + rows64 * stride_sn + g, mask=live, other=0)
-        w = _unpack_dequant(b, s, z, out_ptr.dtype.element_ty)
+        w = _group_of_rows(qw_ptr, s_ptr, z_ptr, rows, g_first + j, N, stride_qn, stride_sn,
+                           out_ptr.dtype.element_ty, GROUP)
         offs_k = j * GROUP + tl.arange(0, GROUP)
         tl.store(out_ptr + (rows64 * stride_on)[:, None] + offs_k[None, :], w, mask=live[:, None])
 

@@ -54,7 +54,7 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    from toolkit.int4_kernels import _swizzle, _unpack_dequant
+    from toolkit.int4_kernels import _group_of_rows, _swizzle
 
 
 # --------------------------------------------------------------------------- choices
@@ -229,12 +229,7 @@ if HAVE_TRITON:
         g = g_first + j
         live = rows < N
         rows64 = rows.to(tl.int64)
-        offs_b = tl.arange(0, GROUP // 2)
-        b = tl.load(qw_ptr + (rows64 * stride_qn)[:, None] + (g * (GROUP // 2) + offs_b)[None, :],
-                    mask=live[:, None], other=0)
-        s = tl.load(s_ptr + rows64 * stride_sn + g, mask=live, other=0.0)
-        z = tl.load(z_ptr + rows64 * stride_sn + g, mask=live, other=0)
-        w = _unpack_dequant(b, s, z, tl.float32)
+        w = _group_of_rows(qw_ptr, s_ptr, z_ptr, rows, g, N, stride_qn, stride_sn, tl.float32, GROUP)
         offs_c = j * GROUP + tl.arange(0, GROUP)
         if PER_COLUMN:
             inverse = tl.load(inv_ptr + g * GROUP + tl.arange(0, GROUP))
