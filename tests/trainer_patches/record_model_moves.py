@@ -13,6 +13,8 @@ trains on the CPU. EVENTS_JSON gets, in order:
       last move, put it on: cpu and cpu:0 count as two devices here)
   {"event": "dataloader", "num_workers": N}   a torch DataLoader is built
   {"event": "te_unloaded"}     the text encoder is cached and unloaded
+  {"event": "heap_trim", "caller": <function that called release_freed_memory>}   the heap's free
+      pages are handed back to the OS (toolkit/host_memory.py; the real trim still runs)
   {"event": "train_step"}      a training step starts
 """
 
@@ -91,6 +93,18 @@ def recording_unload(model):
 
 
 toolkit.unloader.unload_text_encoder = recording_unload
+
+import toolkit.host_memory  # noqa: E402
+
+real_trim = toolkit.host_memory._heap_trimmer()
+
+
+def recording_trim():
+    record("heap_trim", caller=sys._getframe(2).f_code.co_name)  # 1: release_freed_memory, 2: its caller
+    return real_trim() if real_trim else None
+
+
+toolkit.host_memory._trimmer = recording_trim
 
 from extensions_built_in.diffusion_models.flux2 import flux2_model  # noqa: E402
 from extensions_built_in.sd_trainer import SDTrainer as sd_trainer  # noqa: E402

@@ -21,12 +21,14 @@ class StopAtTextEncoder(Exception):
 
 
 def load_recording(flux2_model, tiny_assets, monkeypatch, tmp_path, qtype="uint4", text_phase_done=False,
-                   **settings):
-    """(events, cache devices): "read <block>" and "place <block>" in order, and the device
-    each cache load was asked to fill."""
+                   events=None, **settings):
+    """(events, cache devices): the loader's messages (" - block i/N: <block>") and "place" (a
+    block moved to the device) in order, appended to `events` (a new list by default, or one
+    the caller records into too), and the device each cache load was asked to fill."""
     from toolkit.config_modules import ModelConfig
 
-    events, cache_devices = [], []
+    events = [] if events is None else events
+    cache_devices = []
     real_to = torch.nn.Module.to
 
     def recording_to(self, *args, **kwargs):

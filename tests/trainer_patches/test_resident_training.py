@@ -3,8 +3,10 @@
 Trains the tiny preset for one step with the training device set to cpu:0 (see
 record_model_moves.py) and records every move of the transformer to that device. With the
 patch, no move happens while the text encoder is loaded, and the model is made resident right
-after the encoder is unloaded, before the first step. `resident_after_te_cache: false` restores
-the fork's placement, which the same recorder sees moving the model early: the check can fail.
+after the encoder is unloaded, before the first step. The heap pages its host copy held are
+handed back to the OS then and at the end of load_model (recorded calls of the heap trim,
+toolkit/host_memory.py). `resident_after_te_cache: false` restores the fork's placement, which
+the same recorder sees moving the model early: the check can fail.
 These runs load the whole encoder (streamed_text_encoder: false); with the text phase no
 encoder is ever loaded and the model goes to the device while loading.
 """
@@ -76,6 +78,11 @@ def test_model_moves_to_the_device_only_after_the_text_encoder_unloads(workdir, 
         assert early == [], f"model moved to the device while the text encoder was loaded, by {early}"
         assert "hook_before_train_loop" in resident_moves, after
         assert "low_vram: text encoder unloaded, moving the model to cpu:0 for training" in log
+        trims = [e["caller"] for e in after[:first_step] if e["event"] == "heap_trim"]
+        assert "hook_before_train_loop" in trims, f"the parked model's host pages were not handed back: {after}"
+        loaded = [e["event"] for e in before].index("placed")
+        trims = [e["caller"] for e in before[:loaded] if e["event"] == "heap_trim"]
+        assert "load_model" in trims, f"no heap trim at the end of load_model: {before[:loaded]}"
     else:
         # the trainer's own placement: moved in run() and accelerate's prepare_model (the fork
         # also in load_model; upstream main stopped that, PR #726)
