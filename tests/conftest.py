@@ -174,7 +174,7 @@ class InstalledWorkdirs:
     A workdir named by `workdir_variable(target)` is used as it is (for development); otherwise
     `setup --target T --torch-channel cuda` builds one (~6 GB; the targets pin different
     requirements): that is the install test. A failed build fails every test that needs it.
-    When the collected tests need every target (a test takes `target_workdir`), the first
+    When the collected tests need every target (one takes a fixture of EVERY_TARGET_FIXTURES), the first
     request builds all of them at the same time, each setup's output in its own log: one pip
     install keeps one core busy (hashing, unpacking, compiling), so two take about the time of one
     on CI's 2 cores (measured, idle 2 cores: the torch trio into a fresh venv 68 s alone, 65 s for

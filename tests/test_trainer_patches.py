@@ -8,7 +8,8 @@ target of upstream.lock. A test for a patch that a target's series does not carr
 torch sees no GPU. Anything else that skips fails the bridge.
 
 The targets' suites run at the same time, one process each (the first test starts them all and
-each test waits for its own): a suite is one Python process that keeps about one core busy, so
+each test waits for its own): a suite is one Python process that keeps at most one core busy
+(amd-fork's alone on 2 shared cores: 1125 s wall, 810 s of CPU), so
 on CI's 2 cores the two finish in about the time of the longer one instead of the sum. Measured
 in clean-clone CI runs on 2 shared cores: one after the other 647 s (amd-fork) + 578 s
 (upstream-main); at the same time 571 s for the first test, then 42 s for the second. Each suite
