@@ -83,8 +83,10 @@ def test_load_phases_and_rss_sampled_while_loading(telemetry, tmp_path, monkeypa
     path = tmp_path / "t.jsonl"
     monkeypatch.setenv("AITK_TELEMETRY", str(path))
     monkeypatch.setenv("AITK_TELEMETRY_INTERVAL", "0.05")
+    host_memory = importlib.import_module("toolkit.host_memory")
     phase = telemetry.start_phase("transformer")
-    ballast = bytearray(64 << 20)  # 64 MiB touched: the peak must see it
+    ballast = bytearray(b"\x01") * (64 << 20)  # 64 MiB written, so resident
+    held = host_memory.current_rss_bytes()
     time.sleep(0.4)
     del ballast
     phase.end(source="cache", device="cuda:0")
@@ -100,7 +102,10 @@ def test_load_phases_and_rss_sampled_while_loading(telemetry, tmp_path, monkeypa
     (done,) = [row for row in found if row.get("event") == "phase"]
     assert done["phase"]["name"] == "transformer" and done["phase"]["source"] == "cache"
     assert 0.3 < done["phase"]["seconds"] < 5
-    assert done["host_peak_rss_gib"] - done["host_rss_gib"] > 0.05, "the 64 MiB ballast is not in the peak"
+    # the peak is the process's high-water mark: at least the resident set while the ballast was
+    # held (rows round to 1 MiB). A fixed gap to the RSS after it is not: once failed at 41 MiB of 64
+    assert done["host_peak_rss_gib"] >= held / 2**30 - 0.001, "the ballast's resident set is not in the peak"
+    assert done["host_rss_gib"] < done["host_peak_rss_gib"]
 
 
 def test_interval_zero_samples_loading_once_a_second_not_continuously(telemetry, tmp_path, monkeypatch):
