@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The 4-bit step against bf16 in one GPU session, full width, through `python -m launcher run`
+# The 4-bit step against bf16 on one GPU machine, full width, through `python -m launcher run`
 # (bench/fullsize.py launch). Run from the repository root on the GPU machine, one stage per call,
 # the stages in order on the same machine (R and M must survive between them):
 #   prepare  assets and venv (bench/fullsize.py prepare) beside `launcher selftest`, then the first
