@@ -8,8 +8,8 @@
 #   512      int4_w4a8 through torch._scaled_mm, then through the Triton GEMM (3 profiled steps:
 #            its breakdown.json), then bf16 weights (3 profiled steps), all uncapped with
 #            checkpointing everywhere (memory_plan off)
-#   1024     int4_w4a8 Triton and bf16 at 1024 px (2 profiled steps each), then the preset as
-#            shipped (the plan's choice) at the 22 GiB cap
+#   1024     int4_w4a8 through torch._scaled_mm, then Triton and bf16 at 1024 px (2 profiled steps
+#            each), then the preset as shipped (the plan's choice) at the 22 GiB cap
 #   R=RAMDISK/R M=DISK/m OUT=OUT bash bench/same_call.sh prepare   (then 512, then 1024)
 # Results: $OUT/<label>.json (bench/fullsize.py launch), $OUT/<label>.log, $OUT/selftest.json.
 set -u
@@ -50,6 +50,7 @@ prepare)
   launch w4a8_triton_512 512 12 150 "${OFF[@]}" "${W4A8[@]}" "${TRITON[@]}" --profile 3
   launch bf16_512 512 12 200 "${OFF[@]}" "${BF16[@]}" --profile 3 ;;
 1024)
+  launch w4a8_scaled_mm_1024 1024 7 120 "${OFF[@]}" "${W4A8[@]}" "${SCALED[@]}"
   launch w4a8_triton_1024 1024 9 140 "${OFF[@]}" "${W4A8[@]}" "${TRITON[@]}" --profile 2
   launch bf16_1024 1024 9 180 "${OFF[@]}" "${BF16[@]}" --profile 2
   launch auto_plan_1024 1024 6 100 --cap-gib "$CAP22" ;;
