@@ -11,6 +11,7 @@ from pathlib import Path
 import git
 import pytest
 import yaml
+from in_trainer_suites import BackgroundSuites, Suite
 from tiny_run import RUN_NAME, run_tiny
 
 from launcher.cli import main
@@ -181,16 +182,17 @@ class InstalledWorkdirs:
     two at the same time; downloading torch's wheel 6.3 s alone, 5.8 s and 6.2 s for two).
     """
 
-    def __init__(self, tmp_path_factory, needed=()) -> None:
+    def __init__(self, tmp_path_factory, needed=(), suites: BackgroundSuites | None = None) -> None:
         self.tmp_path_factory = tmp_path_factory
         self.needed = needed
+        self.suites = suites
         self.failures: dict[str, str] = {}
         self.built: dict[str, Workdir] = {}
 
     def __call__(self, name: str) -> Workdir:
         given = os.environ.get(workdir_variable(name))
         if given:
-            return Workdir(Path(given))
+            return self.ready(name, Workdir(Path(given)))
         if name in self.failures:
             pytest.fail(self.failures[name], pytrace=False)
         if name not in self.built:
@@ -199,6 +201,17 @@ class InstalledWorkdirs:
             if name in self.failures:
                 pytest.fail(self.failures[name], pytrace=False)
         return self.built[name]
+
+    def suite(self, name: str) -> Suite:
+        """The target's in-trainer suite, started with its workdir (fails as getting the workdir fails)."""
+        self(name)
+        return self.suites.suites[name]
+
+    def ready(self, name: str, workdir: Workdir) -> Workdir:
+        """A workdir now exists: start its target's in-trainer suite if this run has one."""
+        if self.suites is not None:
+            self.suites.start(TARGETS_BY_NAME[name], workdir)
+        return workdir
 
     def buildable(self, other: str, name: str) -> bool:
         """Whether to build `other` now, beside `name`: not given, not tried, and reachable."""
@@ -216,18 +229,24 @@ class InstalledWorkdirs:
                 started[name] = (root, log, subprocess.Popen(command, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT))
         for name, (root, log, process) in started.items():
             if process.wait() == 0:
-                self.built[name] = Workdir(root)
+                self.built[name] = self.ready(name, Workdir(root))
             else:
                 tail = log.read_text(encoding="utf-8", errors="replace")[-6000:]
                 self.failures[name] = f"launcher setup --target {name} --torch-channel cuda failed ({log}):\n{tail}"
 
 
 NEEDED_TARGETS = pytest.StashKey[tuple]()
+RUNS_SUITES = pytest.StashKey[bool]()
 
 
 @pytest.fixture(scope="session")
-def installed_workdirs(request, tmp_path_factory) -> InstalledWorkdirs:
-    return InstalledWorkdirs(tmp_path_factory, request.config.stash.get(NEEDED_TARGETS, ()))
+def installed_workdirs(request, tmp_path_factory):
+    """InstalledWorkdirs, which also starts each target's in-trainer suite in the background as
+    soon as its workdir exists when the run selected the bridge (tests/test_trainer_patches.py)."""
+    suites = BackgroundSuites(tmp_path_factory.mktemp("in-trainer")) if request.config.stash.get(RUNS_SUITES, False) else None
+    yield InstalledWorkdirs(tmp_path_factory, request.config.stash.get(NEEDED_TARGETS, ()), suites)
+    if suites is not None:
+        suites.stop()
 
 
 @pytest.fixture(scope="session")
@@ -287,3 +306,4 @@ def pytest_collection_finish(session):
     fixture of EVERY_TARGET_FIXTURES (InstalledWorkdirs then builds them together)."""
     every = any(EVERY_TARGET_FIXTURES & set(getattr(item, "fixturenames", ())) for item in session.items)
     session.config.stash[NEEDED_TARGETS] = tuple(target.name for target in TARGETS) if every else ()
+    session.config.stash[RUNS_SUITES] = any("in_trainer_suites" in getattr(item, "fixturenames", ()) for item in session.items)
