@@ -30,7 +30,7 @@ launch() {  # label px steps seconds args...
   timeout "$limit" python3 -m bench.fullsize launch "${BASE[@]}" --label "$label" --steps "$steps" \
     --set datasets.0.resolution "[$px]" "$@" --json-out "$OUT/$label.json" > "$OUT/$label.log" 2>&1
   echo "rc $? ($(date -u +%T))"; tail -c 400 "$OUT/$label.log"; echo
-  cp "$R/runs/$label"/*/run.json "$OUT/$label.run.json" 2>/dev/null
+  cp "$R/runs/$label"/*/*/run.json "$OUT/$label.run.json" 2>/dev/null
 }
 
 case ${1:?stage: prepare, 512 or 1024} in

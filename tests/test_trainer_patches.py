@@ -7,9 +7,7 @@ Anything else that skips fails the bridge.
 
 The suites run in the background (tests/in_trainer_suites.py), started by InstalledWorkdirs as
 soon as a target's workdir exists, so they overlap the launcher's own trainer tests; each test
-here waits for its target's suite. Measured in clean-clone CI runs on 2 shared cores: one after
-the other 647 s (amd-fork) + 578 s (upstream-main); at the same time, after the launcher's
-trainer tests, 571 s for the first test, then 42 s for the second.
+here waits for its target's suite (the timings are in that module's docstring).
 """
 
 import pytest
