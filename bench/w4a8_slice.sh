@@ -4,6 +4,7 @@
 # uncapped), bf16 weights against int4_w4a8 FP8 with each GEMM at several weight-slice sizes
 # (INT4_W4A8_CHUNK_MIB), then the self-test's trainer side with the time it takes. Within BUDGET
 # seconds (default 470). Results: $OUT/<label>.json and .log, $OUT/selftest.json.
+#   OUT=OUT bash bench/w4a8_slice.sh [LABEL ...]   (labels: below; given labels skip the self-test)
 set -u
 export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True TRITON_CACHE_AUTOTUNING=1
 END=$(( $(date +%s) + ${BUDGET:-470} ))
@@ -20,12 +21,17 @@ step() {  # label weights [VAR=VALUE ...]
   echo "rc $? $(date +%T)"
   python3 -c "import json,statistics;r=json.load(open('$OUT/$label.json'));s=r['shapes']['512']['steps'];print('$label median', round(statistics.median(x['total_s'] for x in s),4), 'n', len(s))" 2>&1 | tail -1
 }
-step bf16 bf16
-step triton_c64 int4_w4a8 INT4_W4A8_ACT=fp8 INT4_W4A8_GEMM=triton INT4_W4A8_CHUNK_MIB=64
-step triton_c512 int4_w4a8 INT4_W4A8_ACT=fp8 INT4_W4A8_GEMM=triton INT4_W4A8_CHUNK_MIB=512
-step scaled_c64 int4_w4a8 INT4_W4A8_ACT=fp8 INT4_W4A8_GEMM=scaled_mm INT4_W4A8_CHUNK_MIB=64
-step scaled_c512 int4_w4a8 INT4_W4A8_ACT=fp8 INT4_W4A8_GEMM=scaled_mm INT4_W4A8_CHUNK_MIB=512
-step triton_c256 int4_w4a8 INT4_W4A8_ACT=fp8 INT4_W4A8_GEMM=triton INT4_W4A8_CHUNK_MIB=256
+# LABEL: bf16[_anything], or triton_cN / scaled_cN (that GEMM with N MiB slices)
+labels=("$@"); [ $# -eq 0 ] && labels=(bf16 triton_c64 triton_c512 scaled_c64 scaled_c512 triton_c256)
+for label in "${labels[@]}"; do
+  case $label in
+    bf16*) step "$label" bf16 ;;
+    triton_c*) step "$label" int4_w4a8 INT4_W4A8_ACT=fp8 INT4_W4A8_GEMM=triton INT4_W4A8_CHUNK_MIB="${label#triton_c}" ;;
+    scaled_c*) step "$label" int4_w4a8 INT4_W4A8_ACT=fp8 INT4_W4A8_GEMM=scaled_mm INT4_W4A8_CHUNK_MIB="${label#scaled_c}" ;;
+    *) echo "unknown label $label (bf16*, triton_cN, scaled_cN)"; exit 2 ;;
+  esac
+done
+[ $# -gt 0 ] && exit 0  # the self-test runs with the default list only
 left=$(( END - $(date +%s) ))
 if [ $left -gt 60 ]; then
   echo "== selftest (trainer side) $(date +%T), $left s left"; start=$(date +%s)
