@@ -178,7 +178,7 @@ def broken(places, what):
     ("encoder without processor", "lacks processor_config.json"),
     ("encoder not cached", "neither a local folder nor in the Hugging Face cache"),
     ("encoder shard missing", "lacks 1 of the 2 weight shards its index names (model-00002-of-00002"),
-    ("encoder shard truncated", "model-00001-of-00002.safetensors: the header describes"),
+    ("encoder shard truncated", "model-00001-of-00002.safetensors: malformed safetensors header: tensor 'w': data_offsets"),
     ("uncaptioned image", "1 of 2 images"),
     ("empty dataset", "holds no images"),
 ])

@@ -1,5 +1,6 @@
-"""The launcher's check of flux2-dev.safetensors / ae.safetensors headers: whatever the bytes,
-it raises nothing but its own LauncherError, naming the file."""
+"""The launcher's check of flux2-dev.safetensors / ae.safetensors headers, through the trainer's
+own reader (the overlay's toolkit/safetensors_header.py): the same rules as the streamed loader,
+and whatever the bytes, nothing but the launcher's LauncherError, naming the file."""
 
 import json
 import struct
@@ -32,15 +33,22 @@ def test_a_good_header_is_returned(tmp_path):
     assert set(safetensors_header(path)) == {"t0", "t1", "t2", "__metadata__"}
 
 
+def entry(dtype, shape, begin, end):
+    return {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
+
+
 @pytest.mark.parametrize("header, size, fragment", [
-    ([1, 2], 0, "not a JSON object"),
-    ({"w": 5}, 0, "no valid data_offsets"),
-    ({"w": {"data_offsets": [0, "8"]}}, 8, "no valid data_offsets"),
-    ({"w": {"data_offsets": [8, 4]}}, 8, "no valid data_offsets"),
-    ({"w": {"data_offsets": [True, 1]}}, 1, "no valid data_offsets"),
-    ({"a": {"data_offsets": [0, 4]}, "b": {"data_offsets": [6, 8]}}, 8, "starts at byte 6"),
+    ([1, 2], 0, "top level is a JSON list, expected an object"),
+    ({"w": 5}, 0, "entry is not an object"),
+    ({"w": {"shape": [8], "data_offsets": [0, 8]}}, 8, "unknown dtype None"),
+    ({"w": entry("U8", [8], 0, "8")}, 8, "not a pair of integers"),
+    ({"w": entry("U8", [8], True, 1)}, 1, "not a pair of integers"),
+    ({"w": entry("U8", [4], 8, 4)}, 8, r"data_offsets \[8, 4\] outside the data section"),
+    ({"w": entry("F32", [2], 0, 4)}, 4, "needs 8 bytes but data_offsets cover 4"),
+    ({"a": entry("U8", [4], 0, 4), "b": entry("U8", [2], 6, 8)}, 8, "a gap of 2 bytes"),
     ({"__metadata__": {}}, 0, "holds no tensors"),
-    ({"w": {"data_offsets": [0, 4]}}, 10, "truncated or still downloading"),
+    ({"w": entry("U8", [10], 0, 10)}, 4, r"file truncated\?\); the file is damaged, truncated or still downloading"),
+    ({"w": entry("U8", [4], 0, 4)}, 10, "the last 6 bytes belong to no tensor"),
 ])
 def test_malformed_headers_are_named(tmp_path, header, size, fragment):
     path = tmp_path / "bad.safetensors"
@@ -54,7 +62,7 @@ def test_deeply_nested_header(tmp_path):
     raw = b'{"w": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     path = tmp_path / "deep.safetensors"
     path.write_bytes(struct.pack("<Q", len(raw)) + raw)
-    with pytest.raises(LauncherError, match="unreadable safetensors header"):
+    with pytest.raises(LauncherError, match="not valid UTF-8 JSON"):
         safetensors_header(path)
 
 

@@ -4,84 +4,43 @@ launcher/runs/dataset.py.)"""
 
 import json
 import os
-import struct
 from pathlib import Path
 
 from launcher.errors import LauncherError
+from launcher.patching.lock import find_target
+from launcher.patching.overlay import import_module as overlay_module
 from launcher.progress import say
 from launcher.runs.files import TEXT_ENCODER_RECORD
 
 TRANSFORMER_FILE = "flux2-dev.safetensors"
 VAE_FILE = "ae.safetensors"
-MAX_HEADER_BYTES = 100 * 2**20
 # Smaller than FLUX.2 [dev]'s 64 GB checkpoint: another model or an incomplete download.
 FULL_MODEL_BYTES = 30 * 2**30
 
 
 def safetensors_header(path: Path) -> dict:
-    """The JSON header of a .safetensors file, checked against the file's size.
+    """The JSON header of a .safetensors file, checked by the trainer's own reader.
 
+    The reader is the overlay's `toolkit/safetensors_header.py` (stdlib only, imported without
+    torch), the one the streamed loader validates the checkpoint with, so a file the trainer
+    would refuse minutes into a launch is refused here, by the same rules, before anything starts.
     The file is untrusted: whatever its bytes, the only exception is a LauncherError naming it.
     """
+    reader = overlay_module(find_target(None).overlay, "safetensors_header")
     try:
-        return _checked_header(path)
-    except LauncherError:
-        raise
+        size = path.stat().st_size
+        with path.open("rb") as handle:
+            header = reader.read_header(handle, size, str(path))
     except OSError as error:
         raise LauncherError(f"{path} cannot be read ({error.strerror or error})") from None
-    except (ValueError, RecursionError, struct.error) as error:  # json, UTF-8, nesting too deep
-        raise LauncherError(
-            f"{path}: unreadable safetensors header ({type(error).__name__}: {error}); download it again"
-        ) from None
-
-
-def _checked_header(path: Path) -> dict:
-    size = path.stat().st_size
-    with path.open("rb") as handle:
-        prefix = handle.read(8)
-        if len(prefix) < 8:
-            raise LauncherError(f"{path} is {size} bytes: too small to be a safetensors file; download it again")
-        (length,) = struct.unpack("<Q", prefix)
-        if length > min(MAX_HEADER_BYTES, size - 8):
-            raise LauncherError(
-                f"{path}: header length {length} does not fit the file ({size} bytes); the file is "
-                "truncated or not a safetensors file: download it again"
-            )
-        header = json.loads(handle.read(length).decode("utf-8"))
-    if not isinstance(header, dict):
-        raise LauncherError(f"{path}: the safetensors header is not a JSON object; download it again")
-    described = 8 + length + _data_size(path, header)
-    if described != size:
-        raise LauncherError(
-            f"{path}: the header describes {described} bytes but the file has {size}; "
-            "it is truncated or still downloading: finish or repeat the download"
-        )
-    return header
-
-
-def _data_size(path: Path, header: dict) -> int:
-    """Bytes of tensor data the header describes; its ranges must follow each other from 0."""
-    ranges = []
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-        if not (isinstance(offsets, list) and len(offsets) == 2
-                and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
-                and 0 <= offsets[0] <= offsets[1]):
-            raise LauncherError(f"{path}: tensor {name!r} has no valid data_offsets in its header; download it again")
-        ranges.append((offsets[0], offsets[1], name))
-    if not ranges:
+    except reader.SafetensorsHeaderError as error:
+        raise LauncherError(f"{error}; the file is damaged, truncated or still downloading: finish or repeat "
+                            "the download") from None
+    if not header.entries:
         raise LauncherError(f"{path} holds no tensors")
-    position = 0
-    for begin, end, name in sorted(ranges):
-        if begin != position:
-            raise LauncherError(
-                f"{path}: tensor {name!r} starts at byte {begin} of the data, not {position} where the "
-                "previous one ends; the file is damaged: download it again"
-            )
-        position = end
-    return position
+    return {**({"__metadata__": header.metadata} if header.metadata else {}),
+            **{entry.name: {"dtype": entry.dtype, "shape": list(entry.shape), "data_offsets": [entry.begin, entry.end]}
+               for entry in header.entries.values()}}
 
 
 def check_model_dir(model_dir: Path, full_size: bool) -> None:
