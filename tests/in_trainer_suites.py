@@ -12,7 +12,8 @@ child process, which other processes beside it do not change; the launcher tests
 put no upper bound on a duration (a loaded machine only makes them slower). Measured in a
 clean-clone CI run on 2 idle cores: the suites took 1056 s and 1129 s beside the launcher's
 tests (about 600 s each without them), and the whole run 24 min 10 s, against 25 min 43 s with
-the suites after those tests.
+the suites after those tests; another run of the same layout took 26 min 13 s (the run is bound
+by its CPU time now, which varies by a few minutes).
 """
 
 import os
