@@ -34,7 +34,8 @@ from launcher.runs.run_lock import run_folder_lock
 from launcher.runs.schema import Vocabulary, short
 from launcher.runs.telemetry import TelemetryRecorder
 from launcher.runs.vocabulary import read_vocabulary
-from launcher.selftest.verdict import load_result, resolve_config, resolve_sampling, resolve_stream_mode, summary_line
+from launcher.selftest.verdict import (load_result, resolve_compile_blocks, resolve_config, resolve_sampling,
+                                      resolve_stream_mode, summary_line)
 from launcher.watchdog.loop import watch_run
 from launcher.watchdog.policy import load_config
 
@@ -98,7 +99,7 @@ def handle(args) -> int:
         config = render(preset, run.root, places=places)
     choice = resolve_config(config, workdir)
     lines = [choice.line if choice else None, resolve_sampling(config, workdir, preset.sampling),
-             resolve_stream_mode(config, workdir)]
+             resolve_stream_mode(config, workdir), resolve_compile_blocks(config, workdir)]
     planner = (lambda: trainer_python_or_none(workdir)) if args.dry_run else (lambda: checked_python(workdir))
     lines += memory_plan.check_plans(config, planner, workdir.trainer, preset.path)
     for line in filter(None, lines):  # YAML comments in a dry run, whose output stays a config

@@ -83,6 +83,15 @@ class Boolean(Spec):
 
 
 @dataclass(frozen=True)
+class AutoOrBoolean(Spec):
+    allowed = "auto, true or false"
+
+    def check(self, value, path, vocab):
+        if not isinstance(value, bool) and value != "auto":
+            yield problem(path, value, "not auto, true or false", self.allowed)
+
+
+@dataclass(frozen=True)
 class Integer(Spec):
     minimum: int | None = None
     multiple_of: int | None = None
@@ -340,6 +349,8 @@ MODEL_KWARGS = Block({
     "stream_mode": Text(("auto", "serialized", "overlapped")),
     "vram_budget_gib": Number(positive=True),
     "vram_margin_gib": Number(minimum=0),
+    # regional torch.compile of the blocks (overlay/toolkit/block_compile.py); auto: the self-test decides
+    "compile_blocks": AutoOrBoolean(),
 }, extra="model_kwargs")
 
 PROCESS = Block({

@@ -1,5 +1,6 @@
 """The self-test's result in the workdir, and what it decides: the qtype behind `qtype: auto`,
-and the stream mode behind `model_kwargs: {stream_mode: auto}` of a memory plan.
+the stream mode behind `model_kwargs: {stream_mode: auto}` of a memory plan, and whether
+`model_kwargs: {compile_blocks: auto}` compiles the transformer blocks.
 
 `python -m launcher selftest` writes `<workdir>/selftest.json` (written by
 `launcher.in_trainer.selftest.runner` under the trainer's interpreter, stamped here with the trainer
@@ -121,6 +122,36 @@ def resolve_stream_mode(config: dict, workdir: Workdir) -> str | None:
             mode, why = streaming_verdict(workdir)
             kwargs["stream_mode"] = mode
             line = f"stream_mode auto -> {mode}: {why}"
+    return line
+
+
+def compile_verdict(workdir: Workdir) -> tuple[bool, str]:
+    """(compile, why): the blocks are compiled only where the self-test compiled a small FLUX.2 on
+    this GPU, matched the uncompiled model's loss and gradients, and stepped faster with it."""
+    result = load_result(workdir)
+    if result is None:
+        return False, f"no self-test result in {workdir.root}; {HOW_TO_TEST}"
+    stale = staleness(result, workdir)
+    if stale:
+        return False, f"{workdir.selftest.name} is stale ({stale}); {HOW_TO_TEST}"
+    check = result.get("compile") or {}
+    when = f"self-test of {str(result.get('created', '?'))[:10]}, {describe_gpu(result)}"
+    if not check.get("passed"):
+        return False, f"{check.get('reason') or 'compiling was not tested on a GPU'} ({when})"
+    return True, (f"the compiled blocks matched and stepped {check['x_eager']:.2f}x the uncompiled time, "
+                  f"{check.get('compile_s', 0):.0f} s to compile ({when})")
+
+
+def resolve_compile_blocks(config: dict, workdir: Workdir) -> str | None:
+    """`compile_blocks: auto` of every process -> true or false, in place; returns the line `run`
+    prints, or None when no process says auto."""
+    line = None
+    for process in config["config"]["process"]:
+        kwargs = (process.get("model") or {}).get("model_kwargs") or {}
+        if kwargs.get("compile_blocks") == AUTO:
+            compiled, why = compile_verdict(workdir)
+            kwargs["compile_blocks"] = compiled
+            line = f"compile_blocks auto -> {str(compiled).lower()}: {why}"
     return line
 
 

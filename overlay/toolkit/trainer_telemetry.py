@@ -75,7 +75,7 @@ class TrainerTelemetry:
             self.step = step
         now = time.time()
         # load and first-step rows report memory and time, and leave the s/it bookkeeping alone
-        timing_only = event in ("load", "phase", "first_step", "memory_plan", "sample_start", "sample")
+        timing_only = event in ("load", "phase", "first_step", "memory_plan", "compile_blocks", "sample_start", "sample")
         s_per_it = None
         if not timing_only and self.step is not None and self.row_step is not None and self.step > self.row_step:
             s_per_it = (now - self.row_time) / (self.step - self.row_step)
