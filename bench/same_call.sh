@@ -3,13 +3,14 @@
 # (bench/fullsize.py launch). Run from the repository root on the GPU machine, one stage per call,
 # the stages in order on the same machine (R and M must survive between them):
 #   prepare  assets and venv (bench/fullsize.py prepare) beside `launcher selftest`, then the first
-#            launch: the preset as shipped (qtype auto -> the self-test's pick, memory_plan auto)
-#            at the 22 GiB card's cap scaled to 44 blocks, which quantizes and writes the cache
-#   512      int4_w4a8 through torch._scaled_mm, then through the Triton GEMM (3 profiled steps:
-#            its breakdown.json), then bf16 weights (3 profiled steps), all uncapped with
-#            checkpointing everywhere (memory_plan off)
-#   1024     int4_w4a8 through torch._scaled_mm, then Triton and bf16 at 1024 px (2 profiled steps
-#            each), then the preset as shipped (the plan's choice) at the 22 GiB cap
+#            launch: the preset as shipped (qtype auto -> the self-test's pick, memory_plan auto,
+#            compile_blocks auto) at the 22 GiB card's cap scaled to 44 blocks, which quantizes and
+#            writes the cache
+#   512      int4_w4a8 through torch._scaled_mm, uncompiled then with compiled blocks, then bf16
+#            weights the same two ways, all uncapped with checkpointing everywhere (memory_plan off)
+#   1024     int4_w4a8 through torch._scaled_mm uncompiled, then compiled (2 profiled steps: its
+#            breakdown.json), bf16 uncompiled (2 profiled steps), the preset as shipped (the plan's
+#            and the self-test's choices) at the 22 GiB cap, then bf16 compiled
 #   R=RAMDISK/R M=DISK/m OUT=OUT bash bench/same_call.sh prepare   (then 512, then 1024)
 # Results: $OUT/<label>.json (bench/fullsize.py launch), $OUT/<label>.log, $OUT/selftest.json.
 set -u
@@ -18,6 +19,8 @@ export PYTHONUNBUFFERED=1
 BASE=(--root "$R" --model-dir "$M" --preset presets/rtx4090_512.yaml
       --set model.model_kwargs.flux2_params "{depth_single_blocks: 36}" --launcher-set telemetry "{interval_s: 0.1}")
 OFF=(--cap-gib 0 --set model.model_kwargs.memory_plan "'off'")
+EAGER=(--set model.model_kwargs.compile_blocks false)
+COMPILED=(--set model.model_kwargs.compile_blocks true)
 W4A8=(--set model.qtype int4_w4a8)
 SCALED=(--launcher-set env "{INT4_W4A8_GEMM: scaled_mm}")
 TRITON=(--launcher-set env "{INT4_W4A8_GEMM: triton}")
@@ -44,14 +47,16 @@ prepare)
   echo "selftest rc $? in $(( $(date +%s) - start )) s"; tail -40 "$OUT/selftest.log"
   cp "$R/wd/selftest.json" "$OUT/selftest.json"
   wait; echo "prepare done ($(date -u +%T))"; tail -3 "$OUT/prepare.log"
-  launch auto_first_512 512 10 300 --cap-gib "$CAP22" ;;
+  launch auto_first_512 512 10 360 --cap-gib "$CAP22" ;;
 512)
-  launch w4a8_scaled_mm_512 512 10 110 "${OFF[@]}" "${W4A8[@]}" "${SCALED[@]}"
-  launch w4a8_triton_512 512 12 150 "${OFF[@]}" "${W4A8[@]}" "${TRITON[@]}" --profile 3
-  launch bf16_512 512 12 200 "${OFF[@]}" "${BF16[@]}" --profile 3 ;;
+  launch w4a8_scaled_mm_512 512 10 110 "${OFF[@]}" "${W4A8[@]}" "${SCALED[@]}" "${EAGER[@]}"
+  launch w4a8_scaled_mm_compiled_512 512 12 170 "${OFF[@]}" "${W4A8[@]}" "${SCALED[@]}" "${COMPILED[@]}"
+  launch bf16_512 512 10 170 "${OFF[@]}" "${BF16[@]}" "${EAGER[@]}"
+  launch bf16_compiled_512 512 12 200 "${OFF[@]}" "${BF16[@]}" "${COMPILED[@]}" ;;
 1024)
-  launch w4a8_scaled_mm_1024 1024 7 120 "${OFF[@]}" "${W4A8[@]}" "${SCALED[@]}"
-  launch w4a8_triton_1024 1024 9 140 "${OFF[@]}" "${W4A8[@]}" "${TRITON[@]}" --profile 2
-  launch bf16_1024 1024 9 180 "${OFF[@]}" "${BF16[@]}" --profile 2
-  launch auto_plan_1024 1024 6 100 --cap-gib "$CAP22" ;;
+  launch w4a8_scaled_mm_1024 1024 7 110 "${OFF[@]}" "${W4A8[@]}" "${SCALED[@]}" "${EAGER[@]}"
+  launch w4a8_scaled_mm_compiled_1024 1024 9 170 "${OFF[@]}" "${W4A8[@]}" "${SCALED[@]}" "${COMPILED[@]}" --profile 2
+  launch bf16_1024 1024 9 180 "${OFF[@]}" "${BF16[@]}" "${EAGER[@]}" --profile 2
+  launch auto_plan_1024 1024 6 100 --cap-gib "$CAP22"
+  launch bf16_compiled_1024 1024 7 200 "${OFF[@]}" "${BF16[@]}" "${COMPILED[@]}" ;;
 esac

@@ -1,5 +1,6 @@
 """What `python -m launcher selftest` prints: one section per part of the report (machine, kernels,
-quality gate, tiny steps, timings, sampling, streaming) and the verdict `qtype: auto` follows."""
+quality gate, tiny steps, timings, sampling, streaming, compiled blocks) and the verdict `qtype: auto`
+follows."""
 
 from pathlib import Path
 
@@ -26,6 +27,7 @@ def format_report(report: dict, path: Path) -> list[str]:
     lines += timing_lines(report)
     lines += sampling_lines(report)
     lines += streaming_lines(report.get("streaming"))
+    lines += compile_lines(report.get("compile"))
     lines += [""] + verdict_lines(report) + [f"written to {path}"]
     return lines
 
@@ -91,6 +93,19 @@ def streaming_lines(streaming: dict | None) -> list[str]:
                  f"{'' if streaming.get('passed') else ': ' + str(streaming.get('reason'))}")
     uses = "overlapped" if streaming.get("passed") and streaming.get("device") == "cuda" else "serialized"
     return lines + [f"  presets with `stream_mode: auto` stream {uses}"]
+
+
+def compile_lines(check: dict | None) -> list[str]:
+    lines = ["", "transformer blocks compiled against uncompiled (a small FLUX.2, forward and backward)"]
+    if not check:
+        return lines + ["  not run"]
+    if "x_eager" in check:
+        lines.append(f"  {check['candidate']:<34} {check['compiled_ms']:8.1f} ms compiled, {check['eager_ms']:.1f} ms "
+                     f"uncompiled ({check['x_eager']:.2f}x), difference {check['max_relative_difference']:.1e}, "
+                     f"{check['compile_s']:.0f} s to compile")
+    verdict = "pass" if check.get("passed") else f"FAIL  {check.get('reason')}"
+    uses = "compile their blocks" if check.get("passed") else "leave their blocks uncompiled"
+    return lines + [f"  {verdict}", f"  presets with `compile_blocks: auto` {uses}"]
 
 
 def verdict_lines(report: dict) -> list[str]:

@@ -15,8 +15,8 @@ outside: its class calls the compiled forward in between.
 What is not: the 4-bit Linear. Int4Linear.forward is never traced (torch.compiler.disable), so
 its Triton kernels and torch._scaled_mm run as they do uncompiled, between compiled segments.
 
-Compiling happens on the first forward of each variant (tens of seconds; Inductor's cache makes
-later launches quicker). If it fails there (no Triton, no C compiler, an Inductor error), the
+Compiling happens on the first forward of each variant (tens of seconds; Inductor's FX graph cache
+makes later launches quicker). If it fails there (no Triton, no C compiler, an Inductor error), the
 blocks run uncompiled for the rest of the run, after one line that says why. A failure while
 compiling the backward is not caught: `python -m launcher selftest` compiles a small FLUX.2 on
 the GPU, forward and backward, and compares it with the uncompiled one; `compile_blocks: auto`
@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch._functorch.config
 
 from toolkit.block_streaming import StreamedBlock
 
@@ -88,6 +89,9 @@ def compiled_forward(eager, name: str, log=print, backend: str = "inductor"):
 def compile_blocks(transformer: torch.nn.Module, opaque: tuple = (), log=print, backend: str = "inductor") -> list:
     """Compile the forward of every block class of `transformer`; `opaque` module classes are
     never traced. Returns the block classes. Idempotent."""
+    # torch 2.11's AOTAutograd cache gives a cached segment's view outputs corrupt sizes (the
+    # second launch of a small FLUX.2 failed every time); Inductor's own FX graph cache stays on
+    torch._functorch.config.enable_autograd_cache = False
     for module_class in opaque:
         if not hasattr(module_class.forward, _COMPILED_MARK):
             eager = module_class.forward

@@ -11,7 +11,9 @@ Runs under the trainer venv's interpreter, where torch, Triton and the patched t
   training     3 LoRA steps on the tiny FLUX.2 per candidate, on the GPU;
   fastest      the fastest candidate whose checks and steps passed, or null with the reason;
   streaming    the overlapped block streaming run for a bounded time under a deadline: whether it
-               completed and matched the serialized mode (`stream_mode: auto` follows it).
+               completed and matched the serialized mode (`stream_mode: auto` follows it);
+  compile      a small FLUX.2 with the fastest candidate, its blocks compiled against uncompiled,
+               under a deadline, beside the streaming check (`compile_blocks: auto` follows it).
 Without a GPU only the reference path can run: its checks and training steps run on the CPU,
 nothing is timed, `fastest` is null and the report says so.
 """
@@ -23,7 +25,9 @@ import sys
 import time
 from pathlib import Path
 
-from launcher.in_trainer.selftest import kernels, streaming, training
+from concurrent.futures import ThreadPoolExecutor
+
+from launcher.in_trainer.selftest import compiled, kernels, streaming, training
 
 SCHEMA = 1
 
@@ -100,7 +104,7 @@ def pick_fastest(report: dict, cands: list, eligible: set) -> dict:
         return {"qtype": None, "reason": "no 4-bit kernel path passed its checks, quality gate and training steps"}
     ms, name = ranked[0]
     best = next(c for c in cands if c["name"] == name)
-    return {"qtype": best["qtype"], "candidate": name, "env": best["env"], "step_ms": ms,
+    return {"qtype": best["qtype"], "candidate": name, "kernel": best["kernel"], "env": best["env"], "step_ms": ms,
             "x_bf16": ms / totals["bf16"] if totals.get("bf16") else None}
 
 
@@ -125,8 +129,24 @@ def run(args) -> dict:
         gpu_part(m, report, args, m.torch.device("cuda", 0))
     # on the CPU only the mechanics are checked: a few steps are enough
     seconds = args.streaming_seconds if env["gpu"] else min(args.streaming_seconds, streaming.CPU_SECONDS)
-    report["streaming"] = streaming.check(args.trainer, log, seconds)
+    with ThreadPoolExecutor(max_workers=1) as beside:  # compiling is CPU work; streaming waits on copies
+        compile_check = beside.submit(compile_part, report, args.trainer)
+        report["streaming"] = streaming.check(args.trainer, log, seconds)
+        report["compile"] = compile_check.result()
     return report
+
+
+def compile_part(report: dict, trainer: Path) -> dict:
+    """The compile check with the fastest 4-bit candidate, on a GPU only."""
+    env = report["environment"]
+    fastest = report.get("fastest") or {}
+    if env["gpu"] is None or env["triton"] is None:
+        return {"passed": False, "reason": "compiling the blocks is checked on a GPU with Triton only"}
+    if not fastest.get("qtype"):
+        return {"passed": False, "reason": "no 4-bit kernel path passed, so none was compiled around"}
+    candidate = {"name": fastest["candidate"], "qtype": fastest["qtype"], "kernel": fastest.get("kernel") or {},
+                 "env": fastest.get("env") or {}}
+    return compiled.check(trainer, candidate, log)
 
 
 def main(argv=None) -> int:

@@ -31,9 +31,11 @@ def load_flux2(trainer: Path):
     return module
 
 
-def with_lora(m: Modules, model, rank: int) -> list:
-    """Wrap every Int4Linear of the model in a LoRA; returns the adapters' parameters."""
+def with_lora(m: Modules, model, rank: int, kinds: tuple = (), where=None) -> list:
+    """Wrap every Linear of the `kinds` (default: Int4Linear) for which `where(name, module)` holds
+    (default: all) in a LoRA; returns the adapters' parameters, down and up for each."""
     torch = m.torch
+    kinds = kinds or (m.int4.Int4Linear,)
 
     class LoRA(torch.nn.Module):
         def __init__(self, base):
@@ -49,7 +51,8 @@ def with_lora(m: Modules, model, rank: int) -> list:
     params = []
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
-            if isinstance(child, m.int4.Int4Linear):
+            full_name = f"{name}.{child_name}" if name else child_name
+            if isinstance(child, kinds) and (where is None or where(full_name, child)):
                 adapter = LoRA(child)
                 setattr(module, child_name, adapter)
                 params += [adapter.down.weight, adapter.up.weight]
