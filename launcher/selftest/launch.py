@@ -1,16 +1,18 @@
 """Run the self-test: the trainer side under the trainer venv's interpreter, then the sampling
-check in a process of its own; stamp the result with this launcher, the trainer build and the
+check and the compile check, each in a process of its own, side by side; stamp the result with this launcher, the trainer build and the
 GPU driver, and keep it in `<workdir>/selftest.json`, replaced whole.
 """
 
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 from launcher import __version__
 from launcher.envs.hostinfo import gpu_driver_version
-from launcher.envs.trainer_python import run_module
+from launcher.envs.trainer_python import run_module, start_module
+from launcher.in_trainer.selftest import compiled
 from launcher.envs.workdir import Workdir, venv_python
 from launcher.errors import LauncherError
 from launcher.progress import say
@@ -51,7 +53,9 @@ def run(workdir: Workdir, preset: str | None) -> dict:
         raise LauncherError(f"the self-test stopped with exit code {result.returncode}; its output is above. "
                             f"Nothing was written to {workdir.selftest}")
     report = json.loads(partial.read_text(encoding="utf-8"))
+    compiling = start_compile_check(workdir, python, env, report)
     report["sampling"] = sampling_check(workdir, python, env)
+    report["compile"] = finish_compile_check(compiling)
     report.update(launcher=__version__, trainer=trainer_build(workdir), driver=gpu_driver_version())
     partial.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     os.replace(partial, workdir.selftest)  # a reader never sees half a verdict
@@ -77,3 +81,39 @@ def sampling_check(workdir: Workdir, python: Path, env: dict) -> dict:
         return json.loads(out.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {"passed": False, "error": "the sampling check stopped without a result; its output is above"}
+
+
+def start_compile_check(workdir: Workdir, python: Path, env: dict, report: dict):
+    """Start the compile check (launcher/in_trainer/selftest/compiled.py) with the fastest candidate;
+    returns (process, when it started), or the result when it cannot run here."""
+    reason = compiled.applicable(report)
+    if reason:
+        return {"passed": False, "reason": reason}
+    candidate = compiled.candidate_from(report["fastest"])
+    say(f"compile check: a small FLUX.2 with {candidate['name']}, its blocks compiled against uncompiled, "
+        f"at most {compiled.DEADLINE_SECONDS:.0f} s, beside the sampling check")
+    process = start_module(python, "selftest.compiled", "--trainer", str(workdir.trainer),
+                           "--candidate", json.dumps(candidate), env={**env, **candidate["env"]},
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return process, time.monotonic()
+
+
+def finish_compile_check(compiling) -> dict:
+    """Wait for the compile check up to its deadline; its verdict, said in one line."""
+    if isinstance(compiling, dict):
+        return compiling
+    process, began = compiling
+    try:
+        stdout, stderr = process.communicate(timeout=max(1.0, compiled.DEADLINE_SECONDS - (time.monotonic() - began)))
+        result = compiled.verdict(stdout, process.returncode, stderr)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        result = {"passed": False, "reason": f"compiling did not finish within {compiled.DEADLINE_SECONDS:.0f} s"}
+    if "x_eager" in result:
+        say(f"compile check: {'pass' if result['passed'] else 'FAIL'}, {result['compiled_ms']} ms compiled against "
+            f"{result['eager_ms']} ms uncompiled ({result['x_eager']:.2f}x), difference "
+            f"{result['max_relative_difference']:.1e}, {result['compile_s']:.0f} s to compile")
+    if not result["passed"]:
+        say(f"compile check: FAIL, {result['reason']}")
+    return result

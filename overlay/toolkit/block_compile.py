@@ -12,8 +12,9 @@ sampling; with grad: the recompute, and blocks whose activations are kept). The 
 trainer attaches later are traced with their block. A streamed block's fetch and release stay
 outside: its class calls the compiled forward in between.
 
-What is not: the 4-bit Linear. Int4Linear.forward is never traced (torch.compiler.disable), so
-its Triton kernels and torch._scaled_mm run as they do uncompiled, between compiled segments.
+What is not: the 4-bit Linear. Int4Linear.forward is never traced (toolkit/int4_linear.py marks
+it torch.compiler.disable), so its Triton kernels and torch._scaled_mm run as they do uncompiled,
+between compiled segments.
 
 Compiling happens on the first forward of each variant (tens of seconds; Inductor's FX graph cache
 makes later launches quicker). If it fails there (no Triton, no C compiler, an Inductor error), the
@@ -48,6 +49,14 @@ def compile_errors() -> tuple:
     return tuple(errors)
 
 
+def root_cause(error: BaseException) -> str:
+    """The innermost cause of a compile error, in one line: Dynamo wraps the compiler's own error."""
+    while (inner := getattr(error, "inner_exception", None) or error.__cause__) is not None:
+        error = inner
+    first_line = (str(error).strip().splitlines() or [""])[0][:300]
+    return f"{type(error).__name__}: {first_line}"
+
+
 def block_classes(transformer: torch.nn.Module) -> list:
     """The classes that define the blocks' forward (a streamed block's base class, not its wrapper)."""
     found = []
@@ -75,8 +84,7 @@ def compiled_forward(eager, name: str, log=print, backend: str = "inductor"):
         try:
             return compiled(self, *args, **kwargs)
         except compile_errors() as error:
-            first_line = (str(error).strip().splitlines() or [""])[0][:300]
-            forward.failure = f"{type(error).__name__}: {first_line}"
+            forward.failure = root_cause(error)
             log(f"compile_blocks: {name} could not be compiled ({forward.failure}); it runs uncompiled for "
                 "the rest of this run (model_kwargs compile_blocks: false skips the attempt)")
             return eager(self, *args, **kwargs)
@@ -86,17 +94,11 @@ def compiled_forward(eager, name: str, log=print, backend: str = "inductor"):
     return forward
 
 
-def compile_blocks(transformer: torch.nn.Module, opaque: tuple = (), log=print, backend: str = "inductor") -> list:
-    """Compile the forward of every block class of `transformer`; `opaque` module classes are
-    never traced. Returns the block classes. Idempotent."""
+def compile_blocks(transformer: torch.nn.Module, log=print, backend: str = "inductor") -> list:
+    """Compile the forward of every block class of `transformer`. Returns the classes. Idempotent."""
     # torch 2.11's AOTAutograd cache gives a cached segment's view outputs corrupt sizes (the
     # second launch of a small FLUX.2 failed every time); Inductor's own FX graph cache stays on
     torch._functorch.config.enable_autograd_cache = False
-    for module_class in opaque:
-        if not hasattr(module_class.forward, _COMPILED_MARK):
-            eager = module_class.forward
-            module_class.forward = torch.compiler.disable(eager)
-            setattr(module_class.forward, _COMPILED_MARK, eager)
     classes = block_classes(transformer)
     for cls in classes:
         if not hasattr(cls.forward, _COMPILED_MARK):
@@ -126,10 +128,8 @@ def compile_for_model(base_model, transformer: torch.nn.Module) -> bool:
     if not requested(base_model.model_config.model_kwargs):
         return False
     from toolkit import trainer_telemetry
-    from toolkit.int4_linear import Int4Linear
 
-    names = [cls.__name__ for cls in
-             compile_blocks(transformer, opaque=(Int4Linear,), log=base_model.print_and_status_update)]
+    names = [cls.__name__ for cls in compile_blocks(transformer, log=base_model.print_and_status_update)]
     trainer_telemetry.record_event("compile_blocks", classes=names)
     base_model.print_and_status_update(f"compile_blocks: {', '.join(names)} compile on their first forward; "
                                        "the 4-bit Linears stay uncompiled")

@@ -166,6 +166,9 @@ class Int4Linear(nn.Module):
     def dequantize(self, dtype=None) -> torch.Tensor:
         return dequantize_weight(self.qweight, self.scale, self.zero, self.group_size, dtype)
 
+    # never traced by torch.compile (toolkit/block_compile.py): its Triton kernels, torch._scaled_mm
+    # and the per-layer scale cache run as they are, between the compiled parts of a block
+    @torch.compiler.disable
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kernel = self.kernel
         use_kernel = kernel_available(x) if kernel.use_kernel is None else kernel.use_kernel

@@ -11,9 +11,7 @@ Runs under the trainer venv's interpreter, where torch, Triton and the patched t
   training     3 LoRA steps on the tiny FLUX.2 per candidate, on the GPU;
   fastest      the fastest candidate whose checks and steps passed, or null with the reason;
   streaming    the overlapped block streaming run for a bounded time under a deadline: whether it
-               completed and matched the serialized mode (`stream_mode: auto` follows it);
-  compile      a small FLUX.2 with the fastest candidate, its blocks compiled against uncompiled,
-               under a deadline, beside the streaming check (`compile_blocks: auto` follows it).
+               completed and matched the serialized mode (`stream_mode: auto` follows it).
 Without a GPU only the reference path can run: its checks and training steps run on the CPU,
 nothing is timed, `fastest` is null and the report says so.
 """
@@ -25,9 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from concurrent.futures import ThreadPoolExecutor
-
-from launcher.in_trainer.selftest import compiled, kernels, streaming, training
+from launcher.in_trainer.selftest import kernels, streaming, training
 
 SCHEMA = 1
 
@@ -129,24 +125,8 @@ def run(args) -> dict:
         gpu_part(m, report, args, m.torch.device("cuda", 0))
     # on the CPU only the mechanics are checked: a few steps are enough
     seconds = args.streaming_seconds if env["gpu"] else min(args.streaming_seconds, streaming.CPU_SECONDS)
-    with ThreadPoolExecutor(max_workers=1) as beside:  # compiling is CPU work; streaming waits on copies
-        compile_check = beside.submit(compile_part, report, args.trainer)
-        report["streaming"] = streaming.check(args.trainer, log, seconds)
-        report["compile"] = compile_check.result()
+    report["streaming"] = streaming.check(args.trainer, log, seconds)
     return report
-
-
-def compile_part(report: dict, trainer: Path) -> dict:
-    """The compile check with the fastest 4-bit candidate, on a GPU only."""
-    env = report["environment"]
-    fastest = report.get("fastest") or {}
-    if env["gpu"] is None or env["triton"] is None:
-        return {"passed": False, "reason": "compiling the blocks is checked on a GPU with Triton only"}
-    if not fastest.get("qtype"):
-        return {"passed": False, "reason": "no 4-bit kernel path passed, so none was compiled around"}
-    candidate = {"name": fastest["candidate"], "qtype": fastest["qtype"], "kernel": fastest.get("kernel") or {},
-                 "env": fastest.get("env") or {}}
-    return compiled.check(trainer, candidate, log)
 
 
 def main(argv=None) -> int:

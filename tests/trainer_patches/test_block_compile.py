@@ -1,0 +1,162 @@
+"""The FLUX.2 blocks compiled (toolkit/block_compile.py, model_kwargs compile_blocks) on the CPU: the
+fused blocks against the unfused ones with the trainer's own LoRA network, the 4-bit Linear left
+to run uncompiled, one compiled forward for every block of a class, streamed blocks, and the
+fallback when compiling fails. Inductor compiles in one test (it takes about a minute on two
+cores); the others use the aot_eager backend, which traces the same graphs without generating
+kernels, so its results are the uncompiled ones bit for bit."""
+
+import pytest
+import torch
+from test_int4_trainer import make_network
+
+from launcher.in_trainer.selftest import compiled
+from launcher.in_trainer.tiny_assets import FLUX2_PARAMS
+
+pytestmark = pytest.mark.patch("compile-the-transformer-blocks")
+
+
+@pytest.fixture
+def toolkit(trainer_on_path, flux2_src):
+    from toolkit import block_compile, block_streaming, int4_linear, memory_plan, qtypes
+
+    yield block_compile, block_streaming, int4_linear, memory_plan, qtypes
+    # compiling patches classes: put every forward back for the tests that follow
+    block_compile.uncompile([flux2_src.DoubleStreamBlock, flux2_src.SingleStreamBlock])
+    torch._dynamo.reset()
+
+
+def tiny_flux2(flux2_src, toolkit, depth=1, single=1, qtype=None):
+    """The tiny FLUX.2 in bf16 (4-bit block Linears for a qtype), the trainer's LoRA network on it,
+    gradient checkpointing on; returns (model, the network, one batch and its target). The network
+    must be held: its modules know it only through a weak reference."""
+    _, _, int4_linear, _, qtypes = toolkit
+    params = flux2_src.Flux2Params(**{**FLUX2_PARAMS, "depth": depth, "depth_single_blocks": single})
+    torch.manual_seed(0)
+    model = flux2_src.Flux2(params).to(torch.bfloat16)
+    model.requires_grad_(False)
+    if qtype:
+        int4_linear.quantize_linears(model, lambda name, _: name.split(".")[0] in ("double_blocks", "single_blocks"))
+        qtypes.configure_linears(model, qtype, "cpu", environ={}, activations="fp8")
+    network = make_network(None, model)
+    model.gradient_checkpointing = True
+    batch, target = compiled.flux2_inputs(torch, params, 4, 8, torch.device("cpu"))
+    return model, network, batch, target
+
+
+def one_step(model, network, batch, target):
+    loss, grads = compiled.step(torch, model, list(network.parameters()), batch, target)
+    return [loss, *grads]
+
+
+def test_compiled_blocks_match_the_uncompiled_ones(flux2_src, toolkit):
+    block_compile, _, int4_linear, _, _ = toolkit
+    model, network, batch, target = tiny_flux2(flux2_src, toolkit)
+    want = one_step(model, network, batch, target)
+    classes = block_compile.compile_blocks(model, log=lambda line: None)
+    assert [cls.__name__ for cls in classes] == ["DoubleStreamBlock", "SingleStreamBlock"]
+    for _ in range(2):  # the first step compiles, the second runs the compiled kernels
+        got = one_step(model, network, batch, target)
+        assert all(cls.forward.failure is None for cls in classes)
+        # fused kernels keep fp32 between ops the uncompiled blocks round to bf16 (measured 0.011-0.016)
+        assert compiled.relative_difference(torch, got, want) < 0.05
+        assert all(bool(g.abs().sum() > 0) for g in got[1:])
+
+
+def test_the_4bit_linear_runs_uncompiled_between_compiled_segments(flux2_src, toolkit, monkeypatch):
+    from toolkit import int4_w4a8
+
+    block_compile, _, int4_linear, _, _ = toolkit
+    model, network, batch, target = tiny_flux2(flux2_src, toolkit, qtype="int4_w4a8")
+    calls = []
+    real_linear = int4_w4a8.w4a8_linear
+
+    def counted(*args):
+        calls.append(1)
+        return real_linear(*args)
+
+    monkeypatch.setattr(int4_w4a8, "w4a8_linear", counted)  # Int4Linear.forward looks it up per call
+    want = one_step(model, network, batch, target)
+    per_step = len(calls)
+    assert per_step == 2 * sum(isinstance(m, int4_linear.Int4Linear) for m in model.modules())  # + recompute
+    block_compile.compile_blocks(model, log=lambda line: None, backend="aot_eager")
+    for _ in range(3):
+        calls.clear()
+        got = one_step(model, network, batch, target)
+        # traced code would run its Python once, at tracing; the opaque Linear runs on every call
+        assert len(calls) == per_step
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def unique_graphs(flux2_src, toolkit, depth: int) -> int:
+    block_compile, _, int4_linear, _, _ = toolkit
+    model, network, batch, target = tiny_flux2(flux2_src, toolkit, depth=depth, single=depth)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    classes = block_compile.compile_blocks(model, log=lambda line: None,
+                                           backend="aot_eager")
+    one_step(model, network, batch, target)
+    block_compile.uncompile(classes)
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def test_one_compiled_forward_serves_every_block_of_a_class(flux2_src, toolkit):
+    # two classes x (without grad: checkpointing's first pass; with grad: the recompute)
+    assert unique_graphs(flux2_src, toolkit, depth=1) == 4
+    assert unique_graphs(flux2_src, toolkit, depth=3) == 4
+
+
+def test_streamed_blocks_compile_between_their_fetch_and_release(flux2_src, toolkit):
+    block_compile, block_streaming, int4_linear, memory_plan, _ = toolkit
+    want = one_step(*tiny_flux2(flux2_src, toolkit, depth=2, single=2, qtype="int4_w4a8"))
+    model, network, batch, target = tiny_flux2(flux2_src, toolkit, depth=2, single=2, qtype="int4_w4a8")
+    S, R, C = memory_plan.STREAMED, memory_plan.RESIDENT, memory_plan.RECOMPUTED
+    layout = {"double_blocks.0": S, "double_blocks.1": R, "single_blocks.0": R, "single_blocks.1": S}
+    plan = memory_plan.MemoryPlan(budget_bytes=0, blocks=[memory_plan.BlockPlan(n, w, C) for n, w in layout.items()])
+    streamer = block_streaming.BlockStreamer(model, plan, "cpu", block_streaming.SERIALIZED, record=True)
+    classes = block_compile.compile_blocks(model, log=lambda line: None,
+                                           backend="aot_eager")
+    assert [cls.__name__ for cls in classes] == ["DoubleStreamBlock", "SingleStreamBlock"]  # not the wrappers
+    for _ in range(2):
+        streamer.stats.events.clear()
+        got = one_step(model, network, batch, target)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+        assert ("backward", "double_blocks.0") in streamer.stats.events
+    assert all(cls.forward.failure is None for cls in classes)
+
+
+def test_a_block_class_that_cannot_compile_runs_uncompiled_after_one_line(flux2_src, toolkit):
+    block_compile, _, int4_linear, _, _ = toolkit
+    model, network, batch, target = tiny_flux2(flux2_src, toolkit)
+    want = one_step(model, network, batch, target)
+
+    def no_compiler_here(graph, example_inputs):
+        raise RuntimeError("no C compiler found")
+
+    lines = []
+    classes = block_compile.compile_blocks(model, log=lines.append,
+                                           backend=no_compiler_here)
+    for _ in range(2):
+        got = one_step(model, network, batch, target)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    failed = [line for line in lines if "could not be compiled" in line]
+    assert len(failed) == 2 and all("no C compiler found" in line for line in failed), lines
+    assert all("runs uncompiled for the rest of this run" in line for line in failed)
+    assert all("no C compiler found" in cls.forward.failure for cls in classes)
+
+
+@pytest.mark.parametrize("value, compiles", [(None, False), (False, False), (True, True), ("auto", False)])
+def test_the_setting(toolkit, value, compiles):
+    block_compile = toolkit[0]
+    assert block_compile.requested({} if value is None else {"compile_blocks": value}) is compiles
+
+
+def test_a_bad_setting_says_what_is_allowed(toolkit):
+    with pytest.raises(ValueError, match="compile_blocks: 'yes'; use true, false or auto"):
+        toolkit[0].requested({"compile_blocks": "yes"})
+
+
+def test_the_selftest_child_compares_compiled_with_uncompiled(trainer_checkout, toolkit):
+    report = compiled.child(trainer_checkout, None, "aot_eager")
+    assert report["compiled"] and report["failures"] == [] and report["device"] == "cpu"
+    assert report["max_relative_difference"] == 0.0  # aot_eager: the same kernels
+    assert report["eager_ms"] > 0 and report["compiled_ms"] > 0
