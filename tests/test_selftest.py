@@ -117,6 +117,10 @@ def test_selftest_without_a_gpu_checks_the_reference_path(trainer_workdir, capsy
     assert choice.qtype == "uint4" and "saw no GPU" in choice.line
     assert result["streaming"]["completed"] and result["streaming"]["matches_serialized"]
     assert verdict.streaming_verdict(workdir)[0] == "serialized"  # the mechanics ran, on no GPU
+    assert ("transformer blocks compiled against uncompiled (a small FLUX.2, forward and backward)\n"
+            "  FAIL  compiling the blocks is checked on a GPU with Triton only\n"
+            "  presets with `compile_blocks: auto` leave their blocks uncompiled") in out
+    assert verdict.compile_verdict(workdir)[0] is False
 
     assert main(["doctor", "--workdir", str(workdir.root)]) == 0
     assert "selftest        " in capsys.readouterr().out

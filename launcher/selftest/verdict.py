@@ -144,7 +144,8 @@ def compile_verdict(workdir: Workdir) -> tuple[bool, str]:
 
 def resolve_compile_blocks(config: dict, workdir: Workdir) -> str | None:
     """`compile_blocks: auto` of every process -> true or false, in place; returns the line `run`
-    prints, or None when no process says auto."""
+    prints: the choice, or a warning when a preset says true where the check did not pass; None
+    when no process compiles or says auto."""
     line = None
     for process in config["config"]["process"]:
         kwargs = (process.get("model") or {}).get("model_kwargs") or {}
@@ -152,6 +153,11 @@ def resolve_compile_blocks(config: dict, workdir: Workdir) -> str | None:
             compiled, why = compile_verdict(workdir)
             kwargs["compile_blocks"] = compiled
             line = f"compile_blocks auto -> {str(compiled).lower()}: {why}"
+        elif kwargs.get("compile_blocks") is True:
+            compiled, why = compile_verdict(workdir)
+            if not compiled:
+                line = (f"warning: compile_blocks: true, but the self-test's compile check did not pass here ({why}); "
+                        "a compile failure on the first step falls back to uncompiled blocks")
     return line
 
 

@@ -100,9 +100,9 @@ def unique_graphs(flux2_src, toolkit, depth: int) -> int:
 
 
 def test_one_compiled_forward_serves_every_block_of_a_class(flux2_src, toolkit):
-    # two classes x (without grad: checkpointing's first pass; with grad: the recompute)
-    assert unique_graphs(flux2_src, toolkit, depth=1) == 4
-    assert unique_graphs(flux2_src, toolkit, depth=3) == 4
+    # per class: with grad (the recompute), without (reentrant checkpointing's first pass), and on
+    # upstream once more for the first block, whose input needs no gradient; never one per block
+    assert unique_graphs(flux2_src, toolkit, depth=2) == unique_graphs(flux2_src, toolkit, depth=5) <= 6
 
 
 def test_streamed_blocks_compile_between_their_fetch_and_release(flux2_src, toolkit):
@@ -120,7 +120,7 @@ def test_streamed_blocks_compile_between_their_fetch_and_release(flux2_src, tool
         streamer.stats.events.clear()
         got = one_step(model, network, batch, target)
         assert all(torch.equal(a, b) for a, b in zip(got, want))
-        assert ("backward", "double_blocks.0") in streamer.stats.events
+        assert {("fetch", "double_blocks.0"), ("recompute", "single_blocks.1")} <= set(streamer.stats.events)
     assert all(cls.forward.failure is None for cls in classes)
 
 
