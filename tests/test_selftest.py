@@ -80,6 +80,7 @@ def test_dry_run_renders_the_chosen_qtype_and_its_variables(places, tmp_path, ca
     assert out.startswith("# qtype auto -> int4_w4a8 (int4_w4a8 fp8 scaled_mm)")
     for line in ("INT4_W4A8_ACT=fp8", "INT4_W4A8_GEMM=scaled_mm", "TRITON_CACHE_AUTOTUNING=1",
                  f"TRITON_CACHE_DIR={workdir.triton_cache}", "AITK_PROFILE_STEPS=3",
+                 f"TORCHINDUCTOR_CACHE_DIR={workdir.inductor_cache}",
                  f"AITK_PROFILE_DIR={workdir.runs / 'flux2_rtx4090_512' / 'profile'}"):
         assert line in out, line
 

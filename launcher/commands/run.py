@@ -272,10 +272,11 @@ def trainer_python_or_none(workdir: Workdir) -> Path | None:
 
 
 def launch_env(run: RunFolder, workdir: Workdir, profile_steps: int | None) -> dict[str, str]:
-    """Triton's kernel and autotuning cache in the workdir (tuned once, reused by every later
-    process), and the step profiler when asked for."""
+    """Triton's kernel and autotuning cache and torch.compile's cache in the workdir (built once,
+    reused by every later process), and the step profiler when asked for."""
     changes = {"TRITON_CACHE_DIR": os.environ.get("TRITON_CACHE_DIR") or str(workdir.triton_cache),
-               "TRITON_CACHE_AUTOTUNING": "1"}
+               "TRITON_CACHE_AUTOTUNING": "1",
+               "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(workdir.inductor_cache)}
     if profile_steps:
         changes.update({files.ENV_PROFILE_STEPS: str(profile_steps),
                         files.ENV_PROFILE_DIR: str(run.root / files.PROFILE_DIR)})

@@ -49,6 +49,11 @@ class Workdir:
         return self.root / "cache" / "triton"
 
     @property
+    def inductor_cache(self) -> Path:
+        """torch.compile's compiled blocks (compile_blocks), kept across launches (TORCHINDUCTOR_CACHE_DIR)."""
+        return self.root / "cache" / "inductor"
+
+    @property
     def selftest(self) -> Path:
         """What `selftest` found on this machine; `qtype: auto` reads it."""
         return self.root / "selftest.json"

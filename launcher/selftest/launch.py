@@ -45,7 +45,8 @@ def run(workdir: Workdir, preset: str | None) -> dict:
         raise LauncherError(f"{workdir.root} has no trainer checkout or venv: run `python -m launcher setup` first")
     tokens, batch = token_spec(preset)
     partial = workdir.selftest.with_suffix(".partial.json")
-    env = {"TRITON_CACHE_DIR": str(workdir.triton_cache), "TRITON_CACHE_AUTOTUNING": "1"}
+    env = {"TRITON_CACHE_DIR": str(workdir.triton_cache), "TRITON_CACHE_AUTOTUNING": "1",
+           "TORCHINDUCTOR_CACHE_DIR": str(workdir.inductor_cache)}
     say(f"self-test with {python} (Triton's kernels and autotuning results are kept in {workdir.triton_cache})")
     result = run_module(python, "selftest.runner", "--trainer", str(workdir.trainer), "--out", str(partial),
                         "--tokens", tokens, "--batch", str(batch), env=env)
