@@ -95,21 +95,32 @@ def resolve_config(config: dict, workdir: Workdir) -> QtypeChoice | None:
     return choice
 
 
+def usable_result(workdir: Workdir) -> tuple[dict | None, str | None]:
+    """(the stored result, None), or (None, why it cannot decide anything: none yet, or stale)."""
+    result = load_result(workdir)
+    if result is None:
+        return None, f"no self-test result in {workdir.root}; {HOW_TO_TEST}"
+    stale = staleness(result, workdir)
+    if stale:
+        return None, f"{workdir.selftest.name} is stale ({stale}); {HOW_TO_TEST}"
+    return result, None
+
+
+def tested_on(result: dict) -> str:
+    return f"self-test of {str(result.get('created', '?'))[:10]}, {describe_gpu(result)}"
+
+
 def streaming_verdict(workdir: Workdir) -> tuple[str, str]:
     """(mode, why): overlapped only where the self-test ran the overlapped streaming on this GPU to
     completion within its deadline; serialized everywhere else (wall 5: block swap with copies in
     flight during kernels deadlocked the HIP driver on Windows)."""
-    result = load_result(workdir)
+    result, unusable = usable_result(workdir)
     if result is None:
-        return SERIALIZED, f"no self-test result in {workdir.root}; {HOW_TO_TEST}"
-    stale = staleness(result, workdir)
-    if stale:
-        return SERIALIZED, f"{workdir.selftest.name} is stale ({stale}); {HOW_TO_TEST}"
+        return SERIALIZED, unusable
     streaming = result.get("streaming") or {}
-    when = f"self-test of {str(result.get('created', '?'))[:10]}, {describe_gpu(result)}"
     if streaming.get("passed") and streaming.get("device") == "cuda":
-        return OVERLAPPED, f"overlapped streaming completed in {streaming.get('seconds', 0):.0f} s ({when})"
-    return SERIALIZED, f"{streaming.get('reason') or 'overlapped streaming was not tested on a GPU'} ({when})"
+        return OVERLAPPED, f"overlapped streaming completed in {streaming.get('seconds', 0):.0f} s ({tested_on(result)})"
+    return SERIALIZED, f"{streaming.get('reason') or 'overlapped streaming was not tested on a GPU'} ({tested_on(result)})"
 
 
 def resolve_stream_mode(config: dict, workdir: Workdir) -> str | None:
@@ -127,19 +138,15 @@ def resolve_stream_mode(config: dict, workdir: Workdir) -> str | None:
 
 def compile_verdict(workdir: Workdir) -> tuple[bool, str]:
     """(compile, why): the blocks are compiled only where the self-test compiled a small FLUX.2 on
-    this GPU, matched the uncompiled model's loss and gradients, and stepped faster with it."""
-    result = load_result(workdir)
+    this GPU, matched the uncompiled model's loss and gradients, and was not slower with it."""
+    result, unusable = usable_result(workdir)
     if result is None:
-        return False, f"no self-test result in {workdir.root}; {HOW_TO_TEST}"
-    stale = staleness(result, workdir)
-    if stale:
-        return False, f"{workdir.selftest.name} is stale ({stale}); {HOW_TO_TEST}"
+        return False, unusable
     check = result.get("compile") or {}
-    when = f"self-test of {str(result.get('created', '?'))[:10]}, {describe_gpu(result)}"
     if not check.get("passed"):
-        return False, f"{check.get('reason') or 'compiling was not tested on a GPU'} ({when})"
+        return False, f"{check.get('reason') or 'compiling was not tested on a GPU'} ({tested_on(result)})"
     return True, (f"the compiled blocks matched and stepped {check['x_eager']:.2f}x the uncompiled time, "
-                  f"{check.get('compile_s', 0):.0f} s to compile ({when})")
+                  f"{check.get('compile_s', 0):.0f} s to compile ({tested_on(result)})")
 
 
 def resolve_compile_blocks(config: dict, workdir: Workdir) -> str | None:
