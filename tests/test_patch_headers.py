@@ -1,5 +1,7 @@
 """Every patch carries a DEP-3 header (https://dep-team.pages.debian.net/deps/dep3/) with DEP-3's
-own keywords, plus the project's two fields: the wall it fixes and how to switch it off."""
+own keywords, plus the project's two fields: the wall it fixes and how to switch it off; and
+every patch is the project's, by its maintainers' identity (not a local git identity that
+`patches export` happened to find in a checkout)."""
 
 import re
 from pathlib import Path
@@ -11,6 +13,7 @@ ORIGIN = re.compile(r"^Origin: (upstream|backport|vendor|other), \S", re.M)
 FORWARDED = re.compile(r"^Forwarded: (no|not-needed|yes|https?://\S+)$", re.M)
 LAST_UPDATE = re.compile(r"^Last-Update: \d{4}-\d{2}-\d{2}$", re.M)
 APPLIED = re.compile(r"^Applied-Upstream: (\S+, )?(commit:[0-9a-f]{40}|https?://\S+)", re.M)
+AUTHOR = "From: flux2-24gb maintainers <maintainers@flux2-24gb.invalid>\n"
 
 
 def header(path: Path) -> str:
@@ -20,6 +23,7 @@ def header(path: Path) -> str:
 @pytest.mark.parametrize("path", PATCHES, ids=[f"{p.parent.name}/{p.name[:4]}" for p in PATCHES])
 def test_dep3_fields(path):
     text = header(path)
+    assert AUTHOR in text.splitlines(keepends=True)[:3], f"{path.name}: the author must be the line {AUTHOR!r}"
     for field in ("Description:", "Wall:", "Switch-off:"):
         assert re.search(rf"^{field} \S", text, re.M), f"{path.name} has no {field} line"
     assert ORIGIN.search(text), f"{path.name}: Origin must start with upstream, backport, vendor or other"
