@@ -1,6 +1,7 @@
 """Run the self-test: the trainer side under the trainer venv's interpreter, then the sampling
-check and the compile check, each in a process of its own, side by side; stamp the result with this launcher, the trainer build and the
-GPU driver, and keep it in `<workdir>/selftest.json`, replaced whole.
+check and the compile check, each in a process of its own, side by side; stamp the result with
+this launcher, the trainer build and the GPU driver, and keep it in `<workdir>/selftest.json`,
+replaced whole.
 """
 
 import json
@@ -12,9 +13,9 @@ from pathlib import Path
 from launcher import __version__
 from launcher.envs.hostinfo import gpu_driver_version
 from launcher.envs.trainer_python import run_module, start_module
-from launcher.in_trainer.selftest import compiled
 from launcher.envs.workdir import Workdir, venv_python
 from launcher.errors import LauncherError
+from launcher.in_trainer.selftest import compiled
 from launcher.progress import say
 from launcher.runs import tiny
 from launcher.runs.presets import load_preset
@@ -114,7 +115,8 @@ def finish_compile_check(compiling) -> dict:
     if "x_eager" in result:
         say(f"compile check: {'pass' if result['passed'] else 'FAIL'}, {result['compiled_ms']} ms compiled against "
             f"{result['eager_ms']} ms uncompiled ({result['x_eager']:.2f}x), difference "
-            f"{result['max_relative_difference']:.1e}, {result['compile_s']:.0f} s to compile")
-    if not result["passed"]:
+            f"{result['max_relative_difference']:.1e}, {result['compile_s']:.0f} s to compile"
+            + ("" if result["passed"] else f"; {result['reason']}"))
+    elif not result["passed"]:
         say(f"compile check: FAIL, {result['reason']}")
     return result

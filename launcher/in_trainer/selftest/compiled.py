@@ -39,25 +39,6 @@ TIMED_STEPS = 10
 RANK = 16
 
 
-def flux2_inputs(torch, params, side: int, text_tokens: int, device):
-    """A batch of one: `side` x `side` image tokens, `text_tokens` text tokens, and a target."""
-    g = torch.Generator().manual_seed(1)
-    grid = torch.meshgrid(torch.arange(1), torch.arange(side), torch.arange(side), torch.arange(1), indexing="ij")
-    ctx_ids = torch.zeros(1, text_tokens, 4, dtype=torch.long)
-    ctx_ids[..., 3] = torch.arange(text_tokens)
-    batch = dict(
-        x=torch.randn(1, side * side, params.in_channels, generator=g),
-        x_ids=torch.stack(grid, dim=-1).reshape(1, side * side, 4),
-        timesteps=torch.tensor([0.5]),
-        ctx=torch.randn(1, text_tokens, params.context_in_dim, generator=g),
-        ctx_ids=ctx_ids,
-        guidance=torch.tensor([4.0]),
-    )
-    target = torch.randn(1, side * side, params.in_channels, generator=g)
-    cast = {k: (v.to(device, torch.bfloat16) if v.is_floating_point() else v.to(device)) for k, v in batch.items()}
-    return cast, target.to(device)
-
-
 def build(m, flux2, shape: dict, candidate: dict | None, device):
     """The small FLUX.2 in bf16 with the candidate's 4-bit block Linears (bf16 ones without a
     candidate), a LoRA on each block Linear (both factors non-zero, so both get gradients), and
@@ -105,7 +86,7 @@ def timed(torch, model, adapters, batch, target, device, steps: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def relative_difference(torch, got: list, want: list) -> float:
+def relative_difference(got: list, want: list) -> float:
     """The largest |got - want| / |want| (Frobenius norms) over the loss and every gradient."""
     return max(float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)) for a, b in zip(got, want))
 
@@ -123,7 +104,8 @@ def child(trainer: Path, candidate: dict | None, backend: str) -> dict:
     shape = GPU_SHAPE if device.type == "cuda" else CPU_SHAPE
     flux2 = training.load_flux2(trainer)
     model, params, adapters = build(m, flux2, shape, candidate, device)
-    batch, target = flux2_inputs(torch, params, shape["image_side"], shape["text_tokens"], device)
+    batch, target = training.tiny_batch(torch, device, shape["image_side"], shape["text_tokens"], params.in_channels,
+                                        params.context_in_dim)
     want = step(torch, model, adapters, batch, target)
     eager_ms = timed(torch, model, adapters, batch, target, device, TIMED_STEPS)
     classes = block_compile.compile_blocks(model, log=lambda line: None, backend=backend)
@@ -137,7 +119,7 @@ def child(trainer: Path, candidate: dict | None, backend: str) -> dict:
         compiled_ms = timed(torch, model, adapters, batch, target, device, TIMED_STEPS)
     finally:
         block_compile.uncompile(classes)
-    difference = relative_difference(torch, [got[0], *got[1]], [want[0], *want[1]])
+    difference = relative_difference([got[0], *got[1]], [want[0], *want[1]])
     return {"device": device.type, "backend": backend, "candidate": (candidate or {}).get("name", "bf16"),
             "compiled": not failures, "failures": failures, "max_relative_difference": difference,
             "eager_ms": round(eager_ms, 2), "compiled_ms": round(compiled_ms, 2),

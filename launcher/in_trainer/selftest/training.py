@@ -59,21 +59,24 @@ def with_lora(m: Modules, model, rank: int, kinds: tuple = (), where=None) -> li
     return params
 
 
-def tiny_batch(torch, device):
-    """One fixed batch: 16 image tokens (a 4 x 4 grid), 8 text tokens, and a target."""
+def tiny_batch(torch, device, side: int = 4, text_tokens: int = 8, in_channels: int = FLUX2_PARAMS["in_channels"],
+               context_in_dim: int = FLUX2_PARAMS["context_in_dim"]):
+    """One fixed batch of one: `side` x `side` image tokens (default a 4 x 4 grid), `text_tokens`
+    text tokens (default 8), for a FLUX.2 of these input widths (default the tiny one), and a target."""
     g = torch.Generator().manual_seed(1)
-    grid = torch.meshgrid(torch.arange(1), torch.arange(4), torch.arange(4), torch.arange(1), indexing="ij")
-    ctx_ids = torch.zeros(1, 8, 4, dtype=torch.long)
-    ctx_ids[..., 3] = torch.arange(8)
+    image_tokens = side * side
+    grid = torch.meshgrid(torch.arange(1), torch.arange(side), torch.arange(side), torch.arange(1), indexing="ij")
+    ctx_ids = torch.zeros(1, text_tokens, 4, dtype=torch.long)
+    ctx_ids[..., 3] = torch.arange(text_tokens)
     batch = dict(
-        x=torch.randn(1, 16, FLUX2_PARAMS["in_channels"], generator=g),
-        x_ids=torch.stack(grid, dim=-1).reshape(1, 16, 4),
+        x=torch.randn(1, image_tokens, in_channels, generator=g),
+        x_ids=torch.stack(grid, dim=-1).reshape(1, image_tokens, 4),
         timesteps=torch.tensor([0.5]),
-        ctx=torch.randn(1, 8, FLUX2_PARAMS["context_in_dim"], generator=g),
+        ctx=torch.randn(1, text_tokens, context_in_dim, generator=g),
         ctx_ids=ctx_ids,
         guidance=torch.tensor([4.0]),
     )
-    target = torch.randn(1, 16, FLUX2_PARAMS["in_channels"], generator=g)
+    target = torch.randn(1, image_tokens, in_channels, generator=g)
     cast = {k: (v.to(device, torch.bfloat16) if v.is_floating_point() else v.to(device)) for k, v in batch.items()}
     return cast, target.to(device)
 
