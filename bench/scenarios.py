@@ -91,6 +91,16 @@ SCENARIOS = {s.name: s for s in [
              "every W4A8 path (5 interleaved rounds, medians)",
              ("bench.w4a8_quality", "--trainer", "{trainer}", "--out", "{out}/quality.json", "--time", "5"),
              "GPU (or `-- --tiny` under TRITON_INTERPRET=1)", GPU_PYTHON, ("w4a8_quality",), ("quality.json",)),
+    Scenario("w4a4_quality", "would int4 x int4 (W4A4, for RDNA3) pass the quality gate: int4 activations per token, "
+             "per group of 64, with int8 outlier channels, against bf16 activations at full FLUX.2 block shapes (FP8 for "
+             "comparison); plain PyTorch",
+             ("bench.w4a4_quality", "--trainer", "{trainer}", "--out", "{out}/w4a4_quality.json"),
+             "CPU", TRAINER_VENV, ("w4a4_quality",), ("w4a4_quality.json",)),
+    Scenario("op_call", "the 4-bit matmul operator (what compiled blocks call) against the autograd.Function "
+             "(uncompiled): host time per forward + input gradient of a small layer; then a small 4-bit block "
+             "compiled with Inductor: graph breaks, difference, time",
+             ("bench.op_call", "--trainer", "{trainer}", "--out", "{out}/op_call.json"),
+             "CPU or GPU", TRAINER_VENV + " (or the GPU machine's python3)", ("op_call",), ("op_call.json",)),
     Scenario("w4a8_gpu", "one GPU call: the self-test's trainer side at 512 and 1024 px (kernel checks, tiny steps, "
              "block-Linear timings), w4a8_quality, and train_step at 512 px for int4_w4a8, bf16 and int4_fused "
              "(the trainer is .bench-carry/trainer)",

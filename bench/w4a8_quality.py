@@ -81,8 +81,8 @@ def one_case(name, in_f, out_f, tokens, outliers, paths):
         kernel = qtypes.kernel_for("int4_w4a8", DEV, environ={}, **path["kernel"])
         fmt = kernel.activations
         scales = w.WeightScales(q, s, z, ik.GROUP_SIZE, fmt)
-        y8 = w.w4a8_matmul_fwd(x, q, s, z, scales, kernel)
-        dx8 = w.w4a8_matmul_bwd(dy, q, s, z, scales, kernel)
+        y8 = w.w4a8_matmul(x, q, s, z, ik.GROUP_SIZE, kernel, True, transposed=False)
+        dx8 = w.w4a8_matmul(dy, q, s, z, ik.GROUP_SIZE, kernel, True, transposed=True)
         y_ref = w.reference_fwd(x, q, s, z, scales, fmt)
         dx_ref = w.reference_bwd(dy, q, s, z, scales, fmt)
         case[path["name"]] = {"vs_bf16_activations": {"y": rel(y8, y16), "dx": rel(dx8, dx16)},

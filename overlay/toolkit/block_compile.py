@@ -12,9 +12,9 @@ sampling; with grad: the recompute, and blocks whose activations are kept). The 
 trainer attaches later are traced with their block. A streamed block's fetch and release stay
 outside: its class calls the compiled forward in between.
 
-What is not: the 4-bit Linear. Int4Linear.forward is never traced (toolkit/int4_linear.py marks
-it torch.compiler.disable), so its Triton kernels and torch._scaled_mm run as they do uncompiled,
-between compiled segments.
+The 4-bit Linear's matmul is one node of that graph: an operator of its own
+(toolkit/int4_linear.py), opaque to the compiler, so a 4-bit block compiles whole (no graph break
+per Linear) while its Triton kernels and torch._scaled_mm run as they do uncompiled.
 
 Compiling happens on the first forward of each variant (tens of seconds; Inductor's FX graph cache
 makes later launches quicker). If it fails there (no Triton, no C compiler, an Inductor error), the
@@ -132,5 +132,5 @@ def compile_for_model(base_model, transformer: torch.nn.Module) -> bool:
     names = [cls.__name__ for cls in compile_blocks(transformer, log=base_model.print_and_status_update)]
     trainer_telemetry.record_event("compile_blocks", classes=names)
     base_model.print_and_status_update(f"compile_blocks: {', '.join(names)} compile on their first forward; "
-                                       "the 4-bit Linears stay uncompiled")
+                                       "the 4-bit matmuls run inside them as they are")
     return True

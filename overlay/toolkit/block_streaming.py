@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from toolkit.int4_w4a8 import carry_scales
 from toolkit.memory_plan import KEPT, STREAMED, MemoryPlan
 
 SERIALIZED, OVERLAPPED = "serialized", "overlapped"
@@ -39,6 +40,9 @@ class HostSlot:
         if self.kind == "_parameters":
             tensor = torch.nn.Parameter(tensor, requires_grad=False)
         getattr(self.module, self.kind)[self.name] = tensor
+
+    def current(self) -> torch.Tensor:
+        return getattr(self.module, self.kind)[self.name]
 
 
 @dataclass
@@ -125,8 +129,8 @@ class BlockStreamer:
             torch.cuda.current_stream(self.device).wait_event(held.ready)
             held.ready = None
         for slot, tensor in zip(self.slots[name], held.tensors):
+            carry_scales(slot.host, tensor)
             slot.put(tensor)
-            keep_w4a8_scales(slot.module)
         self.held = {name: held}
         if self.mode == OVERLAPPED:
             upcoming = self.schedule[(self.position + 1) % len(self.schedule)]
@@ -138,6 +142,7 @@ class BlockStreamer:
         """After `name` computed: its module slots point at the host again. The device copy lives
         on while autograd needs it, or while it is the next block to compute."""
         for slot in self.slots[name]:
+            carry_scales(slot.current(), slot.host)
             slot.put(slot.host)
         upcoming = self.schedule[(self.position + 1) % len(self.schedule)]
         if upcoming != name:
@@ -186,15 +191,6 @@ class BlockStreamer:
         first = output[0] if isinstance(output, (tuple, list)) else output
         if isinstance(first, torch.Tensor) and first.requires_grad:
             first.register_hook(lambda grad: self._note(BACKWARD, name))
-
-
-def keep_w4a8_scales(module) -> None:
-    """int4_w4a8 keys the 8-bit scales it derives from a weight by the weight's address; a new
-    device copy of the same frozen weight keeps them (they stay on the device: two small vectors)."""
-    cached = getattr(module, "_w4a8_scales", None)
-    qweight = getattr(module, "qweight", None)
-    if cached is not None and qweight is not None and cached.key[1] == qweight.device:
-        cached.key = (qweight.data_ptr(), qweight.device, cached.key[2])
 
 
 class StreamedBlock:

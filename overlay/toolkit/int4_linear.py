@@ -6,6 +6,13 @@ how it multiplies (`kernel`, a toolkit/qtypes.py `Int4Kernel`, set once after lo
 8-bit activations and 8-bit weight slices through toolkit/int4_w4a8.py (qtype int4_w4a8), same
 stored weight. Without a GPU the plain-PyTorch reference runs. The base weight never gets a
 gradient; only the input does.
+
+Under torch.compile (toolkit/block_compile.py) the matmul is a PyTorch operator of its own
+(`torch.ops.flux2_24gb.int4_matmul`, with `int4_matmul_input_grad` for the backward): one opaque
+node of known output shape, so a block compiles as one graph around its 4-bit Linears while the
+kernels inside (Triton, torch._scaled_mm, the sliced requantization) run as they do uncompiled.
+Uncompiled, the same kernels run through a plain autograd.Function: the operator's dispatch costs
+more host time per call, and a step makes over a thousand of them.
 """
 
 from __future__ import annotations
@@ -33,46 +40,78 @@ FORMAT = "int4_fused"
 FORMAT_VERSION = 1
 
 
-# --------------------------------------------------------------------------- autograd
+# --------------------------------------------------------------------------- autograd and the operator
+
+
+def _multiply(a2d, qweight, scale, zero, group_size, activations, gemm, chunk_bytes, use_kernel, transposed):
+    """a2d @ W^T, or a2d @ W (transposed: the input gradient), the way the layer's kernel says."""
+    kernel = Int4Kernel(activations, gemm, chunk_bytes, use_kernel)
+    if activations != BF16:
+        from toolkit.int4_w4a8 import w4a8_matmul
+
+        return w4a8_matmul(a2d, qweight, scale, zero, group_size, kernel, use_kernel, transposed)
+    if use_kernel:
+        matmul = int4_matmul_bwd if transposed else int4_matmul_fwd
+        return matmul(a2d, qweight, scale, zero, group_size, gemm, chunk_bytes)
+    reference = reference_matmul_bwd if transposed else reference_matmul_fwd
+    return reference(a2d, qweight, scale, zero, group_size)
+
+
+@torch.library.custom_op("flux2_24gb::int4_matmul", mutates_args=())
+def int4_matmul(x2d: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int,
+                activations: str, gemm: str, chunk_bytes: int, use_kernel: bool) -> torch.Tensor:
+    """x2d[M, K] @ W^T -> [M, N] in x2d's dtype, W the frozen 4-bit weight [N, K]."""
+    return _multiply(x2d, qweight, scale, zero, group_size, activations, gemm, chunk_bytes, use_kernel, False)
+
+
+@torch.library.custom_op("flux2_24gb::int4_matmul_input_grad", mutates_args=())
+def int4_matmul_input_grad(dy2d: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+                           group_size: int, activations: str, gemm: str, chunk_bytes: int,
+                           use_kernel: bool) -> torch.Tensor:
+    """dy2d[M, N] @ W -> [M, K] in dy2d's dtype: the input gradient of int4_matmul."""
+    return _multiply(dy2d, qweight, scale, zero, group_size, activations, gemm, chunk_bytes, use_kernel, True)
+
+
+@int4_matmul.register_fake
+def _(x2d, qweight, *settings):
+    return x2d.new_empty((x2d.shape[0], qweight.shape[0]))
+
+
+@int4_matmul_input_grad.register_fake
+def _(dy2d, qweight, *settings):
+    return dy2d.new_empty((dy2d.shape[0], qweight.shape[1] * 2))
+
+
+def _keep_for_backward(ctx, inputs, output):
+    """Nothing but the packed weight is kept: no dequantized weight is ever stored."""
+    _, qweight, scale, zero, *settings = inputs
+    ctx.save_for_backward(qweight, scale, zero)
+    ctx.settings = settings
+
+
+def _backward(ctx, dy2d):
+    dx = None
+    if ctx.needs_input_grad[0]:
+        dx = int4_matmul_input_grad(dy2d, *ctx.saved_tensors, *ctx.settings)
+    return dx, None, None, None, None, None, None, None, None
+
+
+int4_matmul.register_autograd(_backward, setup_context=_keep_for_backward)
 
 
 class Int4LinearFunction(torch.autograd.Function):
-    """y = x @ W^T (+ bias) with W frozen 4-bit; the gradient flows to x only.
-
-    Nothing but the packed weight is kept for backward: the dequantized weight
-    is never stored (kernel path) or rebuilt per call (reference path).
-    """
+    """int4_matmul's autograd without the operator: what runs uncompiled."""
 
     @staticmethod
-    def forward(ctx, x, qweight, scale, zero, bias, group_size, kernel, use_kernel):
-        shape = x.shape
-        x2d = x.reshape(-1, shape[-1])
-        if use_kernel:
-            y = int4_matmul_fwd(x2d, qweight, scale, zero, group_size, kernel.gemm, kernel.chunk_bytes)
-        else:
-            y = reference_matmul_fwd(x2d, qweight, scale, zero, group_size)
-        if bias is not None:
-            y = y + bias.to(y.dtype)
+    def forward(ctx, x2d, qweight, scale, zero, *settings):
         ctx.save_for_backward(qweight, scale, zero)
-        ctx.group_size = group_size
-        ctx.kernel = kernel
-        ctx.use_kernel = use_kernel
-        ctx.in_shape = shape
-        return y.reshape(*shape[:-1], y.shape[-1])
+        ctx.settings = settings
+        return _multiply(x2d, qweight, scale, zero, *settings, False)
 
     @staticmethod
-    def backward(ctx, dy):
-        dx = None
-        if ctx.needs_input_grad[0]:
-            qweight, scale, zero = ctx.saved_tensors
-            dy2d = dy.reshape(-1, dy.shape[-1])
-            if ctx.use_kernel:
-                dx = int4_matmul_bwd(dy2d, qweight, scale, zero, ctx.group_size, ctx.kernel.gemm,
-                                     ctx.kernel.chunk_bytes)
-            else:
-                dx = reference_matmul_bwd(dy2d, qweight, scale, zero, ctx.group_size)
-            dx = dx.reshape(ctx.in_shape)
-        return dx, None, None, None, None, None, None, None
+    def backward(ctx, dy2d):
+        dx = _multiply(dy2d, *ctx.saved_tensors, *ctx.settings, True) if ctx.needs_input_grad[0] else None
+        return dx, None, None, None, None, None, None, None, None
 
 
 # --------------------------------------------------------------------------- module
@@ -166,18 +205,15 @@ class Int4Linear(nn.Module):
     def dequantize(self, dtype=None) -> torch.Tensor:
         return dequantize_weight(self.qweight, self.scale, self.zero, self.group_size, dtype)
 
-    # never traced by torch.compile (toolkit/block_compile.py): its Triton kernels, torch._scaled_mm
-    # and the per-layer scale cache run as they are, between the compiled parts of a block
-    @torch.compiler.disable
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kernel = self.kernel
         use_kernel = kernel_available(x) if kernel.use_kernel is None else kernel.use_kernel
-        if kernel.activations != BF16:
-            from toolkit.int4_w4a8 import w4a8_linear
-
-            return w4a8_linear(self, x, use_kernel)
-        return Int4LinearFunction.apply(x, self.qweight, self.scale, self.zero, self.bias,
-                                        self.group_size, kernel, bool(use_kernel))
+        matmul = int4_matmul if torch.compiler.is_compiling() else Int4LinearFunction.apply
+        y = matmul(x.reshape(-1, x.shape[-1]), self.qweight, self.scale, self.zero, self.group_size,
+                   kernel.activations, kernel.gemm, kernel.chunk_bytes, bool(use_kernel))
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

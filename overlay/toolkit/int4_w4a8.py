@@ -101,17 +101,28 @@ class WeightScales:
         row_max, col_max = weight_absmax(qweight, scale, zero, group_size)
         self.row, self.row_inv = scales_from_absmax(row_max, fmt)
         self.col, self.col_inv = scales_from_absmax(col_max, fmt)
-        self.key = (qweight.data_ptr(), qweight.device, fmt)
+        self.key = (qweight.data_ptr(), qweight.device)
 
 
-def weight_scales(module, fmt: str) -> WeightScales:
-    """The module's scales, computed on first use on its device (the weight is frozen)."""
-    cached = getattr(module, "_w4a8_scales", None)
-    key = (module.qweight.data_ptr(), module.qweight.device, fmt)
-    if cached is None or cached.key != key:
-        cached = WeightScales(module.qweight, module.scale, module.zero, module.group_size, fmt)
-        module._w4a8_scales = cached
+def weight_scales(qweight, scale, zero, group_size: int, fmt: str) -> WeightScales:
+    """The weight's scales, computed on first use on its device and kept on the qweight tensor
+    itself: the weight is frozen, and the 4-bit matmul operator sees tensors, not the module."""
+    held = qweight.__dict__.setdefault("_w4a8_scales", {})
+    cached = held.get(fmt)
+    if cached is None or cached.key != (qweight.data_ptr(), qweight.device) or cached.row.device != qweight.device:
+        cached = held[fmt] = WeightScales(qweight, scale, zero, group_size, fmt)
     return cached
+
+
+def carry_scales(source: torch.Tensor, target: torch.Tensor) -> None:
+    """`target` is another copy of `source`'s frozen weight (a streamed block's next device copy, or
+    its host copy between turns): it takes the scales `source` holds (they stay on their device:
+    two small vectors), so they are not derived again from the weight."""
+    held = source.__dict__.get("_w4a8_scales")
+    if held:
+        for scales in held.values():
+            scales.key = (target.data_ptr(), target.device)
+        target.__dict__["_w4a8_scales"] = held
 
 
 # --------------------------------------------------------------------------- reference (CPU, oracle)
@@ -359,55 +370,12 @@ def _sliced_8bit_matmul(a2d, qweight, scale, zero, scales: WeightScales, kernel:
     return out
 
 
-def w4a8_matmul_fwd(x2d, qweight, scale, zero, scales: WeightScales, kernel: Int4Kernel,
-                    group_size: int = GROUP_SIZE):
-    """GPU: x2d[M, K] @ W^T -> [M, N] in x2d's dtype, through 8-bit operands."""
-    return _sliced_8bit_matmul(x2d, qweight, scale, zero, scales, kernel, group_size, transposed=False)
-
-
-def w4a8_matmul_bwd(dy2d, qweight, scale, zero, scales: WeightScales, kernel: Int4Kernel,
-                    group_size: int = GROUP_SIZE):
-    """GPU: dy2d[M, N] @ W -> [M, K] in dy2d's dtype, through 8-bit operands."""
-    return _sliced_8bit_matmul(dy2d, qweight, scale, zero, scales, kernel, group_size, transposed=True)
-
-
-# --------------------------------------------------------------------------- autograd + module entry
-
-
-class W4A8LinearFunction(torch.autograd.Function):
-    """y = x @ W^T (+ bias) through 8-bit operands; the gradient flows to x only."""
-
-    @staticmethod
-    def forward(ctx, x, qweight, scale, zero, bias, scales, kernel, use_kernel, group_size):
-        shape = x.shape
-        x2d = x.reshape(-1, shape[-1])
-        if use_kernel:
-            y = w4a8_matmul_fwd(x2d, qweight, scale, zero, scales, kernel, group_size=group_size)
-        else:
-            y = reference_fwd(x2d, qweight, scale, zero, scales, kernel.activations, group_size)
-        if bias is not None:
-            y = y + bias.to(y.dtype)
-        ctx.save_for_backward(qweight, scale, zero)
-        ctx.scales, ctx.kernel, ctx.use_kernel, ctx.group_size, ctx.in_shape = scales, kernel, use_kernel, group_size, shape
-        return y.reshape(*shape[:-1], y.shape[-1])
-
-    @staticmethod
-    def backward(ctx, dy):
-        dx = None
-        if ctx.needs_input_grad[0]:
-            qweight, scale, zero = ctx.saved_tensors
-            dy2d = dy.reshape(-1, dy.shape[-1])
-            if ctx.use_kernel:
-                dx = w4a8_matmul_bwd(dy2d, qweight, scale, zero, ctx.scales, ctx.kernel, group_size=ctx.group_size)
-            else:
-                dx = reference_bwd(dy2d, qweight, scale, zero, ctx.scales, ctx.kernel.activations, ctx.group_size)
-            dx = dx.reshape(ctx.in_shape)
-        return dx, None, None, None, None, None, None, None, None
-
-
-def w4a8_linear(module, x: torch.Tensor, use_kernel: bool) -> torch.Tensor:
-    """Int4Linear.forward for 8-bit activations: the module's weight and kernel, 8-bit matmuls."""
-    kernel = module.kernel
-    scales = weight_scales(module, kernel.activations)
-    return W4A8LinearFunction.apply(x, module.qweight, module.scale, module.zero, module.bias, scales, kernel,
-                                    bool(use_kernel), module.group_size)
+def w4a8_matmul(a2d, qweight, scale, zero, group_size: int, kernel: Int4Kernel, use_kernel: bool,
+                transposed: bool):
+    """a2d[M, K] @ W^T -> [M, N] (forward), or a2d[M, N] @ W -> [M, K] (transposed: the input
+    gradient), in a2d's dtype through 8-bit operands: the GPU kernels, or the reference."""
+    scales = weight_scales(qweight, scale, zero, group_size, kernel.activations)
+    if use_kernel:
+        return _sliced_8bit_matmul(a2d, qweight, scale, zero, scales, kernel, group_size, transposed)
+    reference = reference_bwd if transposed else reference_fwd
+    return reference(a2d, qweight, scale, zero, scales, kernel.activations, group_size)

@@ -104,13 +104,15 @@ def test_reference_path_is_dequantize_then_matmul(il, bias):
     torch.testing.assert_close(y, expect, rtol=0, atol=0)
 
 
-def test_input_gradient_passes_gradcheck_in_float64(il, ik):
+@pytest.mark.parametrize("path", ["uncompiled", "operator"])
+def test_input_gradient_passes_gradcheck_in_float64(il, ik, path):
     w = weight(8, 128, torch.float64)
     q, s, z = ik.quantize_weight(w)
-    x = torch.randn(2, 2, 128, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(4, 128, dtype=torch.float64, requires_grad=True)
+    matmul = il.int4_matmul if path == "operator" else il.Int4LinearFunction.apply
 
     def f(inp):
-        return il.Int4LinearFunction.apply(inp, q, s, z, None, 64, il.Int4Kernel(), False)
+        return matmul(inp, q, s, z, 64, "bf16", "chunked", 2**20, False)
 
     assert torch.autograd.gradcheck(f, (x,), eps=1e-6, atol=1e-7)
 

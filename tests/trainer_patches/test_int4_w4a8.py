@@ -128,12 +128,12 @@ def test_weight_maxima_are_exact(mods):
     rows, cols = w.weight_absmax(mod.qweight, mod.scale, mod.zero)
     assert torch.equal(rows, dense.abs().amax(dim=1)) and torch.equal(cols, dense.abs().amax(dim=0))
     for fmt in ("int8", "fp8"):
-        scales = w.weight_scales(mod, fmt)
+        scales = w.weight_scales(mod.qweight, mod.scale, mod.zero, 64, fmt)
         per_row = w.requantized_weight_reference(mod.qweight, mod.scale, mod.zero, scales.row_inv, False, fmt)
         per_col = w.requantized_weight_reference(mod.qweight, mod.scale, mod.zero, scales.col_inv, True, fmt)
         assert torch.equal(per_row.abs().amax(dim=1), torch.full((200,), w.QMAX[fmt]))
         assert torch.equal(per_col.abs().amax(dim=0), torch.full((192,), w.QMAX[fmt]))
-        assert w.weight_scales(mod, fmt) is scales  # computed once per weight and format
+        assert w.weight_scales(mod.qweight, mod.scale, mod.zero, 64, fmt) is scales  # once per weight and format
 
 
 def test_weight_gets_no_gradient_and_bias_is_added(mods):
@@ -246,8 +246,8 @@ INTERPRETED = textwrap.dedent(
             pads_zero = bool((xq[:, K:].float() == 0).all())
             # chunk_bytes 1: one 128-row / 128-column slice at a time, every slice boundary is crossed
             kernel = Int4Kernel(fmt, "triton", chunk_bytes=1)
-            y = w.w4a8_matmul_fwd(x, q, s, z, scales, kernel)
-            dx = w.w4a8_matmul_bwd(dy, q, s, z, scales, kernel)
+            y = w.w4a8_matmul(x, q, s, z, 64, kernel, True, transposed=False)
+            dx = w.w4a8_matmul(dy, q, s, z, 64, kernel, True, transposed=True)
             y_ref = w.reference_fwd(x, q, s, z, scales, fmt)
             dx_ref = w.reference_bwd(dy, q, s, z, scales, fmt)
             rel = lambda a, b: float((a.float() - b.float()).norm() / b.float().norm())
