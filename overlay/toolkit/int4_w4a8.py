@@ -101,17 +101,20 @@ class WeightScales:
         row_max, col_max = weight_absmax(qweight, scale, zero, group_size)
         self.row, self.row_inv = scales_from_absmax(row_max, fmt)
         self.col, self.col_inv = scales_from_absmax(col_max, fmt)
-        self.key = (qweight.data_ptr(), qweight.device)
 
 
 def weight_scales(qweight, scale, zero, group_size: int, fmt: str) -> WeightScales:
     """The weight's scales, computed on first use on its device and kept on the qweight tensor
-    itself: the weight is frozen, and the 4-bit matmul operator sees tensors, not the module."""
-    held = qweight.__dict__.setdefault("_w4a8_scales", {})
-    cached = held.get(fmt)
-    if cached is None or cached.key != (qweight.data_ptr(), qweight.device) or cached.row.device != qweight.device:
-        cached = held[fmt] = WeightScales(qweight, scale, zero, group_size, fmt)
-    return cached
+    itself (the weight is frozen, and the 4-bit matmul operator sees tensors, not the module),
+    with the address they were derived at: a tensor whose storage was swapped derives them again."""
+    address = (qweight.data_ptr(), qweight.device)
+    held = qweight.__dict__.get("_w4a8_scales")
+    if held is None or held[0] != address:
+        held = qweight.__dict__["_w4a8_scales"] = (address, {})
+    scales = held[1].get(fmt)
+    if scales is None or scales.row.device != qweight.device:
+        scales = held[1][fmt] = WeightScales(qweight, scale, zero, group_size, fmt)
+    return scales
 
 
 def carry_scales(source: torch.Tensor, target: torch.Tensor) -> None:
@@ -119,10 +122,8 @@ def carry_scales(source: torch.Tensor, target: torch.Tensor) -> None:
     its host copy between turns): it takes the scales `source` holds (they stay on their device:
     two small vectors), so they are not derived again from the weight."""
     held = source.__dict__.get("_w4a8_scales")
-    if held:
-        for scales in held.values():
-            scales.key = (target.data_ptr(), target.device)
-        target.__dict__["_w4a8_scales"] = held
+    if held is not None:
+        target.__dict__["_w4a8_scales"] = ((target.data_ptr(), target.device), held[1])
 
 
 # --------------------------------------------------------------------------- reference (CPU, oracle)
