@@ -45,10 +45,10 @@ FORMAT_VERSION = 1
 
 def _multiply(a2d, qweight, scale, zero, group_size, activations, gemm, chunk_bytes, use_kernel, transposed):
     """a2d @ W^T, or a2d @ W (transposed: the input gradient), the way the layer's kernel says."""
-    kernel = Int4Kernel(activations, gemm, chunk_bytes, use_kernel)
     if activations != BF16:
         from toolkit.int4_w4a8 import w4a8_matmul
 
+        kernel = Int4Kernel(activations, gemm, chunk_bytes, use_kernel)
         return w4a8_matmul(a2d, qweight, scale, zero, group_size, kernel, use_kernel, transposed)
     if use_kernel:
         matmul = int4_matmul_bwd if transposed else int4_matmul_fwd
