@@ -147,6 +147,18 @@ def launcher_python() -> str:
     return os.environ.get("LAUNCHER_PYTHON", sys.executable)
 
 
+def launch_env(quantized_cache: Path) -> dict:
+    """The environment of a test's `python -m launcher run` (the launcher importable from the
+    repository) with a quantized cache of its own: the workdir's cache belongs to the launcher's
+    trainer tests, which run beside this suite and count the files in it."""
+    from tiny_run import REPO
+
+    from launcher.envs.torchenv import clean_env
+    from launcher.runs.files import ENV_QUANT_CACHE_DIR
+
+    return {**clean_env(), "PYTHONPATH": str(REPO), ENV_QUANT_CACHE_DIR: str(quantized_cache)}
+
+
 def is_quantized_linear(module) -> bool:
     """A Linear quantized by either backend a target uses for uint4: the fork's torchao swaps the
     weight for a tensor subclass; upstream's OstrisLinear keeps it in buffers (its `.weight` is

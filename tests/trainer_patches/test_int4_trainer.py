@@ -20,13 +20,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import launcher_python, loader_model
+from conftest import launch_env, launcher_python, loader_model
 from safetensors.torch import load_file, save_file
-from tiny_run import REPO, RUN_NAME, run_tiny, tiny_preset
+from tiny_run import RUN_NAME, run_tiny, tiny_preset
 
-from launcher.envs.torchenv import clean_env
 from launcher.in_trainer.tiny_assets import FLUX2_PARAMS
-from launcher.runs.files import ENV_QUANT_CACHE_DIR
 
 pytestmark = pytest.mark.patch("qtype-int4_fused")
 BLOCKS = ("double_blocks", "single_blocks")
@@ -379,8 +377,7 @@ def losses(log: Path) -> list[float]:
 def runs(trainer_checkout, tmp_path_factory):
     """One 50-step `python -m launcher run` per qtype on the tiny preset, same training_seed."""
     workdir = trainer_checkout.parent
-    # one quantized cache for these runs alone (the workdir's may already hold this tiny model's):
-    # int4_fused writes it, int4_w4a8 must read the same file
+    # one quantized cache for these runs alone: int4_fused writes it, int4_w4a8 must read the same file
     qcache = tmp_path_factory.mktemp("qcache")
     done = {}
     for qtype in ("uint4", "int4_fused", "int4_w4a8"):
@@ -389,8 +386,7 @@ def runs(trainer_checkout, tmp_path_factory):
         env = {"INT4_W4A8_ACT": "fp8"} if qtype == "int4_w4a8" else None
         path = tiny_preset(tmp / "tiny.yaml", steps=STEPS, process={"training_seed": SEED}, model={"qtype": qtype},
                            env=env)
-        result = run_tiny(workdir, path, tmp / "out", python=launcher_python(),
-                          env={**clean_env(), "PYTHONPATH": str(REPO), ENV_QUANT_CACHE_DIR: str(qcache)})
+        result = run_tiny(workdir, path, tmp / "out", python=launcher_python(), env=launch_env(qcache))
         assert result.returncode == 0, result.stdout[-8000:]
         done[qtype] = tmp / "out" / RUN_NAME
     return done

@@ -6,10 +6,9 @@ import json
 import re
 
 import pytest
-from conftest import launcher_python
-from tiny_run import REPO, RUN_NAME, run_tiny, tiny_preset
+from conftest import launch_env, launcher_python
+from tiny_run import RUN_NAME, run_tiny, tiny_preset
 
-from launcher.envs.torchenv import clean_env
 
 pytestmark = pytest.mark.patch("memory-plan")
 STEPS = 3
@@ -27,7 +26,7 @@ def run(workdir, tmp, budget_gib):
               "vram_margin_gib": 0}
     path = tiny_preset(tmp / "tiny.yaml", steps=STEPS, model={"qtype": "int4_fused", "model_kwargs": kwargs},
                        launcher={"telemetry": {"interval_s": 0.1}})
-    result = run_tiny(workdir, path, tmp / "out", python=launcher_python(), env={**clean_env(), "PYTHONPATH": str(REPO)})
+    result = run_tiny(workdir, path, tmp / "out", python=launcher_python(), env=launch_env(tmp / "quantized"))
     assert result.returncode == 0, result.stdout[-8000:]
     folder = tmp / "out" / RUN_NAME
     metadata = json.loads((folder / RUN_NAME / "run.json").read_text())
