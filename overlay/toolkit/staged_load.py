@@ -138,9 +138,18 @@ class _Staging:
             self.take(index)
 
 
+def _allocate(span: TensorSpan, device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The span's final tensor, and its bytes as a flat uint8 view to read into. The tensor is no
+    view itself: a module buffer that is a view reaches a compiled block as a new view object on
+    every call (torch.compile rebuilds views of its inputs), so what is kept on the tensor, e.g.
+    toolkit/int4_w4a8.py's weight scales, would be lost on each call."""
+    tensor = torch.empty(span.shape, dtype=span.dtype, device=device)
+    return tensor, tensor.reshape(-1).view(torch.uint8)
+
+
 def _to_device(f, spans, device, hashes, staging: _Staging) -> Dict[str, torch.Tensor]:
-    """Fill device tensors from the file through the staging ring; returns flat uint8 tensors."""
-    out = {span.name: torch.empty(span.nbytes, dtype=torch.uint8, device=device) for span in spans}
+    """Fill device tensors from the file through the staging ring."""
+    out = {span.name: _allocate(span, device) for span in spans}
     size = staging.buffers[0].numel()
     start, stop = spans[0].begin, spans[-1].end
     f.seek(start)
@@ -159,7 +168,7 @@ def _to_device(f, spans, device, hashes, staging: _Staging) -> Dict[str, torch.T
             lo, hi = max(span.begin, position), min(span.end, position + length)
             if hi > lo:
                 piece = buffer[lo - position : hi - position]
-                out[span.name][lo - span.begin : hi - span.begin].copy_(piece, non_blocking=staging.pinned)
+                out[span.name][1][lo - span.begin : hi - span.begin].copy_(piece, non_blocking=staging.pinned)
                 futures.append(hashes.feed(span.name, view[lo - position : hi - position]))
             index += 1
         event = None
@@ -170,7 +179,7 @@ def _to_device(f, spans, device, hashes, staging: _Staging) -> Dict[str, torch.T
         position += length
         slot = (slot + 1) % len(staging.buffers)
     staging.drain()
-    return out
+    return {name: tensor for name, (tensor, _) in out.items()}
 
 
 def _to_host(f, spans, hashes) -> Dict[str, torch.Tensor]:
@@ -178,9 +187,9 @@ def _to_host(f, spans, hashes) -> Dict[str, torch.Tensor]:
     out = {}
     f.seek(spans[0].begin)
     for span in spans:
-        tensor = torch.empty(span.nbytes, dtype=torch.uint8)
+        tensor, raw = _allocate(span, "cpu")
         if span.nbytes:
-            view = memoryview(tensor.numpy())
+            view = memoryview(raw.numpy())
             for lo in range(0, span.nbytes, STAGING_BUFFER_BYTES):
                 piece = view[lo : lo + STAGING_BUFFER_BYTES]
                 _read_into(f, piece, f"tensor {span.name!r}")
@@ -212,10 +221,10 @@ def read_spans(
     hashes = _Hashes(hash_threads or default_hash_threads())
     try:
         if device.type == "cpu":
-            flat = _to_host(f, spans, hashes)
+            tensors = _to_host(f, spans, hashes)
         else:
             staging = _Staging(buffers, buffer_bytes, pin and torch.cuda.is_available(), log)
-            flat = _to_device(f, spans, device, hashes, staging)
+            tensors = _to_device(f, spans, device, hashes, staging)
             pinned = staging.pinned
             del staging
             if pinned:
@@ -225,4 +234,4 @@ def read_spans(
                 raise StagedReadError(f"{span.name}: data checksum mismatch")
     finally:
         hashes.close()
-    return {span.name: flat.pop(span.name).view(span.dtype).reshape(span.shape) for span in spans}
+    return tensors

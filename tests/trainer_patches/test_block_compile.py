@@ -30,12 +30,22 @@ def tiny_flux2(flux2_src, toolkit, depth=1, single=1, qtype=None):
     gradient checkpointing on; returns (model, the network, one batch and its target). The network
     must be held: its modules know it only through a weak reference."""
     _, _, int4_linear, _, qtypes = toolkit
-    params = flux2_src.Flux2Params(**{**FLUX2_PARAMS, "depth": depth, "depth_single_blocks": single})
+    params = tiny_params(flux2_src, depth, single)
     torch.manual_seed(0)
     model = flux2_src.Flux2(params).to(torch.bfloat16)
-    model.requires_grad_(False)
     if qtype:
         int4_linear.quantize_linears(model, lambda name, _: name.split(".")[0] in ("double_blocks", "single_blocks"))
+    return trainable(model, params, qtypes, qtype)
+
+
+def tiny_params(flux2_src, depth=1, single=1):
+    return flux2_src.Flux2Params(**{**FLUX2_PARAMS, "depth": depth, "depth_single_blocks": single})
+
+
+def trainable(model, params, qtypes, qtype=None):
+    """The model frozen under the trainer's LoRA network, checkpointed, with one batch (see tiny_flux2)."""
+    model.requires_grad_(False)
+    if qtype:
         qtypes.configure_linears(model, qtype, "cpu", environ={}, activations="fp8")
     network = make_network(None, model)
     model.gradient_checkpointing = True
@@ -92,6 +102,41 @@ def test_a_4bit_block_compiles_whole_around_its_4bit_matmuls(flux2_src, toolkit,
     # one graph per block variant, as in bf16: the 4-bit matmul is a node of it, not a graph break
     assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 6
+
+
+def test_a_4bit_model_from_the_quantized_cache_keeps_its_scales_when_compiled(flux2_src, toolkit, tmp_path,
+                                                                             monkeypatch):
+    """The cache loads each tensor as one of its own, not as a view of the bytes read: a compiled
+    block gets a new view object of such a buffer on every call, and the 8-bit weight scales kept
+    on the weight tensor would be derived again on every call."""
+    from toolkit import int4_w4a8, quantized_cache
+
+    block_compile, _, int4_linear, _, qtypes = toolkit
+    quantized, *_ = tiny_flux2(flux2_src, toolkit, qtype="int4_w4a8")
+    source = tmp_path / "flux2-tiny.safetensors"
+    source.write_bytes(b"stands in for the source checkpoint")
+    cache = quantized_cache.QuantizedCache(tmp_path, source, "int4_fused", "tiny")
+    assert cache.save(quantized)
+    with torch.device("meta"):
+        model = flux2_src.Flux2(tiny_params(flux2_src))
+    assert cache.load_into(model, torch.device("cpu"))
+    assert all(t._base is None for t in model.buffers())
+    model, network, batch, target = trainable(model, tiny_params(flux2_src), qtypes, "int4_w4a8")
+    derived = []
+    real_init = int4_w4a8.WeightScales.__init__
+
+    def counted(self, *args, **kwargs):
+        derived.append(1)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(int4_w4a8.WeightScales, "__init__", counted)
+    linears = sum(isinstance(m, int4_linear.Int4Linear) for m in model.modules())
+    one_step(model, network, batch, target)
+    assert len(derived) == linears  # once per weight, on first use
+    block_compile.compile_blocks(model, log=lambda line: None, backend="aot_eager")
+    for _ in range(2):
+        one_step(model, network, batch, target)
+    assert len(derived) == linears
 
 
 def unique_graphs(flux2_src, toolkit, depth: int) -> int:
