@@ -12,6 +12,7 @@
 #            breakdown.json), bf16 uncompiled (2 profiled steps), the preset as shipped (the plan's
 #            and the self-test's choices) at the 22 GiB cap, then bf16 compiled
 #   R=RAMDISK/R M=DISK/m OUT=OUT bash bench/same_call.sh prepare   (then 512, then 1024)
+# Labels after the stage run only those launches of it, e.g. `... 1024 w4a8_scaled_mm_compiled_1024`.
 # Results: $OUT/<label>.json (bench/fullsize.py launch), $OUT/<label>.log, $OUT/selftest.json.
 set -u
 R=${R:?set R: a folder on a RAM disk (the text encoder is 44 GiB)} M=${M:?set M: a folder on a disk with 50 GiB free}
@@ -27,8 +28,10 @@ TRITON=(--launcher-set env "{INT4_W4A8_GEMM: triton}")
 BF16=(--set model.quantize false --set model.qtype uint4 --set model.model_kwargs.quantized_cache false)
 CAP22=18.8  # a 22 GiB card's cap less the 12 of 56 blocks this run leaves out (as in RESULTS.md)
 
+ONLY=" ${*:2} "
 launch() {  # label px steps seconds args...
   local label=$1 px=$2 steps=$3 limit=$4; shift 4
+  [[ $ONLY == "  " || $ONLY == *" $label "* ]] || return 0
   echo "=== $label ($(date -u +%T))"
   timeout "$limit" python3 -m bench.fullsize launch "${BASE[@]}" --label "$label" --steps "$steps" \
     --set datasets.0.resolution "[$px]" "$@" --json-out "$OUT/$label.json" > "$OUT/$label.log" 2>&1
