@@ -159,6 +159,22 @@ def launch_env(quantized_cache: Path) -> dict:
     return {**clean_env(), "PYTHONPATH": str(REPO), ENV_QUANT_CACHE_DIR: str(quantized_cache)}
 
 
+@pytest.fixture
+def scale_derivations(trainer_on_path, monkeypatch) -> list:
+    """Grows by one each time int4_w4a8 derives a weight's 8-bit scales (a pass over the weight)."""
+    from toolkit import int4_w4a8
+
+    derived = []
+
+    class Counted(int4_w4a8.WeightScales):
+        def __init__(self, *args):
+            derived.append(1)
+            super().__init__(*args)
+
+    monkeypatch.setattr(int4_w4a8, "WeightScales", Counted)
+    return derived
+
+
 def is_quantized_linear(module) -> bool:
     """A Linear quantized by either backend a target uses for uint4: the fork's torchao swaps the
     weight for a tensor subclass; upstream's OstrisLinear keeps it in buffers (its `.weight` is

@@ -105,11 +105,11 @@ def test_a_4bit_block_compiles_whole_around_its_4bit_matmuls(flux2_src, toolkit,
 
 
 def test_a_4bit_model_from_the_quantized_cache_keeps_its_scales_when_compiled(flux2_src, toolkit, tmp_path,
-                                                                             monkeypatch):
+                                                                             scale_derivations):
     """The cache loads each tensor as one of its own, not as a view of the bytes read: a compiled
     block gets a new view object of such a buffer on every call, and the 8-bit weight scales kept
     on the weight tensor would be derived again on every call."""
-    from toolkit import int4_w4a8, quantized_cache
+    from toolkit import quantized_cache
 
     block_compile, _, int4_linear, _, qtypes = toolkit
     quantized, *_ = tiny_flux2(flux2_src, toolkit, qtype="int4_w4a8")
@@ -117,26 +117,19 @@ def test_a_4bit_model_from_the_quantized_cache_keeps_its_scales_when_compiled(fl
     source.write_bytes(b"stands in for the source checkpoint")
     cache = quantized_cache.QuantizedCache(tmp_path, source, "int4_fused", "tiny")
     assert cache.save(quantized)
+    params = tiny_params(flux2_src)
     with torch.device("meta"):
-        model = flux2_src.Flux2(tiny_params(flux2_src))
+        model = flux2_src.Flux2(params)
     assert cache.load_into(model, torch.device("cpu"))
     assert all(t._base is None for t in model.buffers())
-    model, network, batch, target = trainable(model, tiny_params(flux2_src), qtypes, "int4_w4a8")
-    derived = []
-    real_init = int4_w4a8.WeightScales.__init__
-
-    def counted(self, *args, **kwargs):
-        derived.append(1)
-        real_init(self, *args, **kwargs)
-
-    monkeypatch.setattr(int4_w4a8.WeightScales, "__init__", counted)
+    model, network, batch, target = trainable(model, params, qtypes, "int4_w4a8")
     linears = sum(isinstance(m, int4_linear.Int4Linear) for m in model.modules())
     one_step(model, network, batch, target)
-    assert len(derived) == linears  # once per weight, on first use
+    assert len(scale_derivations) == linears  # once per weight, on first use
     block_compile.compile_blocks(model, log=lambda line: None, backend="aot_eager")
     for _ in range(2):
         one_step(model, network, batch, target)
-    assert len(derived) == linears
+    assert len(scale_derivations) == linears
 
 
 def unique_graphs(flux2_src, toolkit, depth: int) -> int:

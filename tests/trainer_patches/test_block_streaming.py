@@ -67,20 +67,12 @@ def test_stream_order_outputs_and_gradients(toolkit, mode):
 
 
 @pytest.mark.parametrize("mode", ["serialized", "overlapped"])
-def test_int4_w4a8_scales_are_derived_once_per_weight_not_once_per_copy(toolkit, mode, monkeypatch):
+def test_int4_w4a8_scales_are_derived_once_per_weight_not_once_per_copy(toolkit, mode, scale_derivations):
     """A streamed block's weight arrives as a new tensor at every turn; the 8-bit scales derived
     from it (a pass over the whole weight) travel with it instead of being derived again."""
-    from toolkit import int4_w4a8, qtypes
+    from toolkit import qtypes
 
     block_streaming, int4_linear, memory_plan = toolkit
-    derived = []
-
-    class Counted(int4_w4a8.WeightScales):
-        def __init__(self, *args):
-            derived.append(1)
-            super().__init__(*args)
-
-    monkeypatch.setattr(int4_w4a8, "WeightScales", Counted)
     torch.manual_seed(0)
     model = Stack(int4_linear).to(torch.bfloat16)
     qtypes.configure_linears(model, "int4_w4a8", "cpu", environ={}, activations="fp8")
@@ -89,7 +81,7 @@ def test_int4_w4a8_scales_are_derived_once_per_weight_not_once_per_copy(toolkit,
     x = torch.randn(2, 8, WIDTH, dtype=torch.bfloat16)
     for _ in range(3):
         step(model, x)
-    assert len(derived) == 4  # one per Linear, streamed or resident, over three steps
+    assert len(scale_derivations) == 4  # one per Linear, streamed or resident, over three steps
 
 
 def test_streamed_tensors_stay_on_the_host_when_the_model_moves(toolkit):
