@@ -276,6 +276,19 @@ def trained_tiny_run(trainer_workdir, tmp_path_factory):
     return RunFolder(output / RUN_NAME, RUN_NAME), trainer_workdir
 
 
+def private_workdir(shared: Workdir, root: Path) -> Workdir:
+    """A workdir of one test's own that runs the shared trainer checkout and venv (linked, read
+    only) but keeps its own tiny assets and caches: a test that moves or deletes those must not
+    do it in the shared workdir, which the in-trainer suite reads at the same time."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "trainer").symlink_to(shared.trainer.resolve(), target_is_directory=True)
+    (root / "venv").symlink_to(shared.venv.resolve(), target_is_directory=True)
+    for name in ("setup-state.json", "constraints.txt", "trainer-qtypes.json"):
+        if (shared.root / name).is_file():
+            (root / name).write_bytes((shared.root / name).read_bytes())
+    return Workdir(root)
+
+
 @pytest.fixture(scope="session", params=TARGETS, ids=[t.name for t in TARGETS])
 def target_workdir(request, installed_workdirs) -> TargetWorkdir:
     """Each target of upstream.lock in turn, with its installed workdir: tests that must hold

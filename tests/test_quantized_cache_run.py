@@ -4,11 +4,11 @@ aside and rebuilt by the next launch.
 """
 
 import re
-import shutil
 import struct
 from pathlib import Path
 
 import pytest
+from conftest import private_workdir
 from tiny_run import run_tiny
 
 pytestmark = pytest.mark.trainer
@@ -32,20 +32,21 @@ def first_loss(text: str) -> float:
 def cache_runs(trainer_workdir, tmp_path_factory):
     """Launches of the tiny preset sharing the workdir's cache: the third after a flipped data byte,
     the fifth after metadata nested too deep to parse (it used to crash every launch)."""
-    shutil.rmtree(trainer_workdir.quantized_cache, ignore_errors=True)
+    # a workdir of its own: these launches delete and damage its cache, which others must not read
+    workdir = private_workdir(trainer_workdir, tmp_path_factory.mktemp("cache-workdir"))
     root = tmp_path_factory.mktemp("cache-runs")
-    first = launch(trainer_workdir, root / "first")
-    second = launch(trainer_workdir, root / "second")
-    caches = sorted(trainer_workdir.quantized_cache.glob("*.qcache.safetensors"))
+    first = launch(workdir, root / "first")
+    second = launch(workdir, root / "second")
+    caches = sorted(workdir.quantized_cache.glob("*.qcache.safetensors"))
     assert len(caches) == 1, caches
     data = bytearray(caches[0].read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte in the tensor data
     caches[0].write_bytes(bytes(data))
-    third = launch(trainer_workdir, root / "third")
-    fourth = launch(trainer_workdir, root / "fourth")
+    third = launch(workdir, root / "third")
+    fourth = launch(workdir, root / "fourth")
     nested = b'{"__metadata__": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     caches[0].write_bytes(struct.pack("<Q", len(nested)) + nested)
-    fifth = launch(trainer_workdir, root / "fifth")
+    fifth = launch(workdir, root / "fifth")
     return first, second, third, fourth, fifth, caches[0]
 
 

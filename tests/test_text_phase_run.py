@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import private_workdir
 from test_tiny_training import safetensors_tensors
 from tiny_run import run_tiny
 
@@ -24,27 +25,33 @@ def launch(workdir, output: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def runs(trainer_workdir, tmp_path_factory):
+def text_workdir(trainer_workdir, tmp_path_factory):
+    """The test moves the text encoder away and starts from an empty text cache: in a workdir of
+    its own, not in the shared one that the in-trainer suite reads at the same time."""
+    return private_workdir(trainer_workdir, tmp_path_factory.mktemp("text-phase-workdir"))
+
+
+@pytest.fixture(scope="module")
+def runs(text_workdir, tmp_path_factory):
     """A first launch with an empty text cache, then one with the encoder folder moved away."""
-    shutil.rmtree(trainer_workdir.text_cache, ignore_errors=True)
     root = tmp_path_factory.mktemp("text-phase-runs")
-    first = launch(trainer_workdir, root / "first")
-    encoder = trainer_workdir.assets / "tiny" / "text_encoder"
+    first = launch(text_workdir, root / "first")
+    encoder = text_workdir.assets / "tiny" / "text_encoder"
     away = root / "text_encoder-moved-away"
     shutil.move(encoder, away)
     try:
-        second = launch(trainer_workdir, root / "second")
+        second = launch(text_workdir, root / "second")
     finally:
         shutil.move(away, encoder)
     return first, second, root
 
 
-def test_first_launch_streams_the_encoder_before_the_transformer(runs, trainer_workdir):
+def test_first_launch_streams_the_encoder_before_the_transformer(runs, text_workdir):
     first, _, _ = runs
     assert re.search(r"text phase: \d+ prompt\(s\), 0 cached", first)
     assert first.index("text phase: done") < first.index("Loading transformer")
     assert "Loading Mistral" not in first and "Quantizing Mistral" not in first
-    assert list(trainer_workdir.text_cache.glob("*.temb.safetensors"))
+    assert list(text_workdir.text_cache.glob("*.temb.safetensors"))
 
 
 def test_relaunch_without_the_encoder_folder_trains_the_same(runs):

@@ -147,16 +147,18 @@ def launcher_python() -> str:
     return os.environ.get("LAUNCHER_PYTHON", sys.executable)
 
 
-def launch_env(quantized_cache: Path) -> dict:
+def launch_env(caches: Path) -> dict:
     """The environment of a test's `python -m launcher run` (the launcher importable from the
-    repository) with a quantized cache of its own: the workdir's cache belongs to the launcher's
-    trainer tests, which run beside this suite and count the files in it."""
+    repository) with quantized and text caches of its own under `caches`: the workdir's caches
+    belong to the launcher's trainer tests, which run beside this suite and count, rebuild or
+    delete the files in them."""
     from tiny_run import REPO
 
     from launcher.envs.torchenv import clean_env
-    from launcher.runs.files import ENV_QUANT_CACHE_DIR
+    from launcher.runs.files import ENV_QUANT_CACHE_DIR, ENV_TEXT_CACHE_DIR
 
-    return {**clean_env(), "PYTHONPATH": str(REPO), ENV_QUANT_CACHE_DIR: str(quantized_cache)}
+    return {**clean_env(), "PYTHONPATH": str(REPO), ENV_QUANT_CACHE_DIR: str(caches / "quantized"),
+            ENV_TEXT_CACHE_DIR: str(caches / "text")}
 
 
 @pytest.fixture

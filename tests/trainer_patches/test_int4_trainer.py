@@ -377,8 +377,8 @@ def losses(log: Path) -> list[float]:
 def runs(trainer_checkout, tmp_path_factory):
     """One 50-step `python -m launcher run` per qtype on the tiny preset, same training_seed."""
     workdir = trainer_checkout.parent
-    # one quantized cache for these runs alone: int4_fused writes it, int4_w4a8 must read the same file
-    qcache = tmp_path_factory.mktemp("qcache")
+    # caches for these runs alone: int4_fused writes the quantized cache, int4_w4a8 must read the same file
+    caches = tmp_path_factory.mktemp("caches")
     done = {}
     for qtype in ("uint4", "int4_fused", "int4_w4a8"):
         tmp = tmp_path_factory.mktemp(qtype)
@@ -386,7 +386,7 @@ def runs(trainer_checkout, tmp_path_factory):
         env = {"INT4_W4A8_ACT": "fp8"} if qtype == "int4_w4a8" else None
         path = tiny_preset(tmp / "tiny.yaml", steps=STEPS, process={"training_seed": SEED}, model={"qtype": qtype},
                            env=env)
-        result = run_tiny(workdir, path, tmp / "out", python=launcher_python(), env=launch_env(qcache))
+        result = run_tiny(workdir, path, tmp / "out", python=launcher_python(), env=launch_env(caches))
         assert result.returncode == 0, result.stdout[-8000:]
         done[qtype] = tmp / "out" / RUN_NAME
     return done

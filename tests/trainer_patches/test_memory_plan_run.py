@@ -26,7 +26,7 @@ def run(workdir, tmp, budget_gib):
               "vram_margin_gib": 0}
     path = tiny_preset(tmp / "tiny.yaml", steps=STEPS, model={"qtype": "int4_fused", "model_kwargs": kwargs},
                        launcher={"telemetry": {"interval_s": 0.1}})
-    result = run_tiny(workdir, path, tmp / "out", python=launcher_python(), env=launch_env(tmp / "quantized"))
+    result = run_tiny(workdir, path, tmp / "out", python=launcher_python(), env=launch_env(tmp / "caches"))
     assert result.returncode == 0, result.stdout[-8000:]
     folder = tmp / "out" / RUN_NAME
     metadata = json.loads((folder / RUN_NAME / "run.json").read_text())
