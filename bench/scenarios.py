@@ -96,6 +96,12 @@ SCENARIOS = {s.name: s for s in [
              "comparison); plain PyTorch",
              ("bench.w4a4_quality", "--trainer", "{trainer}", "--out", "{out}/w4a4_quality.json"),
              "CPU", TRAINER_VENV, ("w4a4_quality",), ("w4a4_quality.json",)),
+    Scenario("rotation_quality", "does a Hadamard rotation (ConvRot's regular one, blocks 64 and 256; Sylvester 128, 256) "
+             "bring 8- and 4-bit activations under the quality gate: the self-test's gate with x and W rotated, int8 / FP8 "
+             "(int4_w4a8's reference) and W4A4 (int4 per token, per group of 64 and 16), plain and with 100x outlier "
+             "channels; plain PyTorch (`quality`; `wmma` lists the WMMA instructions Triton emits for gfx1100)",
+             ("bench.rotation_quality", "quality", "--trainer", "{trainer}", "--out", "{out}/rotation_quality.json"),
+             "CPU", TRAINER_VENV, ("rotation_quality",), ("rotation_quality.json",)),
     Scenario("op_call", "the 4-bit matmul operator (what compiled blocks call) against the autograd.Function "
              "(uncompiled): host time per forward + input gradient of a small layer; then a small 4-bit block "
              "compiled with Inductor: graph breaks, difference, time",
@@ -140,4 +146,6 @@ SCENARIOS = {s.name: s for s in [
 ELSEWHERE = {
     "baseline": "a side script before this harness (not the trainer)",
     "step_profile": "`python -m launcher run --profile 3` (its breakdown.json)",
+    "windows_wheels": "`python bench/windows_wheels.py`, which writes the table itself (PyPI downloads, no run)",
+    "prediction": "`python bench/predict_step.py`, which writes the table itself (a model of the measured tables, no run)",
 }

@@ -4,7 +4,8 @@ import argparse
 from pathlib import Path
 
 from launcher.envs.install import install
-from launcher.envs.torchenv import CHANNEL_CHOICES, default_python, resolve_channel
+from launcher.envs.amdgpu import TARGET_CHOICES
+from launcher.envs.torchenv import CHANNEL_CHOICES, default_python, install_plan, resolve_channel
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, read_state
 from launcher.errors import LauncherError
 from launcher.patching import checkout, gitops, series
@@ -15,6 +16,7 @@ from launcher.progress import say
 EXAMPLES = """examples:
   python -m launcher setup                   # .aitk: the default target, its venv, the torch channel detected
   python -m launcher setup --target upstream-main --workdir W --no-install   # only the checkout
+  python -m launcher setup --torch-channel rocm-windows --dry-run   # the pins it would install, nothing done
 """
 
 
@@ -30,11 +32,19 @@ def register(subparsers) -> None:
     parser.add_argument("--torch-channel", default="auto", choices=CHANNEL_CHOICES)
     parser.add_argument("--python", type=Path, default=None,
                         help="interpreter the venv is made from (default: this one)")
+    parser.add_argument("--amd-arch", default="auto", choices=TARGET_CHOICES,
+                        help="rocm-windows: the GPU target whose kernels are installed "
+                             "(default: read from the display adapter name)")
     parser.add_argument("--no-install", action="store_true", help="only the checkout, no venv")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the torch pins, index and Triton pin that would be installed; change nothing")
     parser.set_defaults(handler=run_setup)
 
 
 def run_setup(args) -> int:
+    if args.dry_run:
+        print(install_plan(resolve_channel(args.torch_channel, args.amd_arch)), end="", flush=True)
+        return 0
     gitops.require_git()
     workdir = Workdir(args.workdir.resolve())
     workdir.check_contained()
@@ -46,7 +56,7 @@ def run_setup(args) -> int:
             f"{workdir.root} was set up for target {state.get('target')!r}, not {target.name!r}. "
             "Use another --workdir for this target."
         )
-    channel = None if args.no_install else resolve_channel(args.torch_channel)
+    channel = None if args.no_install else resolve_channel(args.torch_channel, args.amd_arch)
     if _has_checkout(workdir):
         drift = checkout.problems(workdir.trainer, target, patches)
         if drift:

@@ -7,11 +7,14 @@ from pathlib import Path
 
 from launcher.atomic import write_text_atomic
 from launcher.envs.torchenv import (
+    TRIO,
     Channel,
     clean_env,
     constraints_text,
-    installed_trio,
+    held_packages,
+    installed_versions,
     trio_install_args,
+    triton_install_args,
 )
 from launcher.envs.workdir import Workdir, venv_python
 from launcher.errors import LauncherError
@@ -29,6 +32,8 @@ def install_spec(channel: Channel, requirements: Path) -> dict:
         "channel": channel.name,
         "versions": channel.versions,
         "index_url": channel.index_url,
+        "device": channel.device,
+        "triton": channel.triton,
         "requirements_sha256": digest.hexdigest(),
     }
 
@@ -70,8 +75,8 @@ def install(workdir: Workdir, channel: Channel, base_python: Path, requirements_
                 args.insert(3, "--system-site-packages")
             _run(args, "creating the venv")
     if channel.name == "current":
-        versions = installed_trio(python)
-        missing = [pkg for pkg in ("torch", "torchvision", "torchaudio") if pkg not in versions]
+        versions = installed_versions(python)
+        missing = [pkg for pkg in TRIO if pkg not in versions]
         if missing:
             raise LauncherError(
                 f"--torch-channel current keeps the torch of {base_python}, but it lacks "
@@ -79,21 +84,55 @@ def install(workdir: Workdir, channel: Channel, base_python: Path, requirements_
             )
     else:
         with step(f"installing torch, torchvision, torchaudio ({channel.name}: {channel.note})"):
-            _pip(python, ["install", *trio_install_args(channel)])
-        versions = installed_trio(python)
+            _pip(python, ["install", *trio_install_args(channel)], unserved=channel)
+        if channel.triton:
+            with step(f"installing {', '.join(triton_install_args(channel))}"):
+                _pip(python, ["install", *triton_install_args(channel)])
+            _check_triton_amd(python, channel)
+        versions = installed_versions(python, held_packages(channel))
     constraints = workdir.root / "constraints.txt"
     write_text_atomic(constraints, constraints_text(versions))
     say(f"holding {', '.join(f'{k} {v}' for k, v in sorted(versions.items()))} with {constraints}")
     with step(f"installing the trainer's requirements from {requirements}"):
         _pip(python, ["install", "-r", str(requirements), "-c", str(constraints)])
-    after = installed_trio(python)
+    after = installed_versions(python, tuple(versions))
     if after != versions:
-        raise LauncherError(f"pip changed the torch trio from {versions} to {after}; report this with the log")
+        raise LauncherError(f"pip changed the held packages from {versions} to {after}; report this with the log")
     write_text_atomic(workdir.venv / MARKER, json.dumps(spec, indent=2) + "\n")
 
 
-def _pip(python: Path, args: list[str]) -> None:
-    _run([str(python), "-m", "pip", *args, "--progress-bar", "on"], f"pip {args[0]}")
+TRITON_AMD_PROBE = (
+    "from triton.backends import backends\n"
+    "assert 'amd' in backends, f'no amd backend among {sorted(backends)}'\n"
+    "assert backends['amd'].driver.is_active(), 'the amd driver is not active (torch.version.hip unset)'\n"
+)
+
+
+def _check_triton_amd(python: Path, channel: Channel) -> None:
+    """Say in one line when the pinned Triton's AMD backend does not load: the self-test then picks the slower paths."""
+    if not channel.device:
+        return
+    result = subprocess.run([str(python), "-c", TRITON_AMD_PROBE], capture_output=True, text=True, env=clean_env())
+    if result.returncode != 0:
+        reason = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        say(f"{' '.join(triton_install_args(channel))}: the AMD backend does not load ({reason}); "
+            "no torch.compile or Triton int4 kernels: selftest keeps qtype auto on uint4, blocks uncompiled (slower)")
+
+
+def _pip(python: Path, args: list[str], unserved: Channel | None = None) -> None:
+    """Run pip; with `unserved`, a failure is reported as the channel's index not serving its pins."""
+    command = [str(python), "-m", "pip", *args, "--progress-bar", "on"]
+    if unserved is None:
+        _run(command, f"pip {args[0]}")
+        return
+    result = subprocess.run(command, env=clean_env())
+    if result.returncode != 0:
+        raise LauncherError(
+            f"could not install {' '.join(trio_install_args(unserved)[:3])} from {unserved.index_url or 'PyPI'} "
+            f"(pip exit {result.returncode}, output above: the index no longer serves them for this Python, or is "
+            "unreachable); nothing was removed. The slower route: --torch-channel cpu (no GPU), or "
+            "--torch-channel current with a torch you installed into --python"
+        )
 
 
 def _run(args: list[str], what: str) -> None:

@@ -3,7 +3,8 @@
 The fork imports torchaudio without listing it, so the trio is always installed together.
 After the trio is in, a constraints file pins exactly what was installed, and every
 later pip pass uses it: an unpinned transitive `torch` would otherwise let pip swap the
-build for another one silently.
+build for another one silently. A channel's Triton pin (Windows has no Triton in the
+torch wheels) is installed right after the trio and held the same way.
 """
 
 import json
@@ -12,9 +13,10 @@ import platform
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from launcher.envs.amdgpu import pick_target, windows_adapter_names
 from launcher.errors import LauncherError
 from launcher.progress import say
 
@@ -27,6 +29,8 @@ class Channel:
     versions: dict[str, str]  # package -> exact version; empty = the index's newest trio
     index_url: str | None  # None = PyPI
     note: str
+    triton: dict[str, str] = field(default_factory=dict)  # package -> exact version, from PyPI after the trio
+    device: str | None = None  # AMD multi-arch wheels: the gfx target whose kernels torch/torchvision pull in
 
 
 CHANNELS = {
@@ -40,14 +44,18 @@ CHANNELS = {
         "rocm",
         {"torch": "2.11.0", "torchvision": "0.26.0", "torchaudio": "2.11.0"},
         "https://download.pytorch.org/whl/rocm7.1",
-        "PyTorch's ROCm index for Linux",
+        "PyTorch's ROCm index for Linux; torch 2.11.0+rocm7.1 brings its own Triton (triton-rocm 3.6.0)",
     ),
+    # AMD's stable multi-arch index (ROCm 10.0.0): one index for every GPU, the kernels of one target
+    # per `[device-gfxNNNN]` extra; Windows gets torch 2.13 only there. See the AMD docs "Install
+    # PyTorch" (ai-ecosystem), rocm-ver 10.0.0. Triton 3.7 is the Triton of torch 2.13 (triton-windows'
+    # PyTorch/Triton table); 3.7.1.post27 ships the AMD backend.
     "rocm-windows": Channel(
         "rocm-windows",
-        {},
-        "https://rocm.nightlies.amd.com/v2/gfx110X-all/",
-        "AMD TheRock nightly wheels for gfx110X (RX 7900 XTX); the index's newest trio, "
-        "pinned in the constraints file once installed",
+        {"torch": "2.13.0+rocm10.0.0", "torchvision": "0.28.0+rocm10.0.0", "torchaudio": "2.11.0.2+rocm10.0.0"},
+        "https://stable.repo.amd.com/rocm/whl-next/",
+        "AMD's stable multi-arch ROCm 10.0.0 wheels for RX 7000 (gfx110X) and RX 9000 (gfx120X)",
+        triton={"triton-windows": "3.7.1.post27"},
     ),
     "cpu": Channel(
         "cpu",
@@ -59,6 +67,7 @@ CHANNELS = {
 }
 
 CHANNEL_CHOICES = ("auto", *CHANNELS)
+MULTI_ARCH = {"rocm-windows"}  # channels whose torch needs a GPU target picked
 
 
 def detect_channel(system: str | None = None, which=shutil.which) -> tuple[str, str]:
@@ -66,49 +75,74 @@ def detect_channel(system: str | None = None, which=shutil.which) -> tuple[str, 
     system = system or platform.system()
     if which("nvidia-smi"):
         return "cuda", "nvidia-smi found: NVIDIA GPU"
-    if system == "Windows" and (which("hipinfo") or which("amd-smi") or _windows_has_amd_gpu()):
+    if system == "Windows" and (which("hipinfo") or which("amd-smi") or _has_amd_adapter()):
         return "rocm-windows", "Windows with an AMD GPU"
     if system == "Linux" and (which("rocminfo") or which("amd-smi") or which("rocm-smi")):
         return "rocm", "ROCm tools found on Linux"
     return "cuda", "no GPU tools found: PyPI build, which also runs on the CPU"
 
 
-def _windows_has_amd_gpu() -> bool:
-    """Ask Windows for its display adapters (no extra package needed)."""
-    try:
-        names = subprocess.run(
-            ["powershell", "-NoProfile", "-Command",
-             "(Get-CimInstance Win32_VideoController).Name"],
-            capture_output=True, text=True, timeout=30,
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return any(word in names for word in ("AMD", "Radeon"))
+def _has_amd_adapter() -> bool:
+    return any(word in name for name in windows_adapter_names() for word in ("AMD", "Radeon"))
 
 
-def resolve_channel(choice: str) -> Channel:
+def resolve_channel(choice: str, amd_arch: str = "auto") -> Channel:
+    """The channel to install; a multi-arch one gets its GPU target (from --amd-arch or the adapter names)."""
     if choice == "auto":
-        name, reason = detect_channel()
-        say(f"torch channel: {name} ({reason}); override with --torch-channel")
-        return CHANNELS[name]
+        choice, reason = detect_channel()
+        say(f"torch channel: {choice} ({reason}); override with --torch-channel")
     if choice not in CHANNELS:
         raise LauncherError(f"unknown torch channel {choice!r}; choose one of {', '.join(CHANNEL_CHOICES)}")
-    return CHANNELS[choice]
+    if choice not in MULTI_ARCH:
+        if amd_arch != "auto":
+            raise LauncherError(f"--amd-arch only applies to --torch-channel {', '.join(sorted(MULTI_ARCH))}, not {choice}")
+        return CHANNELS[choice]
+    target, reason = pick_target(amd_arch, windows_adapter_names())
+    say(f"GPU target: {target} ({reason})")
+    return replace(CHANNELS[choice], device=target)
 
 
 def trio_install_args(channel: Channel) -> list[str]:
-    """pip arguments that install the channel's trio."""
-    specs = [f"{pkg}=={channel.versions[pkg]}" if channel.versions else pkg for pkg in TRIO]
+    """pip arguments that install the channel's trio (torch and torchvision with the target's kernels)."""
+    extra = {"torch": f"[device-{channel.device}]", "torchvision": f"[device-{channel.device}]"} if channel.device else {}
+    specs = [f"{pkg}{extra.get(pkg, '')}=={channel.versions[pkg]}" if channel.versions else pkg for pkg in TRIO]
     index = ["--index-url", channel.index_url] if channel.index_url else []
     return [*specs, *index]
 
 
-def installed_trio(python: Path) -> dict[str, str]:
-    """Versions of the trio importable by `python`; missing packages are left out."""
+def triton_install_args(channel: Channel) -> list[str]:
+    """pip arguments for the channel's Triton pin (PyPI), empty where torch brings its own."""
+    return [f"{pkg}=={version}" for pkg, version in channel.triton.items()]
+
+
+def held_packages(channel: Channel) -> tuple[str, ...]:
+    """What the constraints file holds: the trio and the channel's Triton."""
+    return (*TRIO, *channel.triton)
+
+
+def install_plan(channel: Channel) -> str:
+    """What setup would install for `channel`, for --dry-run: the exact pins, the index, the Triton pin."""
+    lines = [f"torch channel: {channel.name} ({channel.note})"]
+    if channel.name == "current":
+        return "\n".join([*lines, "keeps the torch trio of --python; nothing is installed"]) + "\n"
+    lines.append(f"index: {channel.index_url or 'PyPI'}")
+    lines.append("pip install " + " ".join(trio_install_args(channel)))
+    if channel.triton:
+        lines.append("pip install " + " ".join(triton_install_args(channel)) + "   (PyPI)")
+    if channel.versions:
+        pins = constraints_text({**channel.versions, **channel.triton}).splitlines()[1:]
+        lines.append("constraints: " + ", ".join(pins))
+    else:
+        lines.append("constraints: the versions pip installs")
+    return "\n".join(lines) + "\n"
+
+
+def installed_versions(python: Path, names: tuple[str, ...] = TRIO) -> dict[str, str]:
+    """Versions of `names` importable by `python`; missing packages are left out."""
     probe = (
         "import importlib.metadata as m, json\n"
         "found = {}\n"
-        f"for name in {TRIO!r}:\n"
+        f"for name in {names!r}:\n"
         "    try: found[name] = m.version(name)\n"
         "    except m.PackageNotFoundError: pass\n"
         "print(json.dumps(found))\n"
@@ -122,7 +156,7 @@ def installed_trio(python: Path) -> dict[str, str]:
 def constraints_text(versions: dict[str, str]) -> str:
     """Pins for every later pip pass. `==X` without a local label also matches X+cu130 etc."""
     lines = [f"{pkg}=={version.split('+', 1)[0]}\n" for pkg, version in sorted(versions.items())]
-    return "# written by `python -m launcher setup`: holds the torch trio on every pip pass\n" + "".join(lines)
+    return "# written by `python -m launcher setup`: holds the torch trio (and Triton) on every pip pass\n" + "".join(lines)
 
 
 NO_BYTECODE = {"PYTHONDONTWRITEBYTECODE": "1"}

@@ -19,6 +19,7 @@ from launcher.runs.schema import AUTO
 FALLBACK_QTYPE = "uint4"
 FAST_QTYPES = ("int4_fused", "int4_w4a8")
 HOW_TO_TEST = "`python -m launcher selftest` (a few minutes) tests the 4-bit kernels on this GPU"
+FALLBACK_COST = "uint4 steps about 2x the bf16 time (bench/RESULTS.md)"
 SERIALIZED, OVERLAPPED = "serialized", "overlapped"
 
 
@@ -63,24 +64,23 @@ def resolve_qtype(qtype: str, workdir: Workdir) -> QtypeChoice:
     """`auto` -> the self-test's fastest passing qtype, else uint4; any other qtype stays."""
     if qtype != AUTO:
         return QtypeChoice(qtype)
-    result = load_result(workdir)
+    result, unusable = usable_result(workdir)
     if result is None:
-        return QtypeChoice(FALLBACK_QTYPE, line=f"qtype auto -> {FALLBACK_QTYPE}: no self-test result in "
-                                               f"{workdir.root}; {HOW_TO_TEST}")
-    stale = staleness(result, workdir)
-    if stale:
-        return QtypeChoice(FALLBACK_QTYPE, line=f"qtype auto -> {FALLBACK_QTYPE}: {workdir.selftest.name} is stale "
-                                               f"({stale}); {HOW_TO_TEST}")
+        return QtypeChoice(FALLBACK_QTYPE, line=f"qtype auto -> {FALLBACK_QTYPE}: {unusable}")
+    return qtype_from(result)
+
+
+def qtype_from(result: dict) -> QtypeChoice:
+    """What `qtype: auto` becomes under a valid self-test result."""
     fastest = result.get("fastest") or {}
-    when = str(result.get("created", "?"))[:10]
     if fastest.get("qtype") not in FAST_QTYPES:
         reason = fastest.get("reason") or "no 4-bit kernel passed"
-        return QtypeChoice(FALLBACK_QTYPE, line=f"qtype auto -> {FALLBACK_QTYPE}: {reason} (self-test of {when}, "
-                                               f"{describe_gpu(result)}); {HOW_TO_TEST}")
+        return QtypeChoice(FALLBACK_QTYPE, line=f"qtype auto -> {FALLBACK_QTYPE}: {reason} ({tested_on(result)}); "
+                                               f"{FALLBACK_COST}; {HOW_TO_TEST}")
     speed = f", block Linears {fastest['x_bf16']:.2f}x the bf16 time" if fastest.get("x_bf16") else ""
     return QtypeChoice(fastest["qtype"], dict(fastest.get("env") or {}),
-                       f"qtype auto -> {fastest['qtype']} ({fastest.get('candidate')}): passed the self-test of "
-                       f"{when} on {describe_gpu(result)}{speed}")
+                       f"qtype auto -> {fastest['qtype']} ({fastest.get('candidate')}): passed the "
+                       f"{tested_on(result)}{speed}")
 
 
 def resolve_config(config: dict, workdir: Workdir) -> QtypeChoice | None:
@@ -111,13 +111,21 @@ def tested_on(result: dict) -> str:
 
 
 def streaming_verdict(workdir: Workdir) -> tuple[str, str]:
-    """(mode, why): overlapped only where the self-test ran the overlapped streaming on this GPU to
-    completion within its deadline; serialized everywhere else (wall 5: block swap with copies in
-    flight during kernels deadlocked the HIP driver on Windows)."""
+    """(mode, why) for `stream_mode: auto`, from the stored self-test result."""
     result, unusable = usable_result(workdir)
     if result is None:
         return SERIALIZED, unusable
+    return streaming_from(result)
+
+
+def streaming_from(result: dict) -> tuple[str, str]:
+    """(mode, why): overlapped only where the self-test ran the overlapped streaming on an NVIDIA
+    GPU to completion within its deadline; serialized everywhere else. On AMD cards it stays
+    serialized even when the check passed: block swap with copies in flight during kernels
+    deadlocked the HIP driver on Windows (wall 5), and overlapped streaming is untested on AMD."""
     streaming = result.get("streaming") or {}
+    if (result.get("environment") or {}).get("hip"):
+        return SERIALIZED, f"overlapped streaming is untested on AMD GPUs (wall 5) ({tested_on(result)})"
     if streaming.get("passed") and streaming.get("device") == "cuda":
         return OVERLAPPED, f"overlapped streaming completed in {streaming.get('seconds', 0):.0f} s ({tested_on(result)})"
     return SERIALIZED, f"{streaming.get('reason') or 'overlapped streaming was not tested on a GPU'} ({tested_on(result)})"
@@ -137,11 +145,16 @@ def resolve_stream_mode(config: dict, workdir: Workdir) -> str | None:
 
 
 def compile_verdict(workdir: Workdir) -> tuple[bool, str]:
-    """(compile, why): the blocks are compiled only where the self-test compiled a small FLUX.2 on
-    this GPU, matched the uncompiled model's loss and gradients, and was not slower with it."""
+    """(compile, why) for `compile_blocks: auto`, from the stored self-test result."""
     result, unusable = usable_result(workdir)
     if result is None:
         return False, unusable
+    return compile_from(result)
+
+
+def compile_from(result: dict) -> tuple[bool, str]:
+    """(compile, why): the blocks are compiled only where the self-test compiled a small FLUX.2 on
+    this GPU, matched the uncompiled model's loss and gradients, and was not slower with it."""
     check = result.get("compile") or {}
     if not check.get("passed"):
         return False, f"{check.get('reason') or 'compiling was not tested on a GPU'} ({tested_on(result)})"

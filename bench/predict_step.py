@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""A prediction the first run on an RX 7900 XTX can check: seconds per step per path and preset.
+
+No AMD card has run the project yet. This scales the H200's measured step breakdown (the
+uncompiled bf16 step of the same-call runs, results/step_profile.csv, 44 of 56 blocks) to the
+RDNA3 cards part by part, by what bounds each part:
+- block GEMMs and attention: compute; scaled by the measured bf16 GEMM rates: the H200's block
+  Linears at 776 TFLOP/s (results/block_linear_time.csv), the 7900 XTX's 6144x6144 @ 6144x18432
+  burst at ~77 TFLOP/s (the recipe's write-up: github.com/drhawktopus/flux2-32b-qlora-rocm-windows);
+  the other RDNA3 cards by their published FP16 peak relative to the 7900 XTX's (AMD product pages);
+- elementwise chains, LoRA matmuls, the optimizer and copies: memory bandwidth (H200 4.8 TB/s;
+  7900 XTX 960 GB/s, 7900 XT 800, 7800 XT 624: AMD product pages);
+- GPU idle time (the host launching kernels): unchanged;
+- each 4-bit path adds what it adds on the H200, taken as memory traffic and scaled by bandwidth:
+  int4_fused's dequantize (block Linears 1.37x bf16, results/selftest_paths.csv call 9),
+  int4_w4a8's requantization (results/step_profile.csv), uint4's torchao dequantize (2.33x the bf16
+  step, results/step.csv); int8 WMMA runs at the bf16 rate on RDNA3, int4 WMMA at twice it;
+- compiled blocks: the elementwise part at 0.53x (compiled int4_w4a8 vs uncompiled bf16 at
+  1024 px, results/step_profile.csv);
+- streamed blocks (serialized: the copy is never hidden): the memory plan's streamed bytes,
+  copied twice per step (forward; recompute + backward), at 25 GB/s (PCIe 4.0 x16, 31.5 GB/s
+  raw), the plan's budget the card's memory less 1.5 GiB for the desktop.
+All figures scale by 56/44 to the full model. The recipe reports ~20 s/step at 512 px (9-10 s/it
+with its stall watchdog) on uint4.
+
+    python bench/predict_step.py     # writes results/prediction.csv; then python bench/report.py
+"""
+
+import csv
+import importlib.util
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+FULL = 56 / 44
+H200 = {"gemm_tflops": 776.0, "bandwidth_gbs": 4800.0}
+CARDS = {  # name: (measured or scaled bf16 GEMM TFLOP/s, bandwidth GB/s, memory GiB, preset)
+    "RX 7900 XTX": (77.0, 960.0, 24, "7900xtx_512.yaml"),
+    "RX 7900 XT": (77.0 * 103.0 / 122.8, 800.0, 20, "7900xt_512.yaml"),
+    "RX 7800 XT": (77.0 * 74.6 / 122.8, 624.0, 16, "rx16gb_512.yaml"),
+}
+DESKTOP_GIB, PCIE_GBS, COPIES_PER_STEP = 1.5, 25.0, 2
+COMPILED_ELEMENTWISE = 469.3 / 881.2
+FUSED_EXTRA, UINT4_STEP_X = 0.37, 2.33
+PATHS = {  # path: (GEMM time factor at the bf16 rate, extra that is memory traffic, what it is)
+    "int4_fused": (1.0, "fused", "the preset's pick (Triton dequantize, bf16 WMMA)"),
+    "uint4": (1.0, "uint4", "no Triton: torchao's dequantize"),
+    "int4_w4a8 int8 rotated": (1.0, "requant", "int8 WMMA at the bf16 rate; passes the gate only rotated (not built)"),
+    "W4A4": (0.5, "requant", "int4 WMMA at twice the rate; fails the quality gate (not built)"),
+}
+
+
+def read(name: str) -> list[dict]:
+    with (RESULTS / f"{name}.csv").open(newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def h200_breakdown(px: int) -> dict:
+    """The uncompiled bf16 step's parts in seconds, full width (the same-call row of that px)."""
+    row = next(r for r in read("step_profile") if r["run"] == "bf16 weights, plan off (same calls)" and r["px:"] == str(px))
+    part = {key: float(row[column]) / 1000 * FULL for key, column in (
+        ("gemm", "block GEMMs:"), ("attention", "attention:"),
+        ("elementwise", "elementwise (norms, modulation, RoPE, activations, casts):"), ("lora", "LoRA matmuls:"),
+        ("optimizer", "optimizer:"), ("copies", "copies:"), ("idle", "GPU idle:"))}
+    requant = next(r for r in read("step_profile") if r["run"].startswith("`int4_w4a8` FP8 Triton, 256 MiB")
+                   and r["px:"] == str(px))
+    part["requant"] = float(requant["requantization (incl. activation quantization):"]) / 1000 * FULL
+    return part
+
+
+def memory_plan():
+    spec = importlib.util.spec_from_file_location("memory_plan", HERE.parent / "overlay" / "toolkit" / "memory_plan.py")
+    module = sys.modules["memory_plan"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def streamed_gib(plan, memory_gib: int, px: int) -> float:
+    budget = int((memory_gib - DESKTOP_GIB - plan.DEFAULT_MARGIN_GIB) * plan.GIB)
+    made = plan.make_plan(plan.flux2_inputs(plan.Flux2Shape(), budget, px, in_flight=1))
+    return made.streamed_weight_bytes / plan.GIB
+
+
+def predict(card: str, path: str, px: int, compiled: bool, plan) -> dict:
+    gemm_tflops, bandwidth, memory_gib, preset = CARDS[card]
+    compute = H200["gemm_tflops"] / gemm_tflops
+    memory = H200["bandwidth_gbs"] / bandwidth
+    h = h200_breakdown(px)
+    factor, extra, _ = PATHS[path]
+    gemm = h["gemm"] * compute * factor
+    if extra == "fused":
+        gemm += h["gemm"] * FUSED_EXTRA * memory
+    elif extra == "uint4":
+        gemm += sum(h.values()) * (UINT4_STEP_X - 1) * memory
+    else:
+        gemm += h["requant"] * memory
+    elementwise = h["elementwise"] * memory * (COMPILED_ELEMENTWISE if compiled else 1.0)
+    other = (h["lora"] + h["optimizer"] + h["copies"]) * memory + h["idle"]
+    streamed = streamed_gib(plan, memory_gib, px)
+    stream = streamed * plan.GIB / 1e9 * COPIES_PER_STEP / PCIE_GBS
+    total = gemm + h["attention"] * compute + elementwise + other + stream
+    return {"card": card, "preset": preset, "path": path, "px:": px, "compiled": "yes" if compiled else "no",
+            "block GEMMs s:": f"{gemm:.2f}", "attention s:": f"{h['attention'] * compute:.2f}",
+            "elementwise s:": f"{elementwise:.2f}", "LoRA + optimizer + idle s:": f"{other:.2f}",
+            "streamed GiB:": f"{streamed:.1f}", "copies s:": f"{stream:.2f}", "s/it:": f"**{total:.1f}**"}
+
+
+def main() -> int:
+    plan = memory_plan()
+    rows = []
+    for card in CARDS:
+        for px in (512, 1024):
+            for path in PATHS if card == "RX 7900 XTX" else ("int4_fused",):
+                for compiled in ((False, True) if path != "uint4" else (False,)):
+                    rows.append(predict(card, path, px, compiled, plan))
+    with (RESULTS / "prediction.csv").open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, [*rows[0], "date", "source"])
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**row, "date": "2026-12-03", "source": ""})
+    print(f"wrote {RESULTS / 'prediction.csv'} ({len(rows)} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

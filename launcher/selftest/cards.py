@@ -1,0 +1,140 @@
+"""What `auto` gives each card, worked out before the card is in the machine.
+
+The self-test decides on the user's GPU; this module runs the same decision on paper for the
+cards the project is for. For a card profile (architecture, FP8 matrix units, HIP or CUDA)
+and a software state (Triton importable or not, Inductor compiling or not) it writes the
+self-test report the runner would write, with the runner's own candidate list, quality rule
+and pick, and passes it to the verdict functions `run` uses. What the paper cannot know is
+stated in `PAPER_FACTS`: the quality gate's figures (measured on the CPU reference path, the
+same on every card) and the block-Linear time of each path relative to bf16 (measured on the
+H200; the order of the FP8 and bf16 paths holds where FP8 runs at twice the bf16 rate, as on
+every FP8 card listed). `python -m launcher.selftest.cards` prints the table the README carries.
+"""
+
+from dataclasses import dataclass
+
+from launcher.in_trainer.selftest import compiled, kernels, runner
+from launcher.selftest import verdict
+
+
+@dataclass(frozen=True)
+class Card:
+    name: str
+    arch: str
+    vram_gib: int
+    preset: str
+    """The shipped preset for the card's memory."""
+
+    @property
+    def hip(self) -> bool:
+        return self.arch.startswith("gfx")
+
+    @property
+    def fp8_units(self) -> bool:
+        """FP8 matrix units: RDNA4 (gfx12) and NVIDIA from Ada (sm_89) on; not RDNA3 or Ampere."""
+        if self.hip:
+            return self.arch.startswith("gfx12")
+        return int(self.arch.removeprefix("sm_")) >= 89
+
+
+CARDS = [
+    Card("RX 7900 XTX", "gfx1100", 24, "7900xtx_512.yaml"),
+    Card("RX 7900 XT", "gfx1100", 20, "7900xt_512.yaml"),
+    Card("RX 7800 XT", "gfx1101", 16, "rx16gb_512.yaml"),
+    Card("RX 9070 XT", "gfx1201", 16, "rx16gb_512.yaml"),
+    Card("RTX 3090", "sm_86", 24, "rtx4090_512.yaml"),
+    Card("RTX 4090", "sm_89", 24, "rtx4090_512.yaml"),
+    Card("RTX 4060 Ti 16 GB", "sm_89", 16, "rtx16gb_512.yaml"),
+    Card("RTX 5070 Ti", "sm_120", 16, "rtx16gb_512.yaml"),
+]
+
+PAPER_FACTS = {
+    # the 8-bit-activation error against bf16 activations (QUALITY_TOLERANCE's measurements)
+    "quality": {("int8", False): 0.010, ("fp8", False): 0.037, ("int8", True): 0.126, ("fp8", True): 0.031},
+    # block Linears' time against bf16 weights, the self-test on the H200 at 1024 + 512 tokens
+    # (bench/results/selftest_paths.csv, call 9); int8 never wins a pick: it fails the outlier gate
+    "x_bf16": {"int4_fused": 1.37, "int4_w4a8 fp8 triton": 1.10, "int4_w4a8 fp8 scaled_mm": 1.00,
+               "int4_w4a8 int8 triton": 1.06},
+}
+
+
+def paper_report(card: Card, triton: bool, inductor: bool) -> dict:
+    """The self-test report the runner would write on `card`, with or without Triton and Inductor."""
+    report = {"created": "on paper", "checks": [], "training": [], "timing": [],
+              "environment": {"triton": "3.x" if triton else None, "hip": "7.x" if card.hip else None,
+                              "fp8_units": card.fp8_units,
+                              "gpu": {"name": card.name, "vram_gib": card.vram_gib, "arch": card.arch}}}
+    for (fmt, outliers), error in PAPER_FACTS["quality"].items():
+        tolerance = kernels.QUALITY_TOLERANCE["outliers" if outliers else fmt]
+        report["checks"].append({"format": fmt, "outliers": outliers, "max_relative_error": error,
+                                 "tolerance": tolerance, "passed": error <= tolerance})
+    if not triton:
+        report["fastest"] = {"qtype": None, "reason": "Triton does not import; the 4-bit kernels need it"}
+    else:
+        candidates = kernels.candidates(card.fp8_units, card.hip)
+        eligible = {c["name"] for c in candidates if kernels.quality_passed(report["checks"], c)}
+        rows = [{"candidate": "bf16", "step_ms": 1.0}]
+        rows += [{"candidate": c["name"], "step_ms": PAPER_FACTS["x_bf16"][c["name"]]} for c in candidates]
+        report["timing"].append({"results": rows})
+        report["fastest"] = runner.pick_fastest(report, candidates, eligible)
+    report["streaming"] = {"passed": True, "device": "cuda", "seconds": 60}
+    report["compile"] = paper_compile(report, inductor)
+    return report
+
+
+def paper_compile(report: dict, inductor: bool) -> dict:
+    """The compile check's outcome: it runs where `compiled.applicable` lets it, and passes where
+    Inductor compiles (its gain on full-size blocks was measured on the H200: 0.68-0.92x)."""
+    reason = compiled.applicable(report)
+    if reason:
+        return {"passed": False, "reason": reason}
+    if not inductor:
+        return {"passed": False, "reason": "the blocks did not compile here (Inductor failed)"}
+    return {"passed": True, "x_eager": 1.0, "compile_s": 30}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    qtype: str
+    candidate: str
+    stream_mode: str
+    compile_blocks: bool
+
+
+def outcome(card: Card, triton: bool, inductor: bool) -> Outcome:
+    """What `qtype`, `stream_mode` and `compile_blocks: auto` resolve to, through `verdict`."""
+    report = paper_report(card, triton, inductor)
+    choice = verdict.qtype_from(report)
+    mode, _ = verdict.streaming_from(report)
+    compile_blocks, _ = verdict.compile_from(report)
+    candidate = (report["fastest"] or {}).get("candidate") or choice.qtype
+    return Outcome(choice.qtype, candidate, mode, compile_blocks)
+
+
+def eight_bit_path(card: Card) -> str:
+    """Why the card's 8-bit-activation path can or cannot be its pick."""
+    if card.fp8_units:
+        return "FP8: passes the quality gate"
+    return "int8 only: fails the 100x-outlier gate (0.126 > 0.06)"
+
+
+NO_INDUCTOR = "uncompiled blocks (compiled: 0.68-0.92x the step on the H200)"
+NO_TRITON = f"{verdict.FALLBACK_QTYPE}, uncompiled: {verdict.FALLBACK_COST}"
+
+
+def markdown_table() -> str:
+    """The README's "what runs on your card" table: the pick with Triton and Inductor working,
+    then what a missing Inductor or a missing Triton turns it into."""
+    lines = ["| card | arch | preset | `qtype: auto` | stream | compiled | 8-bit activations | no Inductor | no Triton |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for card in CARDS:
+        best, plain, bare = (outcome(card, *state) for state in ((True, True), (True, False), (False, False)))
+        lost = NO_INDUCTOR if best.compile_blocks and not plain.compile_blocks else "-"
+        fallback = NO_TRITON if bare.qtype != best.qtype else "-"
+        lines.append(f"| {card.name} | {card.arch} | {card.preset} | {best.candidate} | {best.stream_mode} | "
+                     f"{'yes' if best.compile_blocks else 'no'} | {eight_bit_path(card)} | {lost} | {fallback} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")
