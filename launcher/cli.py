@@ -12,6 +12,7 @@ from launcher.commands import (
     patches,
     plot,
     rebase,
+    report,
     run,
     sample,
     selftest,
@@ -22,7 +23,7 @@ from launcher.commands import (
 from launcher.errors import LauncherError
 from launcher.patching.lock import DEFAULT_LOCK
 
-COMMANDS = (setup, verify, patches, rebase, selftest, run, flags, plot, sample, comfy, watchdog, doctor)
+COMMANDS = (setup, verify, patches, rebase, selftest, run, flags, plot, sample, comfy, watchdog, doctor, report)
 
 
 def build_parser() -> argparse.ArgumentParser:

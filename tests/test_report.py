@@ -1,0 +1,68 @@
+"""`report`: one zip for a bug report, with the machine's paths and names scrubbed."""
+
+import getpass
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from launcher.cli import main
+from launcher.field_report import Scrubber
+
+
+def fake_run(runs: Path, name: str, log: str) -> Path:
+    root = runs / name
+    (root / name).mkdir(parents=True)
+    (root / "config.yaml").write_text(f"config:\n  name: {name}\n", encoding="utf-8")
+    (root / name / "run.json").write_text(json.dumps({"preset": "7900xtx_512.yaml"}), encoding="utf-8")
+    (root / "train.log").write_text(log, encoding="utf-8")
+    return root
+
+
+def read_zip(path: Path) -> dict[str, str]:
+    with zipfile.ZipFile(path) as archive:
+        return {name: archive.read(name).decode("utf-8") for name in archive.namelist()}
+
+
+def test_the_report_carries_doctor_and_recent_runs_with_paths_scrubbed(tmp_path, capsys):
+    workdir = tmp_path / "wd"
+    user = getpass.getuser()
+    log = "".join(f"step {i}\n" for i in range(400)) + f"loaded {workdir}/cache/x from {Path.home()} by user {user}\n"
+    fake_run(workdir / "runs", "my_lora", log)
+    out = tmp_path / "report.zip"
+    assert main(["report", "--workdir", str(workdir), "--no-selftest", "--out", str(out)]) == 0
+    files = read_zip(out)
+    assert {"doctor.json", "MANIFEST.txt", "runs/0-my_lora/run.json", "runs/0-my_lora/train.log.tail"} <= set(files)
+    tail = files["runs/0-my_lora/train.log.tail"]
+    assert "step 99\n" not in tail and "step 399\n" in tail  # the last lines only
+    assert "loaded <workdir>/cache/x from <home> by user <user>" in tail
+    for name, text in files.items():
+        assert str(workdir) not in text and str(Path.home()) + "/" not in text, name
+    assert json.loads(files["doctor.json"])["workdir"] == "<workdir>"
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_an_existing_file_is_never_overwritten(tmp_path, capsys):
+    out = tmp_path / "report.zip"
+    out.write_bytes(b"the user's file")
+    assert main(["report", "--workdir", str(tmp_path / "wd"), "--no-selftest", "--out", str(out)]) == 2
+    assert out.read_bytes() == b"the user's file"
+    assert "never overwrites" in capsys.readouterr().err
+
+
+def test_a_short_user_name_does_not_scrub_words():
+    scrub = Scrubber({"/home/al": "<home>", "al": "<user>"})
+    assert scrub("/home/al/x and al, but also alpha and total") == "<home>/x and <user>, but also alpha and total"
+
+
+@pytest.mark.trainer
+def test_the_report_times_the_tiny_model_on_this_machine(trainer_workdir, tmp_path):
+    out = tmp_path / "report.zip"
+    assert main(["report", "--workdir", str(trainer_workdir.root), "--no-selftest", "--out", str(out)]) == 0
+    files = read_zip(out)
+    tiny = json.loads(files["tiny.json"])
+    assert tiny["exit_code"] == 0 and tiny["seconds"] > 0, files["tiny.log"][-3000:]
+    assert "tiny/run.json" in files and "tiny/train.log.tail" in files
+    assert json.loads(files["doctor.json"])["torch"]["torch"]
+    assert str(trainer_workdir.root.resolve()) not in "".join(files.values())
