@@ -13,7 +13,11 @@ every FP8 card listed). `python -m launcher.selftest.cards` prints the table the
 
 from dataclasses import dataclass
 
+import yaml
+
 from launcher.in_trainer.selftest import compiled, kernels, runner
+from launcher.runs.presets import PRESETS_DIR
+from launcher.runs.schema import AUTO
 from launcher.selftest import verdict
 
 
@@ -24,6 +28,12 @@ class Card:
     vram_gib: int
     preset: str
     """The shipped preset for the card's memory."""
+
+    @property
+    def preset_qtype(self) -> str:
+        """The qtype the shipped preset names: `auto`, or a qtype the memory plan can stream."""
+        data = yaml.safe_load((PRESETS_DIR / self.preset).read_text(encoding="utf-8"))
+        return data["config"]["process"][0]["model"]["qtype"]
 
     @property
     def hip(self) -> bool:
@@ -102,11 +112,16 @@ class Outcome:
 
 
 def outcome(card: Card, triton: bool, inductor: bool) -> Outcome:
-    """What `qtype`, `stream_mode` and `compile_blocks: auto` resolve to, through `verdict`."""
+    """What the card's preset trains on: `qtype: auto` resolved through `verdict`, or the qtype the
+    preset names (on its plain-PyTorch reference path without Triton); `stream_mode` and
+    `compile_blocks: auto` through `verdict`."""
     report = paper_report(card, triton, inductor)
-    choice = verdict.qtype_from(report)
     mode, _ = verdict.streaming_from(report)
     compile_blocks, _ = verdict.compile_from(report)
+    if card.preset_qtype != AUTO:
+        named = card.preset_qtype if triton else f"{card.preset_qtype} (reference)"
+        return Outcome(card.preset_qtype, named, mode, compile_blocks)
+    choice = verdict.qtype_from(report)
     candidate = (report["fastest"] or {}).get("candidate") or choice.qtype
     return Outcome(choice.qtype, candidate, mode, compile_blocks)
 
@@ -119,18 +134,19 @@ def eight_bit_path(card: Card) -> str:
 
 
 NO_INDUCTOR = "uncompiled blocks (compiled: 0.68-0.92x the step on the H200)"
-NO_TRITON = f"{verdict.FALLBACK_QTYPE}, uncompiled: {verdict.FALLBACK_COST}"
+NO_TRITON = {AUTO: f"{verdict.FALLBACK_QTYPE}, uncompiled: {verdict.FALLBACK_COST}",
+             "int4_fused": "int4_fused on its plain-PyTorch reference, uncompiled"}
 
 
 def markdown_table() -> str:
     """The README's "what runs on your card" table: the pick with Triton and Inductor working,
     then what a missing Inductor or a missing Triton turns it into."""
-    lines = ["| card | arch | preset | `qtype: auto` | stream | compiled | 8-bit activations | no Inductor | no Triton |",
+    lines = ["| card | arch | preset | qtype | stream | compiled | 8-bit activations | no Inductor | no Triton |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for card in CARDS:
         best, plain, bare = (outcome(card, *state) for state in ((True, True), (True, False), (False, False)))
         lost = NO_INDUCTOR if best.compile_blocks and not plain.compile_blocks else "-"
-        fallback = NO_TRITON if bare.qtype != best.qtype else "-"
+        fallback = NO_TRITON[card.preset_qtype]
         lines.append(f"| {card.name} | {card.arch} | {card.preset} | {best.candidate} | {best.stream_mode} | "
                      f"{'yes' if best.compile_blocks else 'no'} | {eight_bit_path(card)} | {lost} | {fallback} |")
     return "\n".join(lines) + "\n"
