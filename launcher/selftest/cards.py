@@ -127,10 +127,13 @@ def outcome(card: Card, triton: bool, inductor: bool) -> Outcome:
 
 
 def eight_bit_path(card: Card) -> str:
-    """Why the card's 8-bit-activation path can or cannot be its pick."""
+    """Why the card's 8-bit-activation path can or cannot be its pick (bench/RESULTS.md: the
+    quality gate, the Hadamard rotation, int4 WMMA)."""
     if card.fp8_units:
         return "FP8: passes the quality gate"
-    return "int8 only: fails the 100x-outlier gate (0.126 > 0.06)"
+    if card.hip:
+        return "int8 at the bf16 rate: no GEMM gain; fails the outlier gate unless rotated (not built)"
+    return "int8 faster than bf16 here; fails the outlier gate unless rotated (not built)"
 
 
 NO_INDUCTOR = "uncompiled blocks (compiled: 0.68-0.92x the step on the H200)"
