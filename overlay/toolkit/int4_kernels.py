@@ -29,10 +29,11 @@ Ways to run the matmuls (the module's `Int4Kernel`, toolkit/qtypes.py, picks one
 
 The kernels use Triton's portable language only (no inline assembly, no
 vendor intrinsics, nothing Hopper-specific requested), so the same source is
-meant to run on ROCm (RDNA3 gfx1100) as on CUDA; ROCm gets its own small
-autotuning lists (num_stages 2). Tested: NVIDIA H200 (CUDA 13, Triton 3.6) and
-Triton's CPU interpreter (fp16). Not tested: any AMD GPU, bf16 under the
-interpreter (the interpreter itself mishandles bf16).
+meant to run on ROCm (RDNA3 gfx1100) as on CUDA. The autotuning lists are chosen per
+arch (`config_family`): RDNA and consumer NVIDIA get lists that neither spill registers
+nor overflow shared memory there (bench/kernel_isa.py compiles them on the CPU).
+Tested: NVIDIA H200 (CUDA 13, Triton 3.6) and Triton's CPU interpreter (fp16). Not tested:
+any AMD GPU, bf16 under the interpreter (the interpreter itself mishandles bf16).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from __future__ import annotations
 import os
 
 import torch
+
+from toolkit.qtypes import device_arch, sm_number
 
 GROUP_SIZE = 64
 QMAX = 15  # unsigned 4-bit codes 0..15
@@ -119,11 +122,28 @@ def dequantize_weight(qweight, scale, zero, group_size: int = GROUP_SIZE, dtype=
 
 # --------------------------------------------------------------------------- Triton kernels
 
+SMALL_SHARED_MEMORY = (86, 89, 120, 121)
+"""NVIDIA archs (sm_number) whose thread blocks get at most 99 KiB of shared memory, against 163-227 KiB
+on the data-centre parts (CUDA C++ Programming Guide, "Technical Specifications per Compute Capability")."""
+
+
+def config_family(arch: str) -> str:
+    """Which autotuning lists an arch gets: "amd" (sized for RDNA3/4: wave32, 64 KiB of LDS per
+    workgroup, 1536 VGPRs per lane), "nvidia_99k" (consumer NVIDIA) or "nvidia" (H100/H200, A100)."""
+    if arch.startswith("gfx"):
+        return "amd"
+    return "nvidia_99k" if sm_number(arch) in SMALL_SHARED_MEMORY else "nvidia"
+
+
+def tuning_arch() -> str:
+    """The arch the autotuned kernels are built for at import: the current GPU's, or where none is
+    visible (CPU installs, Triton's interpreter) sm_90 on CUDA builds and gfx1100 on ROCm builds."""
+    if torch.cuda.is_available():
+        return device_arch()
+    return "gfx1100" if getattr(torch.version, "hip", None) else "sm_90"
+
+
 if HAVE_TRITON:
-
-    def _is_hip() -> bool:
-        return getattr(torch.version, "hip", None) is not None
-
 
     @triton.jit
     def _swizzle(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
@@ -141,33 +161,34 @@ if HAVE_TRITON:
 
     # ---- fused: packed bytes loaded contiguously (vectorised, pipelined), unpacked with tl.interleave
 
-    def _fused_fwd_configs():
-        if _is_hip():
-            return [
-                triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "W_AS_A": a, "GROUP_M": 8}, num_warps=w, num_stages=s)
-                for bm, bn, a, w, s in [(64, 64, 0, 4, 2), (128, 64, 0, 4, 2), (128, 128, 0, 8, 2), (64, 128, 1, 4, 2)]
-            ]
-        return [
-            triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "W_AS_A": a, "GROUP_M": 8}, num_warps=w, num_stages=s)
-            for bm, bn, a, w, s in [(128, 128, 0, 4, 4), (128, 256, 0, 8, 3), (256, 128, 0, 8, 3), (128, 128, 0, 8, 4),
-                                    (128, 128, 1, 4, 4), (128, 256, 1, 8, 3), (256, 128, 1, 8, 3), (64, 128, 1, 4, 4)]
-        ]
+    # Per config family (config_family); none spills or overflows shared memory on the archs
+    # bench/kernel_isa.py compiles for (H200's lists are measured on the H200: bench/RESULTS.md).
+    FUSED_FWD = {  # BLOCK_M, BLOCK_N, W_AS_A, num_warps, num_stages
+        "amd": [(64, 64, 0, 4, 2), (128, 64, 0, 8, 2), (128, 128, 1, 8, 2), (64, 64, 1, 4, 2)],
+        "nvidia_99k": [(128, 128, 0, 8, 4), (256, 64, 0, 8, 3), (64, 128, 0, 4, 4), (128, 64, 0, 4, 4),
+                       (128, 128, 1, 8, 4), (64, 256, 1, 8, 3), (64, 128, 1, 4, 4), (128, 64, 1, 4, 4)],
+        "nvidia": [(128, 128, 0, 4, 4), (128, 256, 0, 8, 3), (256, 128, 0, 8, 3), (128, 128, 0, 8, 4),
+                   (128, 128, 1, 4, 4), (128, 256, 1, 8, 3), (256, 128, 1, 8, 3), (64, 128, 1, 4, 4)],
+    }
+    FUSED_BWD = {  # BLOCK_M, BLOCK_R, NSUB, W_AS_A, num_warps, num_stages
+        "amd": [(64, 64, 1, 0, 4, 2), (128, 64, 1, 0, 8, 2), (64, 64, 2, 0, 8, 2), (64, 64, 1, 1, 4, 2),
+                (64, 64, 2, 1, 8, 2)],
+        "nvidia_99k": [(128, 64, 2, 0, 8, 3), (64, 64, 2, 0, 4, 4), (128, 64, 1, 0, 4, 4), (256, 64, 1, 0, 8, 3),
+                       (128, 64, 2, 1, 8, 3), (128, 64, 1, 1, 4, 4), (128, 128, 2, 1, 8, 3)],
+        "nvidia": [(128, 64, 2, 0, 8, 3), (256, 64, 2, 0, 8, 3), (128, 64, 1, 0, 4, 4), (256, 64, 1, 0, 8, 3),
+                   (128, 64, 2, 1, 8, 3), (256, 64, 2, 1, 8, 3), (128, 64, 1, 1, 4, 4), (128, 128, 2, 1, 8, 3)],
+    }
 
-    def _fused_bwd_configs():
-        if _is_hip():
-            return [
-                triton.Config({"BLOCK_M": bm, "BLOCK_R": br, "NSUB": ns, "W_AS_A": a, "GROUP_M": 8},
+    def fused_fwd_configs(arch: str):
+        """The fused forward kernel's autotuning list on `arch` (bench/kernel_isa.py compiles each)."""
+        return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "W_AS_A": a, "GROUP_M": 8}, num_warps=w, num_stages=s)
+                for bm, bn, a, w, s in FUSED_FWD[config_family(arch)]]
+
+    def fused_bwd_configs(arch: str):
+        """The fused input-gradient kernel's autotuning list on `arch`."""
+        return [triton.Config({"BLOCK_M": bm, "BLOCK_R": br, "NSUB": ns, "W_AS_A": a, "GROUP_M": 8},
                               num_warps=w, num_stages=s)
-                for bm, br, ns, a, w, s in [(64, 64, 1, 0, 4, 2), (128, 64, 1, 0, 4, 2), (128, 64, 2, 0, 8, 2),
-                                            (64, 64, 2, 1, 4, 2)]
-            ]
-        return [
-            triton.Config({"BLOCK_M": bm, "BLOCK_R": br, "NSUB": ns, "W_AS_A": a, "GROUP_M": 8},
-                          num_warps=w, num_stages=s)
-            for bm, br, ns, a, w, s in [(128, 64, 2, 0, 8, 3), (256, 64, 2, 0, 8, 3), (128, 64, 1, 0, 4, 4),
-                                        (256, 64, 1, 0, 8, 3), (128, 64, 2, 1, 8, 3), (256, 64, 2, 1, 8, 3),
-                                        (128, 64, 1, 1, 4, 4), (128, 128, 2, 1, 8, 3)]
-        ]
+                for bm, br, ns, a, w, s in FUSED_BWD[config_family(arch)]]
 
     @triton.jit
     def _unpack_dequant(b, s, z, dtype: tl.constexpr):
@@ -187,7 +208,7 @@ if HAVE_TRITON:
         z = tl.load(z_ptr + rows64 * stride_sn + g, mask=live, other=0)
         return _unpack_dequant(b, s, z, dtype)
 
-    @triton.autotune(configs=_fused_fwd_configs(), key=["M", "N", "K"])
+    @triton.autotune(configs=fused_fwd_configs(tuning_arch()), key=["M", "N", "K"])
     @triton.jit
     def _fused_fwd_kernel(
         x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr,
@@ -242,7 +263,7 @@ if HAVE_TRITON:
             mask = (out_m[:, None] < M) & (out_k[None, :] < K)
         tl.store(ptrs, acc.to(dx_ptr.dtype.element_ty), mask=mask)
 
-    @triton.autotune(configs=_fused_bwd_configs(), key=["M", "N", "K"])
+    @triton.autotune(configs=fused_bwd_configs(tuning_arch()), key=["M", "N", "K"])
     @triton.heuristics({"EVEN_R": lambda a: a["N"] % a["BLOCK_R"] == 0})
     @triton.jit
     def _fused_bwd_kernel(

@@ -13,7 +13,7 @@ RDNA3's int8 WMMA path):
   weight       per row n (forward) or column k (backward): amax over the dequantized
                4-bit weight (computed once per layer), code = W / amax * QMAX
   8-bit type   FP8 e4m3 (QMAX 448, round to nearest even) where the GPU has FP8 matrix
-               units (NVIDIA compute capability 8.9 and newer), int8 (QMAX 127, round
+               units (NVIDIA compute capability 8.9 and newer, AMD gfx12), int8 (QMAX 127, round
                half up) elsewhere (toolkit/qtypes.py decides once at load time; INT4_W4A8_ACT overrides).
   result       y[r, n] = sum_k code_x[r, k] * code_w[n, k] * (amax_r / QMAX) * (amax_n / QMAX),
                accumulated in int32 (int8) or fp32 (fp8), written in the input's dtype.
@@ -35,15 +35,16 @@ a few 100x outlier channels, as transformer activations have, fp8 stays ~0.032 w
 grows to 0.13-0.22 at FLUX.2 widths (one step per token is stretched by the outliers).
 Tested: NVIDIA H200 (every path against the reference at the FLUX.2 block shapes; see
 bench/RESULTS.md in the launcher repository) and Triton's CPU interpreter. Not tested on any
-AMD GPU: the int8 path is written for RDNA3 (Triton's int8 tl.dot) but has never run there;
-`python -m launcher selftest` is how it gets checked on a user's card.
+AMD GPU: the int8 path is written for RDNA3 (Triton's int8 tl.dot) but has never run there.
+bench/kernel_isa.py compiles every kernel for RDNA3/4 and consumer NVIDIA on the CPU (int8 WMMA,
+no spills, LDS within 64 KiB); `python -m launcher selftest` is how it gets checked on a user's card.
 """
 
 from __future__ import annotations
 
 import torch
 
-from toolkit.int4_kernels import GROUP_SIZE, HAVE_TRITON, unpack_uint4
+from toolkit.int4_kernels import GROUP_SIZE, HAVE_TRITON, config_family, tuning_arch, unpack_uint4
 from toolkit.qtypes import FP8, INT8, Int4Kernel
 
 QMAX = {FP8: 448.0, INT8: 127.0}
@@ -171,17 +172,17 @@ def reference_bwd(dy2d, qweight, scale, zero, scales: WeightScales, fmt: str, gr
 
 if HAVE_TRITON:
 
-    def _is_hip() -> bool:
-        return getattr(torch.version, "hip", None) is not None
+    GEMM = {  # BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages (config_family; none spills: bench/kernel_isa.py)
+        "amd": [(128, 128, 64, 4, 2), (64, 128, 64, 4, 2), (128, 64, 64, 4, 2), (64, 64, 64, 4, 2)],
+        "nvidia": [(128, 128, 128, 8, 3), (128, 256, 128, 8, 3), (256, 128, 128, 8, 3),
+                   (128, 128, 64, 4, 4), (64, 128, 128, 4, 4)],
+    }
+    GEMM["nvidia_99k"] = GEMM["nvidia"]  # fits the consumer parts: at most 96 KiB of shared memory, 254 registers
 
-    def _gemm_configs():
-        if _is_hip():  # untested: RDNA3 (wave32 WMMA), small stage counts
-            shapes = [(128, 128, 64, 4, 2), (64, 128, 64, 4, 2), (128, 64, 64, 4, 2), (64, 64, 64, 4, 2)]
-        else:
-            shapes = [(128, 128, 128, 8, 3), (128, 256, 128, 8, 3), (256, 128, 128, 8, 3),
-                      (128, 128, 64, 4, 4), (64, 128, 128, 4, 4)]
+    def gemm_configs(arch: str):
+        """The 8-bit GEMM's autotuning list on `arch` (bench/kernel_isa.py compiles each)."""
         return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=w, num_stages=s)
-                for bm, bn, bk, w, s in shapes]
+                for bm, bn, bk, w, s in GEMM[config_family(arch)]]
 
     def _quick_bench(fn, quantiles=None):
         # 5 ms warm-up / 25 ms of runs per config: tuning a first launch costs seconds, not minutes
@@ -253,7 +254,7 @@ if HAVE_TRITON:
             ptrs = out_ptr + rows64[:, None] * stride_out + offs_c[None, :]
         tl.store(ptrs, codes, mask=live[:, None])
 
-    @_autotune(configs=_gemm_configs(), key=["M", "N", "K"])
+    @_autotune(configs=gemm_configs(tuning_arch()), key=["M", "N", "K"])
     @triton.jit
     def _scaled_gemm_kernel(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, M, N, K, stride_am, stride_bn, stride_cm,
                             FP8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,

@@ -17,7 +17,7 @@ variables below are overrides of the defaults, read once by `kernel_for`; an arg
   INT4_LINEAR_KERNEL    0               the plain-PyTorch reference even on a GPU
   INT4_LINEAR_CHUNK_MIB 64              bf16 path: MiB of dequantized weight per slice
   INT4_W4A8_ACT         fp8|int8        int4_w4a8's 8-bit type (default: fp8 where the GPU has
-                                        FP8 matrix units, NVIDIA sm89+; int8 elsewhere)
+                                        FP8 matrix units, NVIDIA sm89+ and AMD gfx12; int8 elsewhere)
   INT4_W4A8_GEMM        triton|scaled_mm  int4_w4a8's GEMM (scaled_mm: FP8 on NVIDIA only)
   INT4_W4A8_CHUNK_MIB   256             int4_w4a8: MiB of 8-bit weight per requantized slice
 
@@ -91,14 +91,39 @@ def _pick(value: str, choices: tuple, what: str) -> str:
     return value
 
 
-def has_fp8_units(device=None) -> bool:
-    """NVIDIA compute capability 8.9+ (Ada, Hopper, Blackwell): FP8 tensor cores."""
+def sm_number(arch: str) -> int:
+    """"sm_89" -> 89, "sm_120" -> 120 (major * 10 + minor); 0 for an AMD arch."""
+    digits = arch[3:].rstrip("abf") if arch.startswith("sm_") else ""
+    return int(digits) if digits.isdigit() else 0
+
+
+def arch_has_fp8_units(arch: str) -> bool:
+    """Whether `arch` multiplies FP8 e4m3 in its matrix units: NVIDIA sm_89 and newer (Ada, Hopper,
+    Blackwell) and AMD RDNA4 (gfx12: v_wmma_f32_16x16x16_fp8_fp8). RDNA3 (gfx11) and Ampere have
+    none: Triton widens FP8 to fp16 there (gfx11: v_wmma_f32_16x16x16_f16). CDNA3's FP8 (gfx94x) is the
+    fnuz variant, not the e4m3fn these kernels store."""
+    return sm_number(arch) >= 89 or arch.startswith("gfx12")
+
+
+def device_arch(device=None) -> str:
+    """A GPU's arch name as the compilers spell it: "gfx1100" on ROCm (gcnArchName without its
+    feature suffix), "sm_89" on CUDA."""
     import torch
 
-    if getattr(torch.version, "hip", None) or not torch.cuda.is_available():
+    props = torch.cuda.get_device_properties(torch.cuda.current_device() if device is None else device)
+    if _is_hip():
+        return props.gcnArchName.split(":")[0]
+    return f"sm_{props.major}{props.minor}"
+
+
+def has_fp8_units(device=None) -> bool:
+    """The current (or the given) GPU has FP8 matrix units (`arch_has_fp8_units`)."""
+    import torch
+
+    if not torch.cuda.is_available():
         return False
     device = torch.device("cuda") if device is None else torch.device(device)
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+    return device.type == "cuda" and arch_has_fp8_units(device_arch(device))
 
 
 def _is_hip() -> bool:
