@@ -12,11 +12,24 @@
 #   1024     int4_w4a8 through torch._scaled_mm uncompiled, then compiled (2 profiled steps: its
 #            breakdown.json), bf16 uncompiled (2 profiled steps), the preset as shipped (the plan's
 #            and the self-test's choices) at the 22 GiB cap, then bf16 compiled
+#   fallback the fallback paths at full width, 512 px, uncompiled, uncapped with the memory plan off
+#            (as 512 runs them): int4_fused as shipped (Triton dequantize + cuBLAS), then int4_fused
+#            on its plain-PyTorch reference (INT4_LINEAR_KERNEL=0, what a card without Triton runs),
+#            int4_w4a8 with int8 then FP8 activations through the Triton GEMM (int8: the only 8-bit
+#            path of an RDNA3 card), uint4 (torchao: `qtype: auto` without a passing self-test), then
+#            bf16 (the 4-bit caches deleted first, for host memory).
+#            The int4_fused and uint4 launches quantize and write their caches (int4_w4a8 reads
+#            int4_fused's); the first one also runs the text phase.
 #   R=RAMDISK/R M=DISK/m OUT=OUT bash bench/same_call.sh prepare   (then 512, then 1024)
 # Labels after the stage run only those launches of it, e.g. `... 1024 w4a8_scaled_mm_compiled_1024`;
 # `prepare none` prepares without its launch, and the 512 stage's first launch then quantizes and
 # writes the cache itself (its limit allows for that; bf16's for a text phase that is not cached yet).
 # Results: $OUT/<label>.json (bench/fullsize.py launch), $OUT/<label>.log, $OUT/selftest.json.
+# SKIP_SELFTEST=1: `prepare` does not run `launcher selftest` (launches that name their qtype and
+# set compile_blocks and the memory plan do not read it; `qtype: auto` and `auto` settings do).
+# DEADLINE=EPOCH_SECONDS: a launch whose limit would end after it is skipped, so that one GPU call
+# can chain stages (`prepare none; fallback`) and stop inside its own limit. A launch that exits 0
+# leaves R/done/<label>, and a later call of the same stage skips it: repeat the stage until done.
 set -u
 R=${R:?set R: a folder on a RAM disk (the text encoder is 44 GiB)} M=${M:?set M: a folder on a disk with 50 GiB free}
 export PYTHONUNBUFFERED=1
@@ -28,6 +41,8 @@ COMPILED=(--set model.model_kwargs.compile_blocks true)
 W4A8=(--set model.qtype int4_w4a8)
 SCALED=(--launcher-set env "{INT4_W4A8_GEMM: scaled_mm}")
 TRITON=(--launcher-set env "{INT4_W4A8_GEMM: triton}")
+INT4=(--set model.qtype int4_fused)
+UINT4=(--set model.qtype uint4)
 BF16=(--set model.quantize false --set model.qtype uint4 --set model.model_kwargs.quantized_cache false)
 CAP22=18.8  # a 22 GiB card's cap less the 12 of 56 blocks this run leaves out (as in RESULTS.md)
 
@@ -35,18 +50,26 @@ ONLY=" ${*:2} "
 launch() {  # label px steps seconds args...
   local label=$1 px=$2 steps=$3 limit=$4; shift 4
   [[ $ONLY == "  " || $ONLY == *" $label "* ]] || return 0
+  if [[ -e $R/done/$label ]]; then echo "=== $label: done in an earlier call"; return 0; fi
+  if [[ -n ${DEADLINE:-} ]] && (( $(date +%s) + limit > DEADLINE )); then
+    echo "=== $label: skipped, its $limit s would pass DEADLINE"; return 0; fi
   echo "=== $label ($(date -u +%T))"
   timeout "$limit" python3 -m bench.fullsize launch "${BASE[@]}" --label "$label" --steps "$steps" \
     --set datasets.0.resolution "[$px]" "$@" --json-out "$OUT/$label.json" > "$OUT/$label.log" 2>&1
-  echo "rc $? ($(date -u +%T))"; tail -c 400 "$OUT/$label.log"; echo
+  local rc=$?; echo "rc $rc ($(date -u +%T))"; tail -c 400 "$OUT/$label.log"; echo
+  (( rc == 0 )) && mkdir -p "$R/done" && touch "$R/done/$label"
   cp "$R/runs/$label"/*/*/run.json "$OUT/$label.run.json" 2>/dev/null
 }
 
-case ${1:?stage: prepare, 512 or 1024} in
+case ${1:?stage: prepare, 512, 1024 or fallback} in
 prepare)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -m bench.fullsize prepare --carry .bench-carry --root "$R" --model-dir "$M" --single-blocks 36 \
     --image-size 1024 > "$OUT/prepare.log" 2>&1 &
+  if [[ ${SKIP_SELFTEST:-} == 1 ]]; then
+    wait; echo "prepare rc $? ($(date -u +%T)), no self-test (SKIP_SELFTEST=1)"; tail -3 "$OUT/prepare.log"
+    launch auto_first_512 512 10 360 --cap-gib "$CAP22"; exit 0
+  fi
   until compgen -G "$R/wd/venv/lib/python3*/site-packages/zz_bench_vram_cap.pth" > /dev/null; do sleep 2; done
   start=$(date +%s)
   PYTHONPATH="$R/site" python3 -m launcher selftest --workdir "$R/wd" > "$OUT/selftest.log" 2>&1
@@ -66,4 +89,16 @@ prepare)
   launch bf16_1024 1024 9 180 "${OFF[@]}" "${BF16[@]}" "${EAGER[@]}" --profile 2
   launch auto_plan_1024 1024 6 100 --cap-gib "$CAP22"
   launch bf16_compiled_1024 1024 7 200 "${OFF[@]}" "${BF16[@]}" "${COMPILED[@]}" ;;
+fallback)
+  launch int4_fused_512 512 7 300 "${OFF[@]}" "${INT4[@]}" "${EAGER[@]}"
+  launch int4_fused_reference_512 512 7 200 "${OFF[@]}" "${INT4[@]}" "${EAGER[@]}" \
+    --launcher-set env "{INT4_LINEAR_KERNEL: '0'}"
+  launch w4a8_int8_triton_512 512 7 130 "${OFF[@]}" "${W4A8[@]}" "${EAGER[@]}" \
+    --launcher-set env "{INT4_W4A8_ACT: int8, INT4_W4A8_GEMM: triton}"
+  launch w4a8_fp8_triton_512 512 7 130 "${OFF[@]}" "${W4A8[@]}" "${EAGER[@]}" \
+    --launcher-set env "{INT4_W4A8_ACT: fp8, INT4_W4A8_GEMM: triton}"
+  launch uint4_512 512 7 280 "${OFF[@]}" "${UINT4[@]}" "${EAGER[@]}"
+  # host memory: the text encoder on R, bf16's 50 GiB trainer and two 4-bit caches would not fit in 128 GiB
+  [[ -e $R/done/uint4_512 ]] && rm -rf "$R/wd/cache/quantized"
+  launch bf16_fallback_512 512 7 220 "${OFF[@]}" "${BF16[@]}" "${EAGER[@]}" ;;
 esac

@@ -80,3 +80,11 @@ def test_the_readme_table_is_the_generated_one():
     assert start in readme, "README.md lacks the card table's markers"
     table = readme.split(start, 1)[1].split(end, 1)[0]
     assert table == cards.markdown_table(), "README's card table is stale: paste `python -m launcher.selftest.cards`"
+
+
+def test_the_fallback_costs_are_the_measured_ones():
+    """The costs the table and `run` print are the full-width same-call figures (x int4_fused)."""
+    with (REPO / "bench" / "results" / "fallback_cost.csv").open(newline="", encoding="utf-8") as handle:
+        rows = {row["qtype"] + (" reference" if "reference" in row["kernel"] else ""): row for row in csv.DictReader(handle)}
+    assert f"{rows['uint4']['x int4_fused:']}x the int4_fused time, {rows['uint4']['x bf16:']}x bf16" in verdict.FALLBACK_COST
+    assert f"{rows['int4_fused reference']['x int4_fused:']}x its Triton step" in cards.NO_TRITON["int4_fused"]
