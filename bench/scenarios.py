@@ -118,6 +118,12 @@ SCENARIOS = {s.name: s for s in [
              "one stage per call, same machine",
              ("bash", "bench/same_call.sh"), "GPU", "the GPU machine's python3", ("same_call_run", "step_profile"),
              env=(("OUT", "{out}"),), needs="STAGE (prepare, then 512, then 1024), with R and M set"),
+    Scenario("fallback_cost", "what each fallback path costs at 512 px through `launcher run`, full width, uncompiled, "
+             "same machine: int4_fused with and without its Triton kernels, uint4 (no Triton), int4_w4a8 int8 and FP8 "
+             "through the Triton GEMM, bf16 weights",
+             ("bash", "bench/same_call.sh", "fallback"), "GPU", "the GPU machine's python3", ("fallback_cost",),
+             env=(("OUT", "{out}"),), needs="`prepare none` first on the same machine (SKIP_SELFTEST=1 skips the self-test), "
+             "with R and M set"),
     Scenario("w4a8_slice", "one LoRA step of the full-size model at 512 px (train_step): bf16 against int4_w4a8 FP8 "
              "per GEMM and weight-slice size (INT4_W4A8_CHUNK_MIB), then the self-test's trainer side, timed",
              ("bash", "bench/w4a8_slice.sh"), "GPU", "the GPU machine's python3, .bench-carry's packages",
@@ -148,4 +154,5 @@ ELSEWHERE = {
     "step_profile": "`python -m launcher run --profile 3` (its breakdown.json)",
     "windows_wheels": "`python bench/windows_wheels.py`, which writes the table itself (PyPI downloads, no run)",
     "prediction": "`python bench/predict_step.py`, which writes the table itself (a model of the measured tables, no run)",
+    "kernel_isa": "`python bench/kernel_isa.py`, which writes the table itself (Triton compiles on the CPU, no run)",
 }

@@ -2,6 +2,8 @@
 (PIL's own verdict on real PNG/JPEG/WebP files: tests/trainer_patches/test_image_headers.py.)"""
 
 import struct
+import tracemalloc
+import zlib
 
 import pytest
 from conftest import write_png
@@ -95,3 +97,85 @@ def test_the_message_shows_ten_files_and_counts_the_rest(tmp_path):
     message = str(info.value)
     assert "13 of 13 images" in message and "... and 3 more" in message
     assert message.count("is not a PNG") == 10
+
+
+# -- PNGs whose chunks walk fine but that PIL refuses when the trainer loads them ---------------------
+
+
+def chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def png(*chunks: bytes) -> bytes:
+    return b"\x89PNG\r\n\x1a\n" + b"".join(chunks)
+
+
+IHDR = chunk(b"IHDR", struct.pack(">IIBBBBB", 64, 64, 8, 0, 0, 0, 0))
+PIXELS = zlib.compress(b"".join(b"\x00" + bytes(range(64)) for _ in range(64)))
+IEND = chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize("blob, reason", [
+    (png(IHDR, IEND), "is a damaged PNG (it has no IDAT image data before its IEND chunk)"),
+    (png(chunk(b"IHDR", struct.pack(">II", 64, 64)), chunk(b"IDAT", PIXELS), IEND),
+     "is a damaged PNG (its IHDR chunk is 8 bytes long, it must be 13)"),
+    (png(chunk(b"IHDR", b""), chunk(b"IDAT", PIXELS), IEND), "is a damaged PNG (its IHDR chunk is 0 bytes long, it must be 13)"),
+    (png(IHDR, chunk(b"IDAT", PIXELS[: len(PIXELS) // 2]), IEND),
+     "is a truncated PNG (its IDAT image data stops before the end of its zlib stream)"),
+    (png(IHDR, chunk(b"IDAT", PIXELS[:2] + bytes(len(PIXELS) - 2)), IEND),
+     "is a damaged PNG (its IDAT image data does not decompress: Error -3 while decompressing data: "),
+], ids=["no IDAT", "8-byte IHDR", "0-byte IHDR", "cut zlib stream", "bad zlib data"])
+def test_pngs_pil_refuses_are_refused(tmp_path, blob, reason):
+    path = tmp_path / "x.png"
+    path.write_bytes(blob)
+    with pytest.raises(BadImage) as info:
+        image_size(path)
+    if reason.endswith(": "):  # then zlib's own words follow
+        assert str(info.value).startswith(reason) and str(info.value).endswith(")"), info.value
+    else:
+        assert str(info.value) == reason
+
+
+def test_image_data_split_over_many_idat_chunks_passes(tmp_path):
+    pieces = [chunk(b"IDAT", PIXELS[start : start + 7]) for start in range(0, len(PIXELS), 7)]
+    (tmp_path / "split.png").write_bytes(png(IHDR, *pieces, IEND))
+    assert image_size(tmp_path / "split.png") == (64, 64)
+
+
+def test_the_image_data_is_not_decompressed_into_memory(tmp_path):
+    """16000x16000 grey: 256 MB of pixels from a few hundred kB of zlib data, checked in small pieces."""
+    side = 16_000
+    squeezer, parts = zlib.compressobj(9), []
+    row = bytes(side + 1)
+    for _ in range(side):
+        parts.append(squeezer.compress(row))
+    parts.append(squeezer.flush())
+    ihdr = chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0))
+    (tmp_path / "big.png").write_bytes(png(ihdr, chunk(b"IDAT", b"".join(parts)), IEND))
+    tracemalloc.start()
+    try:
+        assert image_size(tmp_path / "big.png") == (side, side)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20, f"{peak / 2**20:.0f} MiB held while checking a 256 MB image"
+
+
+def test_each_refused_png_is_one_line_of_the_dataset_check(tmp_path):
+    blobs = {"no_idat.png": png(IHDR, IEND), "short_ihdr.png": png(chunk(b"IHDR", b""), chunk(b"IDAT", PIXELS), IEND),
+             "cut.png": png(IHDR, chunk(b"IDAT", PIXELS[:-9]), IEND), "good.png": png(IHDR, chunk(b"IDAT", PIXELS), IEND)}
+    for name, blob in blobs.items():
+        (tmp_path / name).write_bytes(blob)
+        (tmp_path / name).with_suffix(".txt").write_text("a photo", encoding="utf-8")
+    with pytest.raises(LauncherError) as info:
+        check_dataset(tmp_path)
+    lines = str(info.value).splitlines()
+    assert lines[:4] == [
+        f"3 of 4 images in the dataset {tmp_path} cannot be used:",
+        "  cut.png is a truncated PNG (its IDAT image data stops before the end of its zlib stream)",
+        "  no_idat.png is a damaged PNG (it has no IDAT image data before its IEND chunk)",
+        "  short_ihdr.png is a damaged PNG (its IHDR chunk is 0 bytes long, it must be 13)",
+    ]
+    result = check_dataset(tmp_path, skip_bad=True)
+    assert result.good == [tmp_path / "good.png"]
+    assert [path.name for path, _ in result.bad] == ["cut.png", "no_idat.png", "short_ihdr.png"]

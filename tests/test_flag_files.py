@@ -1,8 +1,9 @@
 """The flag-file patch: SAVE_NOW / STOP_NOW flag files in the train loop, and exact resume.
 
-The tiny preset, made 4 steps long with a periodic save every 3, starts with STOP_NOW already
-in its folder: it saves a checkpoint after step 1 and exits 0. `run --resume` with SAVE_NOW in
-the folder then continues at step 1 with the saved optimizer state, saves at step 2 on the
+The tiny preset, made 4 steps long with a periodic save every 3, gets STOP_NOW in its folder as
+soon as the launch has started (a flag written before the launch is stale and cleared): it saves
+a checkpoint after step 1 and exits 0. `run --resume` with SAVE_NOW written the same way then
+continues at step 1 with the saved optimizer state, saves at step 2 on the
 flag, makes its periodic save after the step numbered 3 and finishes. Exact resume shows in
 the optimizer state, AdamW's step count: 1 after the stop and 4 at the end (5 would mean a step
 trained twice, 3 that the state was lost), and in the step each checkpoint tells a resume to
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from tiny_run import RUN_NAME as NAME
-from tiny_run import run_tiny, tiny_preset
+from tiny_run import REPO, run_command, tiny_preset
 
 from launcher.envs.torchenv import clean_env
 from launcher.envs.workdir import venv_python
@@ -25,9 +26,17 @@ pytestmark = pytest.mark.trainer
 OPTIMIZER_STEP = "import sys, torch; s = torch.load(sys.argv[1]); print(max(int(v['step']) for v in s['state'].values()))"
 
 
-def launch(workdir, preset: Path, output: Path, *extra: str) -> tuple[int, str]:
-    result = run_tiny(workdir.root, preset, output, *extra)
-    return result.returncode, result.stdout
+def launch(workdir, preset: Path, output: Path, flag: Path, *extra: str) -> tuple[int, str]:
+    """Run the preset; write `flag` once the launch has started (its run folder is locked and
+    stale flags cleared), long before the trainer's first step ends."""
+    process = subprocess.Popen(run_command(workdir.root, preset, output, *extra), cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, errors="replace")
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("run folder:"):
+            flag.touch()
+    return process.wait(), "".join(lines)
 
 
 def training_info(path: Path) -> dict:
@@ -61,14 +70,13 @@ def runs(trainer_workdir, tmp_path_factory):
     preset = tiny_preset(folder / "tiny_flags.yaml", steps=4, save={"save_every": 3, "max_step_saves_to_keep": 10})
     job_dir = folder / NAME / NAME
     job_dir.mkdir(parents=True)
-    (job_dir / "STOP_NOW").touch()
-    first = launch(trainer_workdir, preset, folder)
+    (job_dir / "SAVE_NOW").touch()  # stale: written before the launch, which must clear it
+    first = launch(trainer_workdir, preset, folder, job_dir / "STOP_NOW")
     after_stop = {
         "files": sorted(p.name for p in job_dir.iterdir()),
         "optimizer_step": optimizer_step(trainer_workdir, job_dir),
     }
-    (job_dir / "SAVE_NOW").touch()
-    second = launch(trainer_workdir, preset, folder, "--resume")
+    second = launch(trainer_workdir, preset, folder, job_dir / "SAVE_NOW", "--resume")
     after_resume = {"optimizer_step": optimizer_step(trainer_workdir, job_dir)}
     return job_dir, first, after_stop, second, after_resume
 
@@ -77,6 +85,7 @@ def test_stop_now_saves_and_exits_zero(runs):
     job_dir, (code, log), after_stop, _, _ = runs
     assert code == 0, log[-4000:]
     assert "STOP_NOW: saved checkpoint at step 1, stopping" in log, log[-4000:]
+    assert f"removed {job_dir / 'SAVE_NOW'}" in log and "before this launch" in log
     assert "STOP_NOW" not in after_stop["files"], after_stop["files"]
     assert checkpoint(job_dir, 1).name in after_stop["files"], after_stop["files"]
     assert checkpoint(job_dir).name not in after_stop["files"], "a stopped run must not write the final LoRA"

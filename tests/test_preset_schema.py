@@ -92,7 +92,7 @@ CASES = [
                                                                     "a list of at least 1 item, each a mapping"]),
     (lambda p: p.update(launcher=5), ["launcher = 5: not a mapping"]),
     (lambda p: p["launcher"].update(env=["HF_HUB_OFFLINE=1"]), ["launcher.env = ['HF_HUB_OFFLINE=1']: not a mapping"]),
-    (lambda p: p["launcher"].update(env={"A": {"b": 1}}), ["launcher.env.A = {'b': 1}: not a single value"]),
+    (lambda p: p["launcher"].update(env={"HF_HUB_OFFLINE": {"b": 1}}), ["launcher.env.HF_HUB_OFFLINE = {'b': 1}: not a single value"]),
     (lambda p: p["config"].update(name="../outside"), ["config.name = '../outside'", "a plain folder name"]),
     (lambda p: p["config"].update(name="a/b"), ["config.name = 'a/b'"]),
     (lambda p: p["config"].update(name=".."), ["config.name = '..'"]),

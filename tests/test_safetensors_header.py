@@ -6,10 +6,12 @@ import json
 import struct
 
 import pytest
+from conftest import REPO_ROOT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from launcher.errors import LauncherError
+from launcher.patching.overlay import import_module as overlay_module
 from launcher.runs.validate import safetensors_header
 
 
@@ -111,3 +113,75 @@ def test_any_bytes_give_a_header_or_a_launcher_error(tmp_path, blob):
         assert str(path) in str(error)
         return
     assert isinstance(header, dict)
+
+
+# -- one parser for every header: a duplicate key is refused wherever a header is read ---------------
+
+
+def overlay(name: str):
+    """The trainer's own module (overlay/toolkit/<name>.py), as the launcher imports it."""
+    return overlay_module(REPO_ROOT / "overlay", name)
+
+
+def with_a_bogus_first_copy(header: dict, name: str, bogus) -> bytes:
+    """The header's JSON with `name` written twice, the bogus copy first: Python's json keeps the
+    last copy, so a reader that does not refuse duplicates sees a perfectly good header."""
+    raw = json.dumps(header).encode()
+    assert raw.startswith(b"{")
+    return b"{" + json.dumps(name).encode() + b": " + json.dumps(bogus).encode() + b", " + raw[1:]
+
+
+def quantized_cache(tmp_path, duplicate: str | None = None):
+    """(cache folder, checkpoint, cache file) keyed by the trainer's own cache code, with `duplicate`
+    ("tensor" or "__metadata__") written twice in its header."""
+    index = overlay("qcache_index")
+    checkpoint = tmp_path / "flux2-dev.safetensors"
+    header, size = good_header([4])
+    checkpoint.write_bytes(pack(header, size))
+    key = {"qtype": "uint4", "source": overlay("safetensors_header").source_fingerprint(checkpoint)}
+    header = {"__metadata__": {"format": index.FORMAT_NAME, index.META_KEY: json.dumps({"key": key})},
+              "w": entry("U8", [4096], 0, 4096)}
+    raw = json.dumps(header).encode()
+    if duplicate == "tensor":
+        raw = with_a_bogus_first_copy(header, "w", entry("U8", [1], 0, 1))
+    elif duplicate == "__metadata__":
+        raw = with_a_bogus_first_copy(header, "__metadata__", {"format": "something else"})
+    cache_dir = tmp_path / "quant_cache"
+    cache_dir.mkdir()
+    path = cache_dir / index.cache_file_name(checkpoint, "uint4")
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(4096))
+    return cache_dir, checkpoint, path
+
+
+def test_the_fixture_cache_is_valid(tmp_path):
+    cache_dir, checkpoint, path = quantized_cache(tmp_path)
+    assert overlay("qcache_index").find_valid_cache(cache_dir, checkpoint, "uint4") == path
+
+
+@pytest.mark.parametrize("duplicate", ["tensor", "__metadata__"])
+def test_a_quantized_cache_with_a_duplicate_key_is_not_valid(tmp_path, duplicate):
+    cache_dir, checkpoint, path = quantized_cache(tmp_path, duplicate)
+    assert overlay("qcache_index").read_key(path) is None
+    assert overlay("qcache_index").find_valid_cache(cache_dir, checkpoint, "uint4") is None
+
+
+@pytest.mark.parametrize("reader", ["read_json_header", "read_header"])
+def test_every_header_reader_refuses_a_duplicate_key(tmp_path, reader):
+    module = overlay("safetensors_header")
+    header, size = good_header([4, 8])
+    raw = with_a_bogus_first_copy(header, "t1", entry("U8", [8], 4, 12))
+    path = tmp_path / "dup.safetensors"
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(size))
+    with open(path, "rb") as handle, pytest.raises(module.SafetensorsHeaderError) as info:
+        getattr(module, reader)(handle, path.stat().st_size, str(path))
+    assert str(info.value) == f"{path}: malformed safetensors header: duplicate key 't1'"
+
+
+def test_the_launchers_check_names_a_duplicate_key(tmp_path):
+    header, size = good_header([4, 8])
+    path = tmp_path / "dup.safetensors"
+    raw = with_a_bogus_first_copy(header, "t0", entry("U8", [4], 0, 4))
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(size))
+    with pytest.raises(LauncherError, match="duplicate key 't0'") as info:
+        safetensors_header(path)
+    assert str(path) in str(info.value)

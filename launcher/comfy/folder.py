@@ -21,12 +21,18 @@ MIN_VERSION = (0, 19, 0)
 for small flux.2 decoder"). Older releases stop at the VAE loader with a size mismatch on
 decoder.conv_in.weight (384 vs 512 channels)."""
 VERSION_LINE = re.compile(r"""^__version__\s*=\s*["']([^"']+)["']""", re.MULTILINE)
+VERSION_NUMBERS = re.compile(r"v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:[-+.]?[0-9A-Za-z][0-9A-Za-z.+-]*)?")
+"""0.19, 0.19.0, v0.19.2 (a suffix such as -rc1 or +git is fine); "nightly" or "master" is no release number."""
 HUGGING_FACE_FILE = re.compile(r"^https://huggingface\.co/(?P<repo>[^/]+/[^/]+)/resolve/[^/]+/(?P<file>.+)$")
 
 
 def check_comfy_dir(folder: Path) -> Path:
     """`folder` when it is a ComfyUI folder (models/ beside main.py or custom_nodes/)."""
     if _is_comfy_dir(folder):
+        loras = folder / "models" / "loras"
+        if loras.exists() and not loras.is_dir():
+            raise LauncherError(f"{loras} is a file where ComfyUI keeps its LoRA folder; move it aside (ComfyUI "
+                                "makes the folder again), then run again")
         return folder
     hint = f"Did you mean {folder / 'ComfyUI'}? " if _is_comfy_dir(folder / "ComfyUI") else ""
     raise LauncherError(
@@ -46,8 +52,13 @@ def version_note(folder: Path) -> str | None:
     if found is None:
         return (f"cannot tell the ComfyUI version ({folder / 'comfyui_version.py'} is missing or unreadable); the "
                 f"workflow needs ComfyUI {wanted} or newer, the first to load the FLUX.2 small-decoder VAE")
-    numbers = tuple(int(part) for part in re.findall(r"\d+", found.group(1))[:3])
-    if numbers < MIN_VERSION:
+    numbers = VERSION_NUMBERS.fullmatch(found.group(1).strip())
+    if numbers is None:
+        return (f"cannot tell the ComfyUI version: {folder / 'comfyui_version.py'} says {found.group(1)!r}, not a "
+                f"release number; the workflow needs ComfyUI {wanted} or newer, the first to load the FLUX.2 "
+                "small-decoder VAE (update ComfyUI if its VAE loader stops with a size mismatch)")
+    release = tuple(int(part or 0) for part in numbers.groups())
+    if release < MIN_VERSION:
         return (f"ComfyUI {found.group(1)} in {folder} is older than {wanted}, the first release that loads the "
                 "template's FLUX.2 small-decoder VAE (full_encoder_small_decoder.safetensors): update ComfyUI, or "
                 "the workflow stops at its VAE loader with a size mismatch")

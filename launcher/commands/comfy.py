@@ -48,6 +48,9 @@ def handle(args) -> int:
     run = find_run(Workdir(args.workdir.resolve()).runs, args.run)
     config = read_run_config(run.root)
     lora = run.saved_lora(args.checkpoint)
+    refuse_links(run.root, run.comfyui)  # before anything is written, here or in ComfyUI's models/loras
+    if run.comfyui.exists() and not run.comfyui.is_dir():
+        raise LauncherError(f"{run.comfyui} is a file where `comfy` writes its workflows; move it aside and run again")
     comfy_dir = folder.check_comfy_dir(args.comfy_dir.resolve()) if args.comfy_dir else None
     too_old = folder.version_note(comfy_dir) if comfy_dir else None
     if too_old:

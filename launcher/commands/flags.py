@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir
-from launcher.nofollow import touch
+from launcher.nofollow import refuse_links, touch
 from launcher.progress import say
 from launcher.runs.files import SAVE_NOW, STOP_NOW
 from launcher.runs.folders import find_run
@@ -36,7 +36,8 @@ def register(subparsers) -> None:
 def write_flag(args, flag: str) -> int:
     run = find_run(Workdir(args.workdir.resolve()).runs, args.run)
     path = run.flag(flag)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    refuse_links(run.root, path.parent)  # a linked job folder: mkdir would follow it
+    path.parent.mkdir(exist_ok=True)
     touch(run.root, path)
     say(f"wrote {path}; the trainer acts on it at its next step (see {run.log})")
     return 0

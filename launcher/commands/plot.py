@@ -2,13 +2,15 @@
 the run's newest contact sheet of samples beside them when it has one."""
 
 import argparse
+import os
 from pathlib import Path
 
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, venv_python
 from launcher.errors import LauncherError
-from launcher.progress import say
+from launcher.nofollow import create_new, refuse_links
+from launcher.progress import say, warn
 from launcher.runs.folders import find_run
-from launcher.runs.plotting import plot_with
+from launcher.runs.plotting import plot_with, read_rows, skipped_note
 
 
 EXAMPLES = """examples:
@@ -34,10 +36,28 @@ def run_plot(args) -> int:
     python = venv_python(workdir.venv)
     if not python.is_file():
         raise LauncherError("plotting uses the trainer venv's matplotlib; run `python -m launcher setup` first")
-    out = args.out or run.root / "telemetry.png"
+    out = args.out.absolute() if args.out else run.root / "telemetry.png"
+    folder = out.parent
+    refuse_links(folder, out)  # a link at the PNG's name (a planted one could lead to a user's photo)
+    if out.is_dir():
+        raise LauncherError(f"{out} is a folder; give --out a .png file name")
     events = run.watchdog_events if run.watchdog_events.is_file() else None
+    for path, is_events in ((run.telemetry, False), (events, True)):
+        skipped = read_rows(path, events=is_events)[1]
+        if skipped:
+            warn(skipped_note(path, skipped, events=is_events))
     sheets = sorted(run.samples.glob("*/contact_sheet.png"), key=lambda p: p.stat().st_mtime)
-    if plot_with(python, run.telemetry, events, out, sheets[-1] if sheets else None) != 0:
-        raise LauncherError(f"plotting {run.telemetry} failed; the error is above")
+    folder.mkdir(parents=True, exist_ok=True)
+    # matplotlib opens the name it is given and follows a link there: it draws into a fresh file made
+    # here without following links, which then replaces the PNG (replacing a link, never its target)
+    temporary = folder / f".{out.stem}.{os.getpid()}.tmp{out.suffix or '.png'}"
+    try:
+        create_new(folder, temporary).close()
+        if plot_with(python, run.telemetry, events, temporary, sheets[-1] if sheets else None) != 0:
+            raise LauncherError(f"plotting {run.telemetry} failed; the error is above")
+        refuse_links(folder, out)
+        os.replace(temporary, out)
+    finally:
+        temporary.unlink(missing_ok=True)
     say(f"wrote {out}")
     return 0

@@ -28,7 +28,7 @@ from launcher.progress import say, warn
 from launcher.runs import disk_budget, files, leash, load_report, memory_plan, resume, tiny, validate
 from launcher.runs.dataset import DEFAULT_BUCKET_TOLERANCE, DatasetCheck, check_dataset, long_caption_warnings
 from launcher.runs.exit_status import describe, launcher_code
-from launcher.runs.folders import RunFolder
+from launcher.runs.folders import RunFolder, clear_stale_flags
 from launcher.runs.presets import Preset, load_preset, render, write_config
 from launcher.runs.run_lock import run_folder_lock
 from launcher.runs.schema import Vocabulary, short
@@ -92,6 +92,7 @@ def handle(args) -> int:
     preset = load_preset(args.preset, trainer_vocabulary(workdir, keep=not args.dry_run))
     places = locations(args)
     run = RunFolder.inside(places.get("output") or workdir.runs, preset.name)
+    run.refuse_foreign()
     if preset.tiny:
         manifest = tiny.ensure_assets(workdir.assets / "tiny", workdir.trainer, checked_python(workdir))
         config = render(preset, run.root, tiny_manifest=manifest, places=tiny_places(places))
@@ -115,6 +116,8 @@ def handle(args) -> int:
     python = checked_python(workdir)
     with run_folder_lock(run.root):
         run.refuse_links()
+        for line in clear_stale_flags(run):
+            warn(line)
         changes = check_resume(run, args.resume, config, args.accept_changes)
         write_config(config, run.config)
         write_dataset_lists(datasets)
@@ -164,7 +167,18 @@ def locations(args) -> dict[str, Path]:
     for flag, (variable, _) in LOCATIONS.items():
         value = getattr(args, flag) or os.environ.get(variable)
         if value:
-            found[flag] = Path(value).expanduser().resolve()
+            try:
+                found[flag] = Path(value).expanduser().resolve()
+            except (RuntimeError, OSError, ValueError) as error:  # ~user unknown, a NUL, a loop of links
+                given = f"--{flag.replace('_', '-')} {value}" if getattr(args, flag) else f"${variable}={value}"
+                user = str(value).split("/")[0].split("\\")[0]
+                why = (f"the home folder of {user} is not known" if isinstance(error, RuntimeError) and user.startswith("~")
+                       else f"not a usable path ({error})")
+                raise LauncherError(f"{given}: {why}; give {LOCATIONS[flag][1]} as a full path") from None
+    for flag, what in (("model_dir", "model folder"), ("dataset", "dataset")):
+        if flag in found and found[flag].exists() and not found[flag].is_dir():
+            raise LauncherError(f"{what} {found[flag]} is a file, not a folder; pass --{flag.replace('_', '-')} (or "
+                                f"${LOCATIONS[flag][0]}) {LOCATIONS[flag][1]}")
     return found
 
 
@@ -192,9 +206,10 @@ def check(preset: Preset, config: dict, workdir: Workdir, run: RunFolder,
     for process in config["config"]["process"]:
         model = process["model"]
         if full_size:
-            # a preset that reshapes the transformer (flux2_params) is not the 64 GB model
-            reshaped = "flux2_params" in (model.get("model_kwargs") or {})
-            validate.check_model_dir(Path(model["name_or_path"]), full_size=not reshaped)
+            # a preset that reshapes the transformer (flux2_params other than FLUX.2 [dev]'s) is not the 64 GB model
+            params = (model.get("model_kwargs") or {}).get("flux2_params")
+            validate.check_model_dir(Path(model["name_or_path"]), full_size=not validate.reshapes(params),
+                                     flux2_params=params)
             validate.check_text_encoder(model.get("model_kwargs", {}).get("text_encoder_path", ""),
                                         Path(os.environ.get(files.ENV_TEXT_CACHE_DIR) or workdir.text_cache))
         for dataset in process["datasets"]:

@@ -63,7 +63,7 @@ def handle(args) -> int:
     out = refuse_links(run.root, samples.sample_folder(run, lora))  # the PNGs go nowhere else
     python = venv_python(workdir.venv)
     if not python.is_file() or not workdir.trainer.is_dir():
-        raise LauncherError(f"sampling runs in the trainer venv, and {workdir} has none; run `python -m launcher setup` first")
+        raise LauncherError(f"sampling runs in the trainer venv, and {workdir.root} has none; run `python -m launcher setup` first")
     say(f"sampling {lora.name} (rank {'/'.join(map(str, summary.ranks))}): {len(prompts)} prompt(s) x strengths "
         f"{', '.join(f'{s:g}' for s in strengths)}, seed {args.seed}, {size} px, {args.steps} steps")
     command = ["--trainer", str(workdir.trainer.resolve()), "--config", str(run.config.resolve()),

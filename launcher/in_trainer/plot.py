@@ -15,8 +15,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
+
+NUMBERS = ("t", "step", "loss", "s_it", "power_w", "host_rss_gib", "host_peak_rss_gib", "streamed_bytes_step",
+           "trainer_time")
+"""Figures the plot draws or orders by: a number or null."""
+FINITE = ("t", "step", "trainer_time")
+"""Figures the plot places points by: NaN or infinity there is damage, not a measurement."""
+TEXTS = ("kind", "trigger")
+
 
 TRIGGER_COLOURS = {
     "stall": "tab:red",
@@ -32,10 +41,54 @@ MARKERS = {  # kind -> (marker, colour, label)
 }
 
 
-def _rows(path: Path | None) -> list[dict]:
+def _rows(path: Path | None, events: bool = False) -> list[dict]:
+    """The file's rows; lines that are not rows are left out (the launcher says which)."""
+    return read_rows(path, events)[0]
+
+
+def read_rows(path: Path | None, events: bool = False) -> tuple[list[dict], list[str]]:
+    """The rows of a telemetry (or, with `events`, a watchdog) JSONL file, and why each line left out
+    was ("line 3: not JSON"). A last line without its newline is a row still being written: it is
+    left out without a word unless it is complete."""
     if path is None or not Path(path).is_file():
-        return []
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+        return [], []
+    lines = Path(path).read_text(encoding="utf-8", errors="replace").split("\n")
+    rows, skipped = [], []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        row, why = _row(line, events)
+        if why is None:
+            rows.append(row)
+        elif not (number == len(lines) and why == "not JSON"):
+            skipped.append(f"line {number}: {why}")
+    return rows, skipped
+
+
+def _row(line: str, events: bool) -> tuple[dict | None, str | None]:
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None, "not JSON"
+    if not isinstance(row, dict):
+        return None, f"a JSON {type(row).__name__}, not an object"
+    for key in NUMBERS:
+        value = row.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (key in FINITE and not math.isfinite(value)):
+            return None, f"{key} is {_short(value)}, not a number"
+    for key in TEXTS:
+        if row.get(key) is not None and not isinstance(row[key], str):
+            return None, f"{key} is {_short(row[key])}, not text"
+    if events and (row.get("kind") is None or row.get("step") is None):
+        return None, f"an event without {'kind' if row.get('kind') is None else 'step'}"
+    return row, None
+
+
+def _short(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def series(rows: list[dict]) -> dict[str, tuple[list, list]]:
@@ -107,7 +160,7 @@ def plot_run(telemetry_jsonl: Path, events_jsonl: Path | None, out_png: Path, sh
 
     rows = _rows(telemetry_jsonl)
     data = series(rows)
-    events = [event for event in _rows(events_jsonl) if event.get("step") is not None]
+    events = [event for event in _rows(events_jsonl, events=True) if event.get("step") is not None]
     figure = plt.figure(figsize=(19 if sheet else 13, 11.5))
     grid = figure.add_gridspec(4, 2 if sheet else 1, height_ratios=[1, 1.6, 1, 1],
                                width_ratios=[2, 1] if sheet else [1])

@@ -10,17 +10,17 @@ good files only: they are listed in a dataset file in the run folder (the traine
 """
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.errors import LauncherError
-from launcher.runs.images import BadImage, image_size
+from launcher.runs.images import PIL_MAX_PIXELS, BadImage, image_size
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")  # the trainer's image_extensions
 DEFAULT_BUCKET_TOLERANCE = 64  # DatasetConfig's default: buckets are multiples of this
 SHOWN = 10
-PIL_MAX_PIXELS = int(1024 * 1024 * 1024 // 4 // 3)
-"""PIL.Image.MAX_IMAGE_PIXELS; over twice this, opening the image raises DecompressionBombError."""
+CHECK_THREADS = 4  # images checked at once (each is read whole: a few files in memory at a time)
 CAPTION_TOKENS = 512  # the FLUX.2 pipeline's max_sequence_length, prompt template included
 CHARS_PER_TOKEN = 4  # English text with Mistral's tokenizer, roughly
 LONG_CAPTION_CHARS = (CAPTION_TOKENS - 100) * CHARS_PER_TOKEN  # ~100 tokens for the template
@@ -86,8 +86,10 @@ def check_dataset(folder: Path, caption_ext: str = "txt", minimum: int = DEFAULT
     if not images:
         raise LauncherError(f"dataset folder {folder} holds no images ({', '.join(IMAGE_SUFFIXES)})")
     result = DatasetCheck(folder)
-    for image in images:
-        reason = problem_with(image, caption_ext, minimum)
+    # zlib lets go of the GIL while it inflates a PNG's pixels, the bulk of the check: a few threads
+    with ThreadPoolExecutor(max_workers=min(CHECK_THREADS, os.cpu_count() or 1)) as pool:
+        reasons = list(pool.map(lambda image: problem_with(image, caption_ext, minimum), images))
+    for image, reason in zip(images, reasons):
         if reason is None:
             result.good.append(image)
             caption = caption_path(image, caption_ext)

@@ -16,13 +16,21 @@
 """
 
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import LauncherError
 from launcher.nofollow import refuse_links
-from launcher.runs.files import CHECKPOINT_MANIFEST, PROFILE_DIR
+from launcher.runs.files import CHECKPOINT_MANIFEST, PROFILE_DIR, SAVE_NOW, STOP_NOW
+from launcher.runs.run_lock import LOCK_FILE
+from launcher.runs.schema import PlainName
 from launcher.runs.yaml_files import load_yaml
+
+WORKDIR_MARKER = "setup-state.json"
+"""The file setup writes at the top of a workdir (Workdir.state_file)."""
+WORKDIR_INSTALLS = ("trainer", "trainer.partial", "venv")
+"""The folders setup installs into a workdir (Workdir.trainer, its staging copy, Workdir.venv)."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,14 @@ class RunFolder:
             )
         if root.exists() and not root.is_dir():
             raise LauncherError(f"{root} is a file; the run folder must be a folder: move it or rename the run")
+        installed = _installed_tree(root)
+        if installed is not None:
+            raise LauncherError(
+                f"the run name {name!r} (config.name) with --output {output} would put the run at {root}, "
+                f"{'which is' if installed == root else 'inside'} {installed}, the trainer checkout or a venv that setup "
+                "installs: the run and setup would overwrite each other; give --output a folder of its own (the default "
+                "is <workdir>/runs) or rename the run"
+            )
         return cls(root, name)
 
     @property
@@ -99,6 +115,19 @@ class RunFolder:
                      self.watchdog_events, self.comfyui, self.samples, self.root / PROFILE_DIR, self.metadata):
             refuse_links(self.root, path)
 
+    def refuse_foreign(self) -> None:
+        """A folder no launch has run in (it has no run.lock, which a launch makes before it writes
+        anything) may hold only the job folder that `stop` or `save` make: anything else is the
+        user's, and the rendered config and the logs would overwrite it. A link is named as one."""
+        self.refuse_links()
+        if not self.root.is_dir() or (self.root / LOCK_FILE).exists():
+            return
+        foreign = sorted(path.name for path in self.root.iterdir() if path.name != self.name)
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+            raise LauncherError(f"{self.root} holds files no launch wrote ({shown}); a run there would overwrite them: "
+                                "give --output a folder of its own, or rename the run (config.name)")
+
     def checkpoints(self) -> list[Path]:
         """What a resume can start from, oldest first: saved LoRA files, and the manifest the
         atomic-save patch commits a checkpoint with (it exists before the files are renamed)."""
@@ -122,6 +151,44 @@ class RunFolder:
             return steps[int(step)]
         listed = ", ".join("final" if number is None else str(number) for number in steps)
         raise LauncherError(f"no LoRA saved at step {step!r} in {self.job_dir}; saved: {listed} (or `latest`)")
+
+
+def _installed_tree(root: Path) -> Path | None:
+    """The trainer checkout or venv that `root` is (or lies inside), or None: a folder named like one
+    that setup installs in a folder holding the workdir's state file, or any folder holding a pyvenv.cfg."""
+    for folder in (root, *root.parents):
+        if (folder / "pyvenv.cfg").is_file():
+            return folder
+        if folder.name in WORKDIR_INSTALLS and (folder.parent / WORKDIR_MARKER).is_file():
+            return folder
+    return None
+
+
+def clear_stale_flags(run: RunFolder) -> list[str]:
+    """Remove the SAVE_NOW / STOP_NOW flag files a launch finds in its job folder, and say so.
+
+    Called as a launch starts, before its trainer: every flag already there was written before this
+    launch (by `stop` or `save` on a run no trainer was running, or left by a trainer that died before
+    acting on it), and would otherwise stop or checkpoint the new trainer at its first step, after
+    minutes of loading. A link in a flag's place is removed, never what it points at.
+    """
+    lines = []
+    for flag in (STOP_NOW, SAVE_NOW):
+        path = run.flag(flag)
+        try:
+            written = path.lstat().st_mtime
+        except OSError:  # missing, or the job folder does not exist yet
+            continue
+        refuse_links(run.root, path.parent)
+        try:
+            path.unlink()
+        except OSError as error:
+            raise LauncherError(f"cannot remove the stale flag file {path} ({error.strerror or error}); delete it "
+                                "by hand, or this launch would act on it at its first step") from None
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(written))
+        lines.append(f"removed {path}, written {when}, before this launch: a flag acts only on a trainer that is "
+                     f"running (`python -m launcher {flag.split('_')[0].lower()}` while it trains)")
+    return lines
 
 
 def _saved_step(path: Path, name: str) -> int | None:
@@ -156,10 +223,16 @@ def read_run_config(root: Path) -> dict:
     """A run folder's rendered config.yaml; a damaged one is a LauncherError naming it."""
     path = root / "config.yaml"
     data = load_yaml(path)
-    name = (data.get("config") or {}).get("name") if isinstance(data, dict) else None
+    block = data.get("config") if isinstance(data, dict) else None
+    name = block.get("name") if isinstance(block, dict) else None
     if not isinstance(name, str):
         raise LauncherError(f"{path} is not a run config (it lacks config.name); it was "
                             "damaged: restore it from a backup, or write it again by resuming with the run's preset")
+    if next(PlainName().check(name, "config.name", None), None) is not None:
+        raise LauncherError(
+            f"{path}: config.name {name!r} is not {PlainName.allowed}: the run's flag files and outputs would land "
+            f"outside {root}; set it back to the name of the folder beside config.yaml that holds the run's LoRA"
+        )
     return data
 
 

@@ -1,7 +1,9 @@
 """Image sizes from file headers, in the bare interpreter (the launcher has no PIL).
 
 Enough of each format is walked to tell a real image from a renamed text file or a
-truncated download before the trainer starts: PNG chunks with their CRCs up to IEND, JPEG
+truncated download before the trainer starts: PNG chunks with their CRCs up to IEND (a 13-byte
+IHDR, and IDAT data that decompresses to the end of its zlib stream, checked in bounded pieces
+so a large image is never held in memory), JPEG
 segments up to the frame header plus the end-of-image marker, WebP's RIFF size and frame
 header. The format comes from the bytes, not the file name, as in the trainer's PIL. PNG modes that
 PIL's `convert('RGB')` in the trainer's loader turns into a different picture (16-bit grey:
@@ -16,6 +18,10 @@ from pathlib import Path
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # JPEG start-of-frame markers (C4 DHT, C8 JPG and CC DAC share the range but are not frames)
 JPEG_FRAMES = set(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+PIL_MAX_PIXELS = int(1024 * 1024 * 1024 // 4 // 3)
+"""PIL.Image.MAX_IMAGE_PIXELS; over twice this, opening the image raises DecompressionBombError."""
+INFLATE_PIECE = 1 << 20
+"""The most bytes of decompressed PNG pixel data held at once while checking its zlib stream."""
 
 
 class BadImage(ValueError):
@@ -39,6 +45,8 @@ def image_size(path: Path) -> tuple[int, int]:
 
 def _png_size(data: bytes) -> tuple[int, int]:
     position, size, lossy = 8, None, None
+    view = memoryview(data)
+    pixels, previous = None, None  # the IDAT data's decompressor; the kind of the chunk before
     while True:
         if position + 12 > len(data):
             raise BadImage("is a truncated PNG (it ends before its IEND chunk)")
@@ -47,9 +55,11 @@ def _png_size(data: bytes) -> tuple[int, int]:
         if end > len(data):
             raise BadImage(f"is a truncated PNG (chunk {kind!r} runs past the end of the file)")
         (crc,) = struct.unpack(">I", data[end - 4 : end])
-        if zlib.crc32(data[position + 4 : end - 4]) != crc:
+        if zlib.crc32(view[position + 4 : end - 4]) != crc:
             raise BadImage(f"is a damaged PNG (chunk {kind!r} fails its CRC check)")
         if kind == b"IHDR":
+            if length != 13:
+                raise BadImage(f"is a damaged PNG (its IHDR chunk is {length} bytes long, it must be 13)")
             size = struct.unpack(">II", data[position + 8 : position + 16])
             depth, colour = data[position + 16 : position + 18]
             if (depth, colour) == (16, 0):
@@ -58,13 +68,33 @@ def _png_size(data: bytes) -> tuple[int, int]:
         if kind == b"tRNS" and size is not None and colour == 3:
             lossy = ("is a palette PNG with transparency: the trainer's conversion to RGB drops the transparency and "
                      "trains the hidden palette colours; save it as RGB (flattened on the background you want)")
+        if kind == b"IDAT" and (pixels is None or previous == b"IDAT"):  # PIL reads one run of IDATs
+            pixels = pixels or zlib.decompressobj()
+            if size is None or size[0] * size[1] <= 2 * PIL_MAX_PIXELS:  # larger: PIL refuses it unread
+                _inflate(pixels, view[position + 8 : end - 4])
         if kind == b"IEND":
             if size is None:
                 raise BadImage("is a PNG without an IHDR chunk")
+            if pixels is None:
+                raise BadImage("is a damaged PNG (it has no IDAT image data before its IEND chunk)")
+            if not pixels.eof and size[0] * size[1] <= 2 * PIL_MAX_PIXELS:
+                raise BadImage("is a truncated PNG (its IDAT image data stops before the end of its zlib stream)")
             if lossy:
                 raise BadImage(lossy)
             return size
-        position = end
+        position, previous = end, kind
+
+
+def _inflate(pixels, piece) -> None:
+    """Feed one IDAT chunk's bytes to the zlib stream, throwing the pixels away INFLATE_PIECE at a time."""
+    try:
+        while not pixels.eof:
+            out = pixels.decompress(piece, INFLATE_PIECE)
+            piece = pixels.unconsumed_tail
+            if not piece and len(out) < INFLATE_PIECE:  # all fed and nothing held back
+                return
+    except zlib.error as error:
+        raise BadImage(f"is a damaged PNG (its IDAT image data does not decompress: {error})") from None
 
 
 def _jpeg_size(data: bytes) -> tuple[int, int]:

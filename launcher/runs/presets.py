@@ -7,7 +7,7 @@ embedded tiny FLUX.2.
 
     launcher:
       tiny: true               # build and use the embedded tiny FLUX.2 (tests, CI)
-      env: {NAME: value}       # extra environment for the trainer process
+      env: {NAME: value}       # extra environment for the trainer process (allowed: schema.ENV_ALLOWED)
       platform: rocm | cuda | cpu          # what the preset was tuned for (doctor, docs)
       allocator: expandable_segments | default   # wall 7; `default` leaves PyTorch's allocator alone
       telemetry: {interval_s: 10}
@@ -25,7 +25,7 @@ import yaml
 from launcher.atomic import write_text_atomic
 from launcher.errors import LauncherError
 from launcher.runs.schema import Vocabulary, check_preset
-from launcher.runs.yaml_files import load_yaml
+from launcher.runs.yaml_files import load_yaml_lines
 
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 LAUNCHER_KEY = "launcher"
@@ -103,16 +103,34 @@ def load_preset(spec: str, vocabulary: Vocabulary | None = None) -> Preset:
     """Read and check a preset against the schema, with what the trainer accepts when `vocabulary`
     is given (every problem then in one message), else without it (see `check`)."""
     path = find_preset(spec)
-    data = load_yaml(path)
-    raise_problems(path, check_preset(data, vocabulary or Vocabulary()))
+    data, lines = load_yaml_lines(path)
+    raise_problems(path, check_preset(data, vocabulary or Vocabulary()), lines)
     settings = {**LAUNCHER_DEFAULTS, **(data.pop(LAUNCHER_KEY, None) or {})}
+    plan_off_as_text(data)
     return Preset(path=path, settings=settings, config=data)
 
 
-def raise_problems(path: Path, problems: list[str]) -> None:
+def plan_off_as_text(config: dict) -> None:
+    """`memory_plan: off` as the README writes it: YAML 1.1 reads a bare `off` as false, which the
+    schema accepts for this key; the trainer is given the text `off` it expects."""
+    for process in config["config"]["process"]:
+        kwargs = (process.get("model") or {}).get("model_kwargs")
+        if isinstance(kwargs, dict) and kwargs.get("memory_plan") is False:
+            kwargs["memory_plan"] = "off"
+
+
+def raise_problems(path: Path, problems: list[str], lines: dict[str, int] | None = None) -> None:
+    """Every problem at once, each after the line of its key when the file has it (`lines`)."""
     if problems:
         count = f"{len(problems)} problems" if len(problems) > 1 else "a problem"
-        raise LauncherError(f"{path} has {count}; nothing was started:\n  " + "\n  ".join(problems))
+        located = [f"line {(lines or {})[key]}: {problem}" if (key := _key_of(problem)) in (lines or {}) else problem
+                   for problem in problems]
+        raise LauncherError(f"{path} has {count}; nothing was started:\n  " + "\n  ".join(located))
+
+
+def _key_of(problem: str) -> str:
+    """The key path a schema message starts with (`config.process[0].train.lr = ...`, `... is missing`)."""
+    return problem.split(" = ", 1)[0].split(":", 1)[0].split(" ", 1)[0]
 
 
 def render(preset: Preset, run_dir: Path, tiny_manifest: dict | None = None, places: dict | None = None) -> dict:

@@ -4,25 +4,46 @@ The trainer resumes from whatever LoRA and optimizer state it finds in the job f
 whatever config it is given now: a smaller rank makes it shrink the saved LoRA, a larger one
 zero-pads it, another optimizer drops the saved state, and then it overwrites the LoRA and
 config.yaml, exit 0. So before a resume every difference to the run's config.yaml is listed.
-Changes to what the saved weights and optimizer state are (network, model, quantization,
-optimizer) are always refused; any other change (steps, save cadence, learning rate, data...)
-needs `--accept-changes`, and is then recorded in run.json.
+Changes to what shapes the saved LoRA and optimizer state (the network, the model's architecture
+and shape, the optimizer, the training precision) are always refused. How the run is carried out
+is free: where the model, text encoder and dataset are, one 4-bit qtype for another, the memory
+plan, streaming and compile settings (which `auto` may resolve differently after a self-test).
+Any other change (steps, save cadence, learning rate...) needs `--accept-changes`, and is then
+recorded in run.json.
 """
 
 from pathlib import Path
 
 from launcher.errors import LauncherError
+from launcher.progress import say
 from launcher.runs.folders import read_run_config
 from launcher.runs.schema import short
 
 # (key path inside a process, what a change there does to a resumed run)
 LOCKED = (
     (("network",), "the network the saved LoRA was trained as"),
-    (("model",), "the model and its quantization"),
+    (("model", "arch"), "the model the saved LoRA was trained on"),
+    (("model", "model_kwargs", "flux2_params"), "the transformer's shape, which the saved LoRA has"),
     (("train", "optimizer"), "the optimizer whose state is saved"),
     (("train", "optimizer_params"), "the optimizer whose state is saved"),
     (("train", "dtype"), "the training precision"),
 )
+FREE = (
+    # how the run is carried out, not what it trains: no flag needed, said in one line each
+    ("model", "name_or_path"),
+    ("model", "model_kwargs", "text_encoder_path"),
+    ("model", "model_kwargs", "quantized_cache_dir"),
+    ("model", "model_kwargs", "compile_blocks"),
+    ("model", "model_kwargs", "stream_mode"),
+    ("model", "model_kwargs", "memory_plan"),
+    ("model", "model_kwargs", "vram_budget_gib"),
+    ("model", "model_kwargs", "vram_margin_gib"),
+    ("datasets", "*", "folder_path"),
+    ("datasets", "*", "dataset_path"),
+    ("training_folder",),
+)
+FOUR_BIT_QTYPES = {"uint4", "int4_fused", "int4_w4a8"}
+"""The same 4-bit codes of the same base weights (overlay/toolkit/qtypes.py): one may follow another."""
 ACCEPT_FLAG = "--accept-changes"
 
 
@@ -38,15 +59,31 @@ def differences(old, new, path: str = "") -> list[tuple[str, object, object]]:
     return [] if old == new else [(path, old, new)]
 
 
-def locked_reason(path: str) -> str | None:
-    """What a change at `path` would break in a resumed run, or None when it is only a setting."""
+def _inside(path: str) -> tuple[str, ...] | None:
+    """The key path inside one trainer process, without list indexes, or None outside the processes."""
     parts = path.replace("[", ".").replace("]", "").split(".")
     if parts[:2] == ["config", "process"] and len(parts) > 3:
-        inside = tuple(parts[3:])
-        for prefix, reason in LOCKED:
-            if inside[: len(prefix)] == prefix:
-                return reason
+        return tuple(parts[3:])
     return None
+
+
+def locked_reason(path: str) -> str | None:
+    """What a change at `path` would break in a resumed run, or None when it is only a setting."""
+    inside = _inside(path)
+    for prefix, reason in LOCKED if inside else ():
+        if inside[: len(prefix)] == prefix:
+            return reason
+    return None
+
+
+def is_free(path: str, old, new) -> bool:
+    """A change in how the run is carried out, which leaves the saved LoRA and optimizer state valid."""
+    inside = _inside(path)
+    if inside is None:
+        return False
+    if inside == ("model", "qtype"):
+        return old in FOUR_BIT_QTYPES and new in FOUR_BIT_QTYPES
+    return any(len(inside) == len(free) and all(f in ("*", part) for f, part in zip(free, inside)) for free in FREE)
 
 
 def check_changes(config_file: Path, config: dict, accept: bool) -> list[dict]:
@@ -55,6 +92,11 @@ def check_changes(config_file: Path, config: dict, accept: bool) -> list[dict]:
         raise LauncherError(f"{config_file} is missing, so this resume cannot be checked against the config the "
                             "run was trained with; restore it, or start a new run with another --output")
     changes = differences(read_run_config(config_file.parent), config)
+    for path, old, new in changes:
+        if is_free(path, old, new):
+            say(f"resume: {path} was {short(old)}, now {short(new)} (how the run is carried out; the saved LoRA "
+                "and optimizer state stay valid)")
+    changes = [(path, old, new) for path, old, new in changes if not is_free(path, old, new)]
     if not changes:
         return []
     locked = [(path, old, new, locked_reason(path)) for path, old, new in changes if locked_reason(path)]

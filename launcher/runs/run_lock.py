@@ -54,7 +54,7 @@ def is_held(root: Path) -> bool:
     """Whether a trainer holds the folder's lock now (taking it for a moment to find out)."""
     if not (root / LOCK_FILE).is_file():
         return False
-    with (root / LOCK_FILE).open("a+b") as handle:
+    with open_append(root, root / LOCK_FILE) as handle:  # never through a link planted there
         if not _try_lock(handle):
             return True
         if os.name == "nt":

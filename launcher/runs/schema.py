@@ -121,7 +121,7 @@ class Number(Spec):
     @property
     def allowed(self) -> str:
         if self.positive:
-            return "a number > 0"
+            return "a number > 0" + (f", at most {self.maximum:g}" if self.maximum is not None else "")
         if self.minimum is not None and self.maximum is not None:
             return f"a number from {self.minimum} to {self.maximum}"
         return "a number" if self.minimum is None else f"a number >= {self.minimum}"
@@ -153,14 +153,21 @@ class Text(Spec):
     prefixes: Callable[[Vocabulary], set[str]] | None = None
     """Values starting with one of these are allowed too (optimizer families)."""
     fold_case: bool = False
+    max_chars: int | None = None
 
     def check(self, value, path, vocab):
         choices = self.choices(vocab) if callable(self.choices) else self.choices
         prefixes = self.prefixes(vocab) if self.prefixes else set()
         allowed = " | ".join(sorted(choices)) + "".join(f" | {p}..." for p in sorted(prefixes)) \
-            if choices else "text"
+            if choices else "text" + (f" of at most {self.max_chars:,} characters" if self.max_chars else "")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not choices:
+            yield problem(path, value, f"a number, not text (write it in quotes: '{value}')", allowed)
+            return
         if not isinstance(value, str) or not value:
             yield problem(path, value, "not a non-empty text", allowed)
+            return
+        if self.max_chars is not None and len(value) > self.max_chars:
+            yield problem(path, value, f"longer than {self.max_chars:,} characters ({len(value):,})", allowed)
             return
         word = value.lower() if self.fold_case else value
         if choices and word not in choices and not any(word.startswith(p) for p in prefixes):
@@ -171,12 +178,20 @@ class Text(Spec):
 class PlainName(Spec):
     """A file or folder name the launcher creates: no separators, no `..`, portable on Windows."""
 
-    allowed = "a plain folder name (letters, digits, . _ - and spaces; no / \\ : or ..)"
+    MAX_CHARS = 100
+    """The run folder and the LoRA files are named after it (`<name>/<name>_000001000.safetensors`, about
+    30 characters more): 100 keeps each inside the 255 bytes a file name may have on common filesystems
+    (even at 2 bytes a character in UTF-8), and a run folder path short enough for Windows' 260-character
+    MAX_PATH where the output folder itself is not deep."""
+    allowed = f"a plain folder name of at most {MAX_CHARS} characters (letters, digits, . _ - and spaces; no / \\ : or ..)"
     FORBIDDEN = re.compile(r'[<>:"/\\|?*\x00-\x1f]')
 
     def check(self, value, path, vocab):
         if not isinstance(value, str) or not value.strip():
             yield problem(path, value, "not a name", self.allowed)
+        elif len(value) > self.MAX_CHARS:
+            yield problem(path, value, f"{len(value)} characters; the run folder and LoRA files are named after it",
+                          self.allowed)
         elif self.FORBIDDEN.search(value) or value.strip(". ") == "" or value != value.rstrip(". "):
             yield problem(path, value, "would not stay one folder inside the output folder", self.allowed)
 
@@ -190,6 +205,97 @@ class SetByLauncher(Spec):
 
     def check(self, value, path, vocab):
         yield f"{path} = {short(value)}: set by the launcher to a file in the run folder; {self.instead}"
+
+
+ENV_ALLOWED = {
+    # variable: why a preset may set it (none moves a file the trainer writes or reads, or the code it runs)
+    "HF_HUB_OFFLINE": "keeps the Hugging Face libraries off the network (the tiny preset)",
+    "HF_HUB_DISABLE_TELEMETRY": "only stops the Hugging Face libraries' usage reports",
+    "TRANSFORMERS_OFFLINE": "keeps transformers off the network",
+    "HF_DATASETS_OFFLINE": "keeps datasets off the network",
+    "TOKENIZERS_PARALLELISM": "the tokenizers' thread pool, and its fork warning",
+    "INT4_LINEAR_KERNEL": "the int4 Linear's kernel on or off (overlay/toolkit/qtypes.py)",
+    "INT4_LINEAR_VARIANT": "the int4_fused GEMM path (overlay/toolkit/qtypes.py)",
+    "INT4_LINEAR_CHUNK_MIB": "the int4_fused slice size (overlay/toolkit/qtypes.py)",
+    "INT4_W4A8_ACT": "int4_w4a8's activation format (overlay/toolkit/qtypes.py)",
+    "INT4_W4A8_GEMM": "int4_w4a8's GEMM path (overlay/toolkit/qtypes.py)",
+    "INT4_W4A8_CHUNK_MIB": "int4_w4a8's slice size (overlay/toolkit/qtypes.py)",
+    "AITK_ALL_EXTENSIONS": "imports every extension's trainer process instead of the one the preset names",
+    "AITK_PROFILE_SKIP": "the warm-up steps `run --profile` skips",
+    "TRITON_CACHE_AUTOTUNING": "keeps Triton's autotuning results in its cache (set by `run`)",
+    "TRITON_INTERPRET": "runs Triton kernels in its interpreter (debugging)",
+    "CUDA_VISIBLE_DEVICES": "which NVIDIA GPU trains",
+    "HIP_VISIBLE_DEVICES": "which AMD GPU trains",
+    "ROCR_VISIBLE_DEVICES": "which AMD GPU trains",
+    "HSA_OVERRIDE_GFX_VERSION": "the GPU target ROCm treats a consumer AMD card as",
+    "CUDA_LAUNCH_BLOCKING": "synchronous kernel launches (debugging)",
+    "AMD_SERIALIZE_KERNEL": "serialized kernel launches on ROCm (debugging)",
+    "TORCH_BLAS_PREFER_HIPBLASLT": "the BLAS library PyTorch uses on ROCm",
+    "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL": "the flash attention kernels of PyTorch on ROCm",
+    "PYTORCH_CUDA_ALLOC_CONF": "the CUDA allocator's settings (`launcher.allocator` sets it)",
+    "PYTORCH_HIP_ALLOC_CONF": "the ROCm allocator's settings (`launcher.allocator` sets it)",
+    "OMP_NUM_THREADS": "CPU threads of the host-side work",
+    "MKL_NUM_THREADS": "CPU threads of the host-side work",
+}
+ENV_ALLOWED_PREFIXES = {
+    "AITK_TEST_": "read only by the tests' own interpreter wrappers (tests/test_atomic_save.py); the trainer ignores them",
+}
+"""The variables a preset's `launcher.env` may set. Any other could redirect what the trainer writes
+or caches (AITK_QUANT_CACHE_DIR, AITK_TEXT_CACHE_DIR, TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR,
+HF_HOME, TMPDIR: set those in the environment `run` starts from, where the launcher sees them too),
+what it imports (PYTHONPATH) or the run folder's own files (the AITK_TELEMETRY* and AITK_PROFILE_*
+variables `run` sets)."""
+
+
+@dataclass(frozen=True)
+class EnvValue(Spec):
+    """One allowed `launcher.env` variable's value: a single line of text a process environment can hold."""
+
+    allowed = "text, a number or true/false, without a NUL character"
+
+    def check(self, value, path, vocab):
+        if not isinstance(value, (str, int, float, bool)):
+            yield problem(path, value, "not a single value", self.allowed)
+        elif "\0" in str(value):
+            yield problem(path, value, "holds a NUL character, which no environment variable can", self.allowed)
+
+
+@dataclass(frozen=True)
+class EnvName(Spec):
+    """A `launcher.env` variable the allow list does not name."""
+
+    def check(self, value, path, vocab):
+        name = path.rsplit(".", 1)[-1]
+        if name.startswith(tuple(ENV_ALLOWED_PREFIXES)):
+            yield from EnvValue().check(value, path, vocab)
+            return
+        yield (f"{path} = {short(value)}: not a variable a preset may set (it could redirect the trainer's writes, "
+               f"caches or imports; a cache folder is set in the environment `run` starts from){did_you_mean(name, ENV_ALLOWED)}; "
+               f"allowed: {', '.join(sorted(ENV_ALLOWED))}, {', '.join(p + '...' for p in ENV_ALLOWED_PREFIXES)}")
+
+
+@dataclass(frozen=True)
+class PlanSwitch(Spec):
+    """`memory_plan`: auto or off; YAML reads a bare `off` as false, which means off here too."""
+
+    allowed = "auto | off"
+
+    def check(self, value, path, vocab):
+        if value is False or value in ("auto", "off"):
+            return
+        yield problem(path, value, "not one of the allowed values", self.allowed, ("auto", "off"))
+
+
+@dataclass(frozen=True)
+class Extension(Spec):
+    """A caption file extension: a plain suffix, never a path."""
+
+    allowed = "a plain file extension without the dot (txt, caption): letters, digits, _ and -"
+    PLAIN = re.compile(r"[A-Za-z0-9_-]{1,32}")
+
+    def check(self, value, path, vocab):
+        if not isinstance(value, str) or not self.PLAIN.fullmatch(value):
+            yield problem(path, value, "not a plain file extension", self.allowed)
 
 
 @dataclass(frozen=True)
@@ -323,15 +429,30 @@ def launcher_block() -> Block:
             files.ENV_TELEMETRY_INTERVAL: SetByLauncher("remove it and set launcher.telemetry.interval_s"),
             files.ENV_PROFILE_DIR: SetByLauncher("remove it (`run --profile N` writes to <run>/profile)"),
             files.ENV_PROFILE_STEPS: SetByLauncher("remove it and use `run --profile N`"),
-        }, extra=Scalar()),
+            **dict.fromkeys(ENV_ALLOWED, EnvValue()),
+        }, extra=EnvName()),
         "platform": Text(("rocm", "cuda", "cpu")),
         "allocator": Text(("expandable_segments", "default")),
-        "telemetry": Block({"interval_s": Number(minimum=0.1)}),  # faster only grows the files
+        # faster only grows the files; an hour apart the telemetry says nothing
+        "telemetry": Block({"interval_s": Number(minimum=0.1, maximum=3600)}),
         "watchdog": watchdog_block(),
         "skip_bad_images": Boolean(),
         "sampling": Text(("auto", "force")),
     })
 
+
+MAX_VRAM_GIB = 1024
+"""More than any one GPU has (the largest hold under 300 GiB)."""
+FLUX2_PARAMS = Block({
+    # the trainer's Flux2Params (extensions_built_in/diffusion_models/flux2/src/model.py): the transformer's shape
+    **{name: Integer(minimum=1) for name in ("in_channels", "context_in_dim", "hidden_size", "num_heads", "depth",
+                                             "depth_single_blocks", "theta")},
+    "axes_dim": ListOf(Integer(minimum=1), min_items=1),
+    "mlp_ratio": Number(positive=True, maximum=64),
+})
+MAX_PROMPT_CHARS = 128 * 1024
+"""A sample prompt: the text encoder reads at most a few hundred tokens of it."""
+MAX_TRIGGER_CHARS = 200
 
 MODEL_KWARGS = Block({
     "text_encoder_path": Text(),
@@ -339,16 +460,16 @@ MODEL_KWARGS = Block({
     "quantize_device": Text(("cpu", "gpu")),
     "quantized_cache": Boolean(),
     "quantized_cache_dir": Text(),
-    "flux2_params": Block(extra=Anything()),
+    "flux2_params": FLUX2_PARAMS,
     "ae_params": Block(extra=Anything()),
     "allow_unquantized_block_linears": Boolean(),
     "resident_after_te_cache": Boolean(),
     "stay_placed": Boolean(),
     # the memory plan (overlay/toolkit/memory_budget.py): blocks resident or streamed
-    "memory_plan": Text(("auto", "off")),
+    "memory_plan": PlanSwitch(),
     "stream_mode": Text(("auto", "serialized", "overlapped")),
-    "vram_budget_gib": Number(positive=True),
-    "vram_margin_gib": Number(minimum=0),
+    "vram_budget_gib": Number(positive=True, maximum=MAX_VRAM_GIB),
+    "vram_margin_gib": Number(minimum=0, maximum=MAX_VRAM_GIB),
     # regional torch.compile of the blocks (overlay/toolkit/block_compile.py); auto: the self-test decides
     "compile_blocks": AutoOrBoolean(),
 }, extra="model_kwargs")
@@ -357,6 +478,7 @@ PROCESS = Block({
     "type": Text(),
     "training_seed": Integer(minimum=0),
     "training_folder": Text(),
+    "trigger_word": Nullable(Text(max_chars=MAX_TRIGGER_CHARS)),
     "network": Block({
         "type": Text(lambda v: v.network_types, fold_case=True),
         "linear": Integer(minimum=1), "linear_alpha": Number(positive=True),
@@ -365,7 +487,7 @@ PROCESS = Block({
     "save": Block({"dtype": DTYPE, "save_every": Integer(minimum=1),
                    "max_step_saves_to_keep": Integer(minimum=1)}, extra="save"),
     "datasets": ListOf(Block({
-        "folder_path": Text(), "caption_ext": Text(), "cache_latents_to_disk": Boolean(),
+        "folder_path": Text(), "caption_ext": Extension(), "cache_latents_to_disk": Boolean(),
         "caption_dropout_rate": Number(minimum=0, maximum=1), "resolution": OneOrList(RESOLUTION),
         "bucket_tolerance": Integer(minimum=1),
     }, extra="datasets"), min_items=1),
@@ -383,7 +505,8 @@ PROCESS = Block({
         "model_kwargs": MODEL_KWARGS,
     }, extra="model"),
     "sample": Block({"sample_every": Integer(minimum=1), "sample_steps": Integer(minimum=1),
-                     "width": RESOLUTION, "height": RESOLUTION, "prompts": ListOf(Text())}, extra="sample"),
+                     "width": RESOLUTION, "height": RESOLUTION,
+                     "prompts": ListOf(Text(max_chars=MAX_PROMPT_CHARS))}, extra="sample"),
     "logging": Block(extra="logging"),
 }, extra="process", required=("datasets", "train", "model"))
 
@@ -402,7 +525,35 @@ def check_preset(data, vocab: Vocabulary = Vocabulary()) -> list[str]:
     """Every problem of a parsed preset, as messages; empty when it is fine."""
     if not isinstance(data, dict):
         return [f"the preset is {short(data)}, not a mapping; it needs `job:`, `config:` and optionally `launcher:`"]
-    return [*preset_schema().check(data, "", vocab), *quantized_network_problems(data, vocab)]
+    return [*preset_schema().check(data, "", vocab), *quantized_network_problems(data, vocab),
+            *flux2_params_problems(data)]
+
+
+def flux2_params_problems(data: dict) -> list[str]:
+    """Shapes the trainer's Flux2 refuses as it builds the model (minutes in): heads that do not
+    divide the hidden size, rotary axes that do not add up to the head size."""
+    problems = []
+    for index, process in enumerate(_processes(data)):
+        kwargs = (process.get("model") or {}).get("model_kwargs") if isinstance(process.get("model"), dict) else None
+        params = kwargs.get("flux2_params") if isinstance(kwargs, dict) else None
+        if not isinstance(params, dict) or any(problem for problem in FLUX2_PARAMS.check(params, "", Vocabulary())):
+            continue
+        where = f"config.process[{index}].model.model_kwargs.flux2_params"
+        hidden, heads = params.get("hidden_size", 6144), params.get("num_heads", 48)
+        axes = params.get("axes_dim", [32, 32, 32, 32])
+        if hidden % heads:
+            problems.append(f"{where}: hidden_size {hidden} is not a multiple of num_heads {heads}; the trainer "
+                            "refuses this shape when it builds the model")
+        elif sum(axes) != hidden // heads:
+            problems.append(f"{where}: axes_dim {axes} adds up to {sum(axes)}, not hidden_size / num_heads = "
+                            f"{hidden // heads}; the trainer refuses this shape when it builds the model")
+    return problems
+
+
+def _processes(data: dict) -> list[dict]:
+    config = data.get("config")
+    process = config.get("process") if isinstance(config, dict) else None
+    return [item for item in process if isinstance(item, dict)] if isinstance(process, list) else []
 
 
 LOW_RANK_TYPES = {"lora", "locon"}

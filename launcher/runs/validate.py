@@ -4,6 +4,7 @@ launcher/runs/dataset.py.)"""
 
 import json
 import os
+import re
 from pathlib import Path
 
 from launcher.errors import LauncherError
@@ -43,7 +44,30 @@ def safetensors_header(path: Path) -> dict:
                for entry in header.entries.values()}}
 
 
-def check_model_dir(model_dir: Path, full_size: bool) -> None:
+FLUX2_DEFAULTS = {"in_channels": 128, "context_in_dim": 15360, "hidden_size": 6144, "num_heads": 48, "depth": 8,
+                  "depth_single_blocks": 48, "axes_dim": [32, 32, 32, 32], "theta": 2000, "mlp_ratio": 3.0}
+"""The trainer's Flux2Params: FLUX.2 [dev]'s shape, which `flux2_params` in model_kwargs overrides."""
+
+
+def reshapes(flux2_params) -> bool:
+    """Whether `flux2_params` gives a transformer other than FLUX.2 [dev] (`{}` is FLUX.2 [dev] itself)."""
+    return isinstance(flux2_params, dict) and any(FLUX2_DEFAULTS.get(key) != value for key, value in flux2_params.items())
+
+
+def check_block_counts(path: Path, header: dict, flux2_params: dict) -> None:
+    """The transformer file holds the blocks `flux2_params` says (when its tensors are named by block)."""
+    for prefix, key in (("double_blocks", "depth"), ("single_blocks", "depth_single_blocks")):
+        found = {int(m.group(1)) for name in header if (m := re.search(rf"(?:^|\.){prefix}\.(\d+)\.", name))}
+        wanted = flux2_params.get(key, FLUX2_DEFAULTS[key])
+        if found and len(found) != wanted:
+            raise LauncherError(f"{path} holds {len(found)} {prefix} where model_kwargs flux2_params gives {key} {wanted}; "
+                                f"set flux2_params to the file's shape, or point --model-dir at the model it describes")
+
+
+def check_model_dir(model_dir: Path, full_size: bool, flux2_params: dict | None = None) -> None:
+    if model_dir.exists() and not model_dir.is_dir():
+        raise LauncherError(f"model folder {model_dir} is a file, not a folder; pass --model-dir (or FLUX2_MODEL_DIR) "
+                            f"the folder holding {TRANSFORMER_FILE} and {VAE_FILE}")
     if not model_dir.is_dir():
         raise LauncherError(
             f"model folder {model_dir} does not exist; pass --model-dir (or FLUX2_MODEL_DIR) pointing at "
@@ -55,7 +79,9 @@ def check_model_dir(model_dir: Path, full_size: bool) -> None:
                 f"{model_dir / name} is missing; download {name} from the root of the FLUX.2-dev model "
                 "repository (the single file, not the diffusers transformer/ folder) into that folder"
             )
-        safetensors_header(model_dir / name)
+        header = safetensors_header(model_dir / name)
+        if name == TRANSFORMER_FILE and isinstance(flux2_params, dict):
+            check_block_counts(model_dir / name, header, flux2_params)
     if full_size and (model_dir / TRANSFORMER_FILE).stat().st_size < FULL_MODEL_BYTES:
         raise LauncherError(
             f"{model_dir / TRANSFORMER_FILE} is {(model_dir / TRANSFORMER_FILE).stat().st_size / 2**30:.1f} GiB; "

@@ -44,7 +44,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from toolkit.qcache_index import CACHE_SUFFIX, FORMAT_NAME, MAX_HEADER_BYTES, META_KEY, META_SHA_KEY  # noqa: F401
-from toolkit.safetensors_header import SafetensorsHeaderError, read_json_header
+from toolkit.safetensors_header import SafetensorsHeaderError, load_json, read_json_header
 from toolkit.staged_load import StagedReadError, TensorSpan, read_spans
 
 # bump when the file layout or the meaning of an entry changes: old caches go stale
@@ -232,7 +232,9 @@ def _verify_meta(index: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]
     if md.get(META_SHA_KEY) != _meta_digest(meta_json, tensor_index):
         raise CacheError("header checksum mismatch (header was modified or damaged)")
     try:
-        meta = json.loads(meta_json)
+        meta = load_json(meta_json)
+    except SafetensorsHeaderError as e:
+        raise CacheError(f"cache metadata: {e}") from None
     except json.JSONDecodeError as e:
         raise CacheError(f"cache metadata is not valid JSON ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:

@@ -9,16 +9,15 @@ count a valid cache as already written before a run (`launcher/runs/disk_budget.
 """
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any, Dict, Optional
 
 try:  # in the trainer: the toolkit package; in the launcher: the overlay imported as a package
     from toolkit.qtypes import cache_qtype
-    from toolkit.safetensors_header import SafetensorsHeaderError, read_json_header, source_fingerprint
+    from toolkit.safetensors_header import SafetensorsHeaderError, load_json, read_json_header, source_fingerprint
 except ImportError:
     from .qtypes import cache_qtype
-    from .safetensors_header import SafetensorsHeaderError, read_json_header, source_fingerprint
+    from .safetensors_header import SafetensorsHeaderError, load_json, read_json_header, source_fingerprint
 
 FORMAT_NAME = "aitk-quantized-cache"
 META_KEY = "aitk_qcache"
@@ -42,8 +41,8 @@ def read_key(path: Path) -> Optional[Dict[str, Any]]:
         ends = [info["data_offsets"][1] for name, info in header.items() if name != "__metadata__"]
         if data_start + max(ends, default=0) != size:
             return None
-        key = json.loads(header["__metadata__"][META_KEY])["key"]
-    except (OSError, SafetensorsHeaderError, KeyError, TypeError, ValueError, IndexError):
+        key = load_json(header["__metadata__"][META_KEY])["key"]
+    except (OSError, SafetensorsHeaderError, KeyError, TypeError, ValueError, IndexError, RecursionError):
         return None
     return key if isinstance(key, dict) else None
 

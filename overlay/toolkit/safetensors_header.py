@@ -2,7 +2,8 @@
 
 The streamed checkpoint reader (toolkit/streamed_safetensors.py) validates a header the way
 safetensors.safe_open does (`read_header`); the quantized cache reads its own files' framing
-and JSON (`read_json_header`) and checks the rest itself; both key a checkpoint by
+and JSON (`read_json_header`) and checks the rest itself. Every header and the JSON kept in
+its metadata go through one parser (`load_json`), which refuses a repeated key; both key a checkpoint by
 `source_fingerprint`. Stdlib only: the launcher imports this module from the overlay, without
 torch, to check a cache before a run (`launcher/runs/disk_budget.py`).
 """
@@ -72,6 +73,18 @@ def _no_duplicates(pairs):
     return result
 
 
+def load_json(text) -> Any:
+    """The one JSON parser for what a safetensors file holds (its header, JSON kept in its metadata).
+
+    JSON allows a key twice and json.loads keeps the last copy, so a header with a bogus first
+    copy of a tensor's entry would pass every check made on the parsed result while a reader
+    that keeps the first copy sees another file: here a repeated key, at any depth, raises
+    SafetensorsHeaderError("duplicate key ..."), a ValueError like every other JSON error."""
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        text = bytes(text).decode("utf-8")
+    return json.loads(text, object_pairs_hook=_no_duplicates)
+
+
 MAX_DIM = 2**63 - 1  # torch sizes are int64
 MAX_ELEMENTS = 2**63 - 1
 
@@ -89,7 +102,7 @@ def parse_header(raw: bytes, data_size: int, source: str = "<memory>") -> Header
         raise SafetensorsHeaderError(f"{source}: malformed safetensors header: {problem}")
 
     try:
-        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
+        doc = load_json(raw)
     except SafetensorsHeaderError as e:
         fail(str(e))
     except (ValueError, RecursionError) as e:  # includes UnicodeDecodeError
@@ -196,7 +209,9 @@ def read_json_header(f, file_size: int, source: str, limit: Optional[int] = None
     """The header as a JSON object, and where the data starts; the entries are the caller's to check."""
     raw = read_header_bytes(f, file_size, source, limit)
     try:
-        doc = json.loads(raw.decode("utf-8"))
+        doc = load_json(raw)
+    except SafetensorsHeaderError as e:
+        raise SafetensorsHeaderError(f"{source}: malformed safetensors header: {e}") from None
     except (ValueError, RecursionError) as e:  # includes UnicodeDecodeError
         raise SafetensorsHeaderError(f"{source}: header is not valid UTF-8 JSON ({e.__class__.__name__}: {e})") from None
     if not isinstance(doc, dict):

@@ -417,6 +417,27 @@ def test_ill_typed_metadata_is_a_corrupt_cache(qc, tiny, saved, capsys, change):
     _expect_corrupt(qc, tiny, saved, capsys)
 
 
+@pytest.mark.parametrize("name", ["tensor", "__metadata__"])
+def test_a_duplicate_header_key_is_a_corrupt_cache(qc, tiny, saved, capsys, name):
+    """JSON allows a key twice and Python's json keeps the last: a bogus copy written first would
+    otherwise hide behind the good one and pass every check."""
+    blob = saved.path.read_bytes()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8 : 8 + n])
+    key = next(k for k in header if k != "__metadata__") if name == "tensor" else "__metadata__"
+    bogus = {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]} if name == "tensor" else {"format": "pt"}
+    raw = b"{" + json.dumps(key).encode() + b":" + json.dumps(bogus).encode() + b"," + blob[9 : 8 + n]
+    saved.path.write_bytes(struct.pack("<Q", len(raw)) + raw + blob[8 + n :])
+    _expect_corrupt(qc, tiny, saved, capsys, f"[quantized cache] corrupt cache {saved.path}: cache file: "
+                    f"malformed safetensors header: duplicate key {key!r}. Moved it to ")
+
+
+def test_a_duplicate_key_in_the_metadata_json_is_a_corrupt_cache(qc, tiny, saved, capsys):
+    """The same parser reads the JSON kept in the header's metadata, even when the header is signed."""
+    rewrite_meta(qc, saved.path, lambda meta: '{"key":{},' + json.dumps(meta, sort_keys=True)[1:])
+    _expect_corrupt(qc, tiny, saved, capsys, "cache metadata: duplicate key 'key'")
+
+
 def test_every_set_aside_file_is_kept_numbered(qc, tiny, saved, capsys):
     for number in (1, 2, 3):
         saved.path.write_bytes(b"garbage " * number)
