@@ -1,7 +1,6 @@
 """Shared fixtures: fixture upstream repositories, and one real trainer workdir per target and run."""
 
 import os
-import struct
 import subprocess
 import sys
 import zlib
@@ -12,6 +11,7 @@ import git
 import pytest
 import yaml
 from in_trainer_suites import BackgroundSuites, Suite
+from png_bytes import IEND, chunk, ihdr, png
 from tiny_run import RUN_NAME, run_tiny
 
 from launcher.cli import main
@@ -54,13 +54,9 @@ def write_files(root: Path, files: dict[str, str]) -> None:
 
 def write_png(path: Path, width: int, height: int) -> Path:
     """A real grey PNG built with the standard library (the launcher's venv has no PIL)."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
     rows = b"".join(b"\x00" + b"\x80" * width for _ in range(height))
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
-                     + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+    path.write_bytes(png(ihdr(width, height), chunk(b"IDAT", zlib.compress(rows)), IEND))
     return path
 
 

@@ -7,6 +7,7 @@ import zlib
 
 import pytest
 from conftest import write_png
+from png_bytes import IEND, chunk, ihdr, png
 
 from launcher.errors import LauncherError
 from launcher.runs.dataset import check_dataset, dataset_images
@@ -102,17 +103,8 @@ def test_the_message_shows_ten_files_and_counts_the_rest(tmp_path):
 # -- PNGs whose chunks walk fine but that PIL refuses when the trainer loads them ---------------------
 
 
-def chunk(kind: bytes, data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-
-def png(*chunks: bytes) -> bytes:
-    return b"\x89PNG\r\n\x1a\n" + b"".join(chunks)
-
-
-IHDR = chunk(b"IHDR", struct.pack(">IIBBBBB", 64, 64, 8, 0, 0, 0, 0))
+IHDR = ihdr(64, 64)
 PIXELS = zlib.compress(b"".join(b"\x00" + bytes(range(64)) for _ in range(64)))
-IEND = chunk(b"IEND", b"")
 
 
 @pytest.mark.parametrize("blob, reason", [
@@ -150,8 +142,7 @@ def test_the_image_data_is_not_decompressed_into_memory(tmp_path):
     for _ in range(side):
         parts.append(squeezer.compress(row))
     parts.append(squeezer.flush())
-    ihdr = chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0))
-    (tmp_path / "big.png").write_bytes(png(ihdr, chunk(b"IDAT", b"".join(parts)), IEND))
+    (tmp_path / "big.png").write_bytes(png(ihdr(side, side), chunk(b"IDAT", b"".join(parts)), IEND))
     tracemalloc.start()
     try:
         assert image_size(tmp_path / "big.png") == (side, side)

@@ -248,19 +248,6 @@ variables `run` sets)."""
 
 
 @dataclass(frozen=True)
-class EnvValue(Spec):
-    """One allowed `launcher.env` variable's value: a single line of text a process environment can hold."""
-
-    allowed = "text, a number or true/false, without a NUL character"
-
-    def check(self, value, path, vocab):
-        if not isinstance(value, (str, int, float, bool)):
-            yield problem(path, value, "not a single value", self.allowed)
-        elif "\0" in str(value):
-            yield problem(path, value, "holds a NUL character, which no environment variable can", self.allowed)
-
-
-@dataclass(frozen=True)
 class EnvName(Spec):
     """A `launcher.env` variable the allow list does not name."""
 
@@ -318,6 +305,19 @@ class Scalar(Spec):
     def check(self, value, path, vocab):
         if not isinstance(value, (str, int, float, bool)):
             yield problem(path, value, "not a single value", self.allowed)
+
+
+@dataclass(frozen=True)
+class EnvValue(Scalar):
+    """One allowed `launcher.env` variable's value: a single line of text a process environment can hold."""
+
+    allowed = "text, a number or true/false, without a NUL character"
+
+    def check(self, value, path, vocab):
+        found = list(super().check(value, path, vocab))
+        if not found and "\0" in str(value):
+            found.append(problem(path, value, "holds a NUL character, which no environment variable can", self.allowed))
+        yield from found
 
 
 @dataclass(frozen=True)

@@ -1,27 +1,18 @@
 """PNGs whose chunks walk and pass their CRCs but that the trainer's PIL cannot load: the launcher's
 PIL-free check (launcher/runs/images.py) refuses each, as PIL does."""
 
-import io
 import struct
 import zlib
 
 import pytest
-from PIL import Image
+from png_bytes import IEND, chunk, ihdr, png
+from test_image_headers import pil_loads
 
 from launcher.runs.images import BadImage, image_size
 
 
-def chunk(kind: bytes, data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-
-def png(*chunks: bytes) -> bytes:
-    return b"\x89PNG\r\n\x1a\n" + b"".join(chunks)
-
-
-IHDR = chunk(b"IHDR", struct.pack(">IIBBBBB", 64, 64, 8, 2, 0, 0, 0))
+IHDR = ihdr(64, 64, colour=2)
 PIXELS = zlib.compress(b"".join(b"\x00" + bytes(range(192)) for _ in range(64)))
-IEND = chunk(b"IEND", b"")
 TEXT = chunk(b"tEXt", b"Comment\x00between the image data")
 
 REFUSED = {
@@ -32,15 +23,6 @@ REFUSED = {
     "bad zlib data": png(IHDR, chunk(b"IDAT", PIXELS[:2] + bytes(len(PIXELS) - 2)), IEND),
     "IDAT after another chunk": png(IHDR, chunk(b"IDAT", PIXELS[:40]), TEXT, chunk(b"IDAT", PIXELS[40:]), IEND),
 }
-
-
-def pil_loads(data: bytes) -> bool:
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            image.load()
-    except Exception:
-        return False
-    return True
 
 
 def test_the_good_one_loads_everywhere(tmp_path):
