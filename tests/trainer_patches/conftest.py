@@ -7,7 +7,9 @@ independent of the trainer's import-time side effects.
 
 Markers (pytest.ini): `patch("<part of a patch file name>")` for a test of a patch that not
 every target carries (deselected where the series lacks it); `trainer_has(path)` for a test of a
-module only one target has (deselected elsewhere); `gpu` for a test that needs a GPU.
+module only one target has (deselected elsewhere); `first_target` for a test of the overlay alone,
+the same files on every target (run in the first target's suite only); `gpu` for a test that
+needs a GPU.
 """
 
 import importlib.util
@@ -35,8 +37,17 @@ def carried_patches(series: Path) -> list[str]:
     return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
 
 
-def why_not_on_this_target(item, checkout: Path, carried: list[str] | None) -> str | None:
+def is_first_target(series: str | None) -> bool:
+    """Whether the series under test is the first target's of upstream.lock (or none is named)."""
+    from launcher.patching.lock import DEFAULT_LOCK, load_targets
+
+    return series is None or Path(series).resolve() == Path(load_targets(DEFAULT_LOCK)[0].series).resolve()
+
+
+def why_not_on_this_target(item, checkout: Path, carried: list[str] | None, first: bool) -> str | None:
     """Why a test does not apply to the target under test, or None when it does."""
+    if item.get_closest_marker("first_target") and not first:
+        return "it tests the overlay alone, which the first target's suite runs"
     patch = item.get_closest_marker("patch")
     if patch and carried is not None and not any(patch.args[0] in name for name in carried):
         return f"its patch ({patch.args[0]}) is not in this target's series"
@@ -54,7 +65,8 @@ def pytest_collection_modifyitems(config, items):
         return
     series = os.environ.get("LAUNCHER_TEST_SERIES")
     carried = carried_patches(Path(series)) if series else None
-    reasons = {item.nodeid: why for item in items if (why := why_not_on_this_target(item, checkout, carried))}
+    first = is_first_target(series)
+    reasons = {item.nodeid: why for item in items if (why := why_not_on_this_target(item, checkout, carried, first))}
     config.stash[DESELECTED_ON_THIS_TARGET] = reasons
     if reasons:
         config.hook.pytest_deselected(items=[item for item in items if item.nodeid in reasons])

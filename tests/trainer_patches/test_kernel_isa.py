@@ -6,7 +6,8 @@ and NVIDIA sm_86 / sm_89 / sm_120, in each 8-bit format that arch would run. The
 deterministic compiler outputs, so the checks are exact: the 8-bit GEMM runs on the int8 matrix
 units on RDNA, no kernel spills, shared memory stays within the arch's per-block limit, FP8 is
 compiled only where FP8 matrix units exist. One compile of everything (about 90 s of one core
-with an empty Triton cache) serves the whole file.
+with an empty Triton cache) serves the whole file; the kernels are the overlay's, the same on every
+target, so only the first target's suite compiles them.
 """
 
 import importlib
@@ -14,6 +15,8 @@ import importlib
 import pytest
 
 from launcher.in_trainer import kernel_isa
+
+pytestmark = pytest.mark.first_target
 
 RDNA = ("gfx1100", "gfx1101", "gfx1201")
 FP8_UNITS = {"gfx1100": False, "gfx1101": False, "gfx1201": True, "sm_86": False, "sm_89": True, "sm_120": True,

@@ -1,5 +1,6 @@
 """PNGs whose chunks walk and pass their CRCs but that the trainer's PIL cannot load: the launcher's
-PIL-free check (launcher/runs/images.py) refuses each, as PIL does."""
+PIL-free check (launcher/runs/images.py) refuses each, as PIL does. The same on every target: the
+first target's suite runs it."""
 
 import struct
 import zlib
@@ -10,6 +11,8 @@ from test_image_headers import pil_loads
 
 from launcher.runs.images import BadImage, image_size
 
+
+pytestmark = pytest.mark.first_target
 
 IHDR = ihdr(64, 64, colour=2)
 PIXELS = zlib.compress(b"".join(b"\x00" + bytes(range(192)) for _ in range(64)))
