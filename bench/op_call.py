@@ -39,7 +39,7 @@ def main() -> None:
     sys.path.insert(0, str(args.trainer.resolve()))
     import torch
 
-    from toolkit import int4_linear, qtypes
+    from toolkit import int4_linear
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
@@ -47,11 +47,11 @@ def main() -> None:
     torch.manual_seed(0)
     result = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__, "qtype": args.qtype,
               "gemm": args.gemm}
-    choice = {"environ": {}, **({"gemm": args.gemm} if args.gemm else {})}
+    choice = {"w4a8_gemm": args.gemm} if args.gemm and args.qtype == "int4_w4a8" else {}
 
     # 1. overhead: a small matmul, so the call, not the GEMM, is what is timed
     lin = int4_linear.Int4Linear.from_linear(torch.nn.Linear(64, 64).to(device, torch.bfloat16))
-    qtypes.configure_linears(lin, args.qtype, device, **choice)
+    int4_linear.configure_linears(lin, args.qtype, choice, device)
     kernel = lin.kernel
     x = torch.randn(16, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
     settings = (lin.group_size, kernel.activations, kernel.gemm, kernel.chunk_bytes, cuda)
@@ -70,7 +70,7 @@ def main() -> None:
     up = int4_linear.Int4Linear.from_linear(torch.nn.Linear(width, 4 * width).to(device, torch.bfloat16))
     down = int4_linear.Int4Linear.from_linear(torch.nn.Linear(4 * width, width).to(device, torch.bfloat16))
     for layer in (up, down):
-        qtypes.configure_linears(layer, args.qtype, device, **choice)
+        int4_linear.configure_linears(layer, args.qtype, choice, device)
 
     def block(h):
         return h + down(torch.nn.functional.gelu(up(norm(h)), approximate="tanh"))

@@ -27,7 +27,6 @@ with its stall watchdog) on uint4.
 """
 
 import csv
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -70,10 +69,10 @@ def h200_breakdown(px: int) -> dict:
 
 
 def memory_plan():
-    spec = importlib.util.spec_from_file_location("memory_plan", HERE.parent / "overlay" / "toolkit" / "memory_plan.py")
-    module = sys.modules["memory_plan"] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    sys.path.insert(0, str(HERE.parent))
+    from launcher import trainer_rules
+
+    return trainer_rules.memory_plan()
 
 
 def streamed_gib(plan, memory_gib: int, px: int) -> float:

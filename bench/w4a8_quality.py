@@ -78,7 +78,7 @@ def one_case(name, in_f, out_f, tokens, outliers, paths):
     case["int4_vs_bf16_weight"] = {"y": rel(y16, x.float() @ weight.float().t()), "dx": rel(dx16, dy.float() @ weight.float())}
     del weight
     for path in paths:
-        kernel = qtypes.kernel_for("int4_w4a8", DEV, environ={}, **path["kernel"])
+        kernel = qtypes.kernel_for("int4_w4a8", path["kernel"], DEV)
         fmt = kernel.activations
         scales = w.WeightScales(q, s, z, ik.GROUP_SIZE, fmt)
         y8 = w.w4a8_matmul(x, q, s, z, ik.GROUP_SIZE, kernel, True, transposed=False)
@@ -118,7 +118,7 @@ def main():
 
 def kernel_check(paths) -> dict:
     """Per path: the largest kernel-vs-reference error over every case, against the self-test's limit."""
-    limit = kernels.KERNEL_TOLERANCE["int4_w4a8"]
+    limit = qtypes.QTYPES["int4_w4a8"].tolerance
     verdict = {}
     for path in paths:
         worst = max(max(case[path["name"]]["kernel_vs_reference"].values()) for case in R["cases"])

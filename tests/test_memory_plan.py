@@ -1,18 +1,13 @@
 """The memory plan (overlay/toolkit/memory_plan.py) for given budgets: a pure function, checked
 table by table at full FLUX.2 [dev] shapes and on tiny shapes, with no trainer and no GPU."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-SOURCE = Path(__file__).resolve().parents[1] / "overlay" / "toolkit" / "memory_plan.py"
-spec = importlib.util.spec_from_file_location("memory_plan_under_test", SOURCE)
-mp = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = mp  # dataclasses look their module up
-spec.loader.exec_module(mp)
+from launcher import trainer_rules
+
+mp = trainer_rules.memory_plan()
 
 GIB = mp.GIB
 FULL = mp.Flux2Shape()  # FLUX.2 [dev]: 8 double + 48 single blocks, hidden 6144, 48 heads

@@ -267,16 +267,17 @@ def test_a_valid_quantized_cache_is_not_counted_again(places, capsys, monkeypatc
     assert dry_run(places) == 2
     assert "quantized transformer cache" in capsys.readouterr().err
 
-    write_quantized_cache(cache_dir, checkpoint, "uint4", truncate_by=1)
+    # qtype auto with a memory plan and no self-test: int4_fused (its plain-PyTorch path), which can stream
+    write_quantized_cache(cache_dir, checkpoint, "int4_fused", truncate_by=1)
     assert dry_run(places) == 2, "a truncated cache is not valid"
     capsys.readouterr()
-    write_quantized_cache(cache_dir, checkpoint, "int4_fused")
+    write_quantized_cache(cache_dir, checkpoint, "uint4")
     assert dry_run(places) == 2, "a cache of another qtype is not the one this run loads"
     capsys.readouterr()
 
-    write_quantized_cache(cache_dir, checkpoint, "uint4")
+    write_quantized_cache(cache_dir, checkpoint, "int4_fused")
     assert dry_run(places) == 0
-    assert "disk: quantized transformer cache: valid cache flux2-dev-uint4" in capsys.readouterr().out
+    assert "disk: quantized transformer cache: valid cache flux2-dev-int4_fused" in capsys.readouterr().out
 
     os.utime(checkpoint, ns=(0, 0))  # the checkpoint changed since: the cache is stale
     assert dry_run(places) == 2

@@ -24,7 +24,7 @@ GPU_RESULT = {
     "created": "2026-11-30T10:21:00+0000",
     "environment": {"gpu": {"name": "NVIDIA H200", "vram_gib": 139.8, "arch": "sm_90"}, "fp8_units": True},
     "fastest": {"qtype": "int4_w4a8", "candidate": "int4_w4a8 fp8 scaled_mm", "step_ms": 1318.5, "x_bf16": 0.94,
-                "env": {"INT4_W4A8_ACT": "fp8", "INT4_W4A8_GEMM": "scaled_mm"}},
+                "kernel": {"w4a8_activations": "fp8", "w4a8_gemm": "scaled_mm"}},
 }
 
 
@@ -40,14 +40,14 @@ def workdir_with(tmp_path, result: dict | None, state: dict | None = None) -> Wo
 
 def test_auto_without_a_selftest_is_uint4_and_says_how_to_test(tmp_path):
     choice = verdict.resolve_qtype("auto", workdir_with(tmp_path, None))
-    assert choice.qtype == "uint4" and choice.env == {}
+    assert choice.qtype == "uint4" and choice.kernel == {}
     assert "no self-test result" in choice.line and "python -m launcher selftest" in choice.line
 
 
-def test_auto_follows_the_fastest_that_passed_with_its_variables(tmp_path):
+def test_auto_follows_the_fastest_that_passed_with_its_kernel(tmp_path):
     choice = verdict.resolve_qtype("auto", workdir_with(tmp_path, GPU_RESULT))
     assert choice.qtype == "int4_w4a8"
-    assert choice.env == {"INT4_W4A8_ACT": "fp8", "INT4_W4A8_GEMM": "scaled_mm"}
+    assert choice.kernel == {"w4a8_activations": "fp8", "w4a8_gemm": "scaled_mm"}
     assert "NVIDIA H200" in choice.line and "0.94x" in choice.line and "2026-11-30" in choice.line
 
 
@@ -69,7 +69,8 @@ def test_a_named_qtype_is_left_alone(tmp_path):
     assert choice == verdict.QtypeChoice("int4_fused")
 
 
-def test_dry_run_renders_the_chosen_qtype_and_its_variables(places, tmp_path, capsys, monkeypatch):
+def test_dry_run_renders_the_chosen_qtype_and_its_kernel(places, tmp_path, capsys, monkeypatch):
+    """The choice reaches the trainer as concrete model_kwargs in the config, never as variables."""
     monkeypatch.setattr(disk_budget, "free_disk_gib", lambda path: 100.0)  # this machine's disk is not the point
     workdir = workdir_with(tmp_path, GPU_RESULT)
     assert dry_run(places, "rtx4090_512.yaml", "--profile", "3", workdir=workdir.root) == 0
@@ -78,7 +79,11 @@ def test_dry_run_renders_the_chosen_qtype_and_its_variables(places, tmp_path, ca
     assert config["config"]["process"][0]["model"]["qtype"] == "int4_w4a8"
     assert config["config"]["process"][0]["model"]["qtype_te"] == "uint4"
     assert out.startswith("# qtype auto -> int4_w4a8 (int4_w4a8 fp8 scaled_mm)")
-    for line in ("INT4_W4A8_ACT=fp8", "INT4_W4A8_GEMM=scaled_mm", "TRITON_CACHE_AUTOTUNING=1",
+    kwargs = config["config"]["process"][0]["model"]["model_kwargs"]
+    assert (kwargs["w4a8_activations"], kwargs["w4a8_gemm"]) == ("fp8", "scaled_mm")
+    assert all(kwargs[key] != "auto" for key in ("stream_mode", "compile_blocks", "w4a8_activations", "w4a8_gemm"))
+    assert "INT4_" not in out
+    for line in ("TRITON_CACHE_AUTOTUNING=1",
                  f"TRITON_CACHE_DIR={workdir.triton_cache}", "AITK_PROFILE_STEPS=3",
                  f"TORCHINDUCTOR_CACHE_DIR={workdir.inductor_cache}",
                  f"AITK_PROFILE_DIR={workdir.runs / 'flux2_rtx4090_512' / 'profile'}"):
@@ -149,10 +154,10 @@ def test_every_w4a8_gemm_is_a_candidate_and_auto_takes_only_one_that_passed():
     assert [c["name"] for c in candidates(fp8_units=False, hip=True)] == ["int4_fused", "int4_w4a8 int8 triton"]
     cands = candidates(fp8_units=True, hip=False)
     triton = next(c for c in cands if c["name"] == "int4_w4a8 fp8 triton")
-    assert triton["env"] == {"INT4_W4A8_ACT": "fp8", "INT4_W4A8_GEMM": "triton"}
+    assert triton["kernel"] == {"w4a8_activations": "fp8", "w4a8_gemm": "triton"}
     timed = {"bf16": 330.0, "int4_w4a8 fp8 triton": 300.0, "int4_w4a8 fp8 scaled_mm": 390.0}
     report = {"timing": [{"results": [{"candidate": name, "step_ms": ms} for name, ms in timed.items()]}]}
-    assert trainer_side.pick_fastest(report, cands, {"int4_w4a8 fp8 triton", "int4_w4a8 fp8 scaled_mm"})["env"] == \
-        triton["env"]
+    assert trainer_side.pick_fastest(report, cands, {"int4_w4a8 fp8 triton", "int4_w4a8 fp8 scaled_mm"})["kernel"] == \
+        triton["kernel"]
     assert trainer_side.pick_fastest(report, cands, {"int4_w4a8 fp8 scaled_mm"})["candidate"] == \
         "int4_w4a8 fp8 scaled_mm"

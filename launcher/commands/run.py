@@ -26,6 +26,7 @@ from launcher.errors import LauncherError
 from launcher.nofollow import open_append
 from launcher.progress import say, warn
 from launcher.runs import disk_budget, files, leash, load_report, memory_plan, resume, tiny, validate
+from launcher.selftest.resolve import resolve_all
 from launcher.runs.dataset import DEFAULT_BUCKET_TOLERANCE, DatasetCheck, check_dataset, long_caption_warnings
 from launcher.runs.exit_status import describe, launcher_code
 from launcher.runs.folders import RunFolder, clear_stale_flags
@@ -34,8 +35,7 @@ from launcher.runs.run_lock import run_folder_lock
 from launcher.runs.schema import Vocabulary, short
 from launcher.runs.telemetry import TelemetryRecorder
 from launcher.runs.vocabulary import read_vocabulary
-from launcher.selftest.verdict import (load_result, resolve_compile_blocks, resolve_config, resolve_sampling,
-                                      resolve_stream_mode, summary_line)
+from launcher.selftest.verdict import load_result, summary_line
 from launcher.watchdog.loop import watch_run
 from launcher.watchdog.policy import load_config
 
@@ -98,15 +98,11 @@ def handle(args) -> int:
         config = render(preset, run.root, tiny_manifest=manifest, places=tiny_places(places))
     else:
         config = render(preset, run.root, places=places)
-    choice = resolve_config(config, workdir)
-    lines = [choice.line if choice else None, resolve_sampling(config, workdir, preset.sampling),
-             resolve_stream_mode(config, workdir), resolve_compile_blocks(config, workdir)]
-    planner = (lambda: trainer_python_or_none(workdir)) if args.dry_run else (lambda: checked_python(workdir))
-    lines += memory_plan.check_plans(config, planner, workdir.trainer, preset.path)
-    for line in filter(None, lines):  # YAML comments in a dry run, whose output stays a config
+    lines = resolve_all(config, workdir, preset.sampling) + memory_plan.check_plans(config, preset.path)
+    for line in lines:  # YAML comments in a dry run, whose output stays a config
         say(f"# {line}" if args.dry_run else line)
     datasets = check(preset, config, workdir, run, full_size=not preset.tiny)
-    extra = {**launch_env(run, workdir, args.profile), **(choice.env if choice else {})}
+    extra = launch_env(run, workdir, args.profile)
     env = trainer_env(preset, run, workdir, extra)
     if args.dry_run:
         print(yaml.safe_dump(config, sort_keys=False), end="", flush=True)
@@ -278,14 +274,6 @@ def checked_python(workdir: Workdir) -> Path:
     return python
 
 
-def trainer_python_or_none(workdir: Workdir) -> Path | None:
-    """The venv interpreter when setup has installed one (a dry run works without)."""
-    try:
-        return checked_python(workdir)
-    except LauncherError:
-        return None
-
-
 def launch_env(run: RunFolder, workdir: Workdir, profile_steps: int | None) -> dict[str, str]:
     """Triton's kernel and autotuning cache and torch.compile's cache in the workdir (built once,
     reused by every later process), and the step profiler when asked for."""
@@ -300,7 +288,7 @@ def launch_env(run: RunFolder, workdir: Workdir, profile_steps: int | None) -> d
 
 def env_changes(preset: Preset, run: RunFolder, workdir: Workdir, extra: dict[str, str] | None = None) -> dict[str, str]:
     """What `run` adds to the trainer's environment: allocator (wall 7), telemetry, `extra` (Triton's
-    cache, the profiler, the self-test's kernel choice), and last the preset's own env."""
+    and Inductor's caches, the profiler), and last the preset's own env."""
     changes = {
         files.ENV_TELEMETRY: str(run.trainer_telemetry),
         files.ENV_TELEMETRY_INTERVAL: str(preset.telemetry["interval_s"]),

@@ -106,17 +106,7 @@ def load_preset(spec: str, vocabulary: Vocabulary | None = None) -> Preset:
     data, lines = load_yaml_lines(path)
     raise_problems(path, check_preset(data, vocabulary or Vocabulary()), lines)
     settings = {**LAUNCHER_DEFAULTS, **(data.pop(LAUNCHER_KEY, None) or {})}
-    plan_off_as_text(data)
     return Preset(path=path, settings=settings, config=data)
-
-
-def plan_off_as_text(config: dict) -> None:
-    """`memory_plan: off` as the README writes it: YAML 1.1 reads a bare `off` as false, which the
-    schema accepts for this key; the trainer is given the text `off` it expects."""
-    for process in config["config"]["process"]:
-        kwargs = (process.get("model") or {}).get("model_kwargs")
-        if isinstance(kwargs, dict) and kwargs.get("memory_plan") is False:
-            kwargs["memory_plan"] = "off"
 
 
 def raise_problems(path: Path, problems: list[str], lines: dict[str, int] | None = None) -> None:

@@ -23,6 +23,7 @@ import reprlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 
+from launcher import trainer_rules
 from launcher.runs import files
 from launcher.signals.gpu_sources import SOURCES
 from launcher.suggest import did_you_mean
@@ -80,15 +81,6 @@ class Boolean(Spec):
     def check(self, value, path, vocab):
         if not isinstance(value, bool):
             yield problem(path, value, "not true/false", self.allowed)
-
-
-@dataclass(frozen=True)
-class AutoOrBoolean(Spec):
-    allowed = "auto, true or false"
-
-    def check(self, value, path, vocab):
-        if not isinstance(value, bool) and value != "auto":
-            yield problem(path, value, "not auto, true or false", self.allowed)
 
 
 @dataclass(frozen=True)
@@ -214,12 +206,6 @@ ENV_ALLOWED = {
     "TRANSFORMERS_OFFLINE": "keeps transformers off the network",
     "HF_DATASETS_OFFLINE": "keeps datasets off the network",
     "TOKENIZERS_PARALLELISM": "the tokenizers' thread pool, and its fork warning",
-    "INT4_LINEAR_KERNEL": "the int4 Linear's kernel on or off (overlay/toolkit/qtypes.py)",
-    "INT4_LINEAR_VARIANT": "the int4_fused GEMM path (overlay/toolkit/qtypes.py)",
-    "INT4_LINEAR_CHUNK_MIB": "the int4_fused slice size (overlay/toolkit/qtypes.py)",
-    "INT4_W4A8_ACT": "int4_w4a8's activation format (overlay/toolkit/qtypes.py)",
-    "INT4_W4A8_GEMM": "int4_w4a8's GEMM path (overlay/toolkit/qtypes.py)",
-    "INT4_W4A8_CHUNK_MIB": "int4_w4a8's slice size (overlay/toolkit/qtypes.py)",
     "AITK_ALL_EXTENSIONS": "imports every extension's trainer process instead of the one the preset names",
     "AITK_PROFILE_SKIP": "the warm-up steps `run --profile` skips",
     "TRITON_CACHE_AUTOTUNING": "keeps Triton's autotuning results in its cache (set by `run`)",
@@ -259,18 +245,6 @@ class EnvName(Spec):
         yield (f"{path} = {short(value)}: not a variable a preset may set (it could redirect the trainer's writes, "
                f"caches or imports; a cache folder is set in the environment `run` starts from){did_you_mean(name, ENV_ALLOWED)}; "
                f"allowed: {', '.join(sorted(ENV_ALLOWED))}, {', '.join(p + '...' for p in ENV_ALLOWED_PREFIXES)}")
-
-
-@dataclass(frozen=True)
-class PlanSwitch(Spec):
-    """`memory_plan`: auto or off; YAML reads a bare `off` as false, which means off here too."""
-
-    allowed = "auto | off"
-
-    def check(self, value, path, vocab):
-        if value is False or value in ("auto", "off"):
-            return
-        yield problem(path, value, "not one of the allowed values", self.allowed, ("auto", "off"))
 
 
 @dataclass(frozen=True)
@@ -399,6 +373,31 @@ class Block(Spec):
         return f"{where} = {short(item)}: unknown key ({who}){did_you_mean(str(key), known)}"
 
 
+@dataclass(frozen=True)
+class Catalogued(Spec):
+    """A setting of the catalogue (overlay/toolkit/settings.py), checked by the catalogue's own rule."""
+
+    setting: object
+
+    @property
+    def allowed(self) -> str:
+        return self.setting.allowed
+
+    def check(self, value, path, vocab):
+        why = self.setting.problem(value)
+        if why:
+            yield problem(path, value, why, self.allowed, self.setting.choices)
+
+
+MODEL_KWARGS_BLOCK, LAUNCHER_BLOCK = "model_kwargs", "launcher"
+
+
+def catalogued(block: str, refined: dict[str, Spec]) -> dict[str, Spec]:
+    """The catalogue's settings of one block as specs; `refined` gives a nested block its own keys."""
+    return {name: refined.get(name) or Catalogued(item)
+            for name, item in trainer_rules.settings().CATALOGUE.items() if item.block == block}
+
+
 def watchdog_block() -> Block:
     """`launcher.watchdog`: the keys and types of WatchdogConfig, non-negative numbers."""
     by_type = {"bool": Boolean(), "int": Integer(minimum=0), "float": Number(minimum=0),
@@ -422,8 +421,7 @@ DTYPE = Text(lambda v: v.dtypes)
 
 
 def launcher_block() -> Block:
-    return Block({
-        "tiny": Boolean(),
+    return Block(catalogued(LAUNCHER_BLOCK, {
         "env": Block({
             files.ENV_TELEMETRY: SetByLauncher("remove it (the rows go to <run>/trainer-telemetry.jsonl)"),
             files.ENV_TELEMETRY_INTERVAL: SetByLauncher("remove it and set launcher.telemetry.interval_s"),
@@ -431,18 +429,13 @@ def launcher_block() -> Block:
             files.ENV_PROFILE_STEPS: SetByLauncher("remove it and use `run --profile N`"),
             **dict.fromkeys(ENV_ALLOWED, EnvValue()),
         }, extra=EnvName()),
-        "platform": Text(("rocm", "cuda", "cpu")),
-        "allocator": Text(("expandable_segments", "default")),
         # faster only grows the files; an hour apart the telemetry says nothing
         "telemetry": Block({"interval_s": Number(minimum=0.1, maximum=3600)}),
         "watchdog": watchdog_block(),
-        "skip_bad_images": Boolean(),
-        "sampling": Text(("auto", "force")),
-    })
+        "card": Text(max_chars=200),
+    }))
 
 
-MAX_VRAM_GIB = 1024
-"""More than any one GPU has (the largest hold under 300 GiB)."""
 FLUX2_PARAMS = Block({
     # the trainer's Flux2Params (extensions_built_in/diffusion_models/flux2/src/model.py): the transformer's shape
     **{name: Integer(minimum=1) for name in ("in_channels", "context_in_dim", "hidden_size", "num_heads", "depth",
@@ -454,25 +447,9 @@ MAX_PROMPT_CHARS = 128 * 1024
 """A sample prompt: the text encoder reads at most a few hundred tokens of it."""
 MAX_TRIGGER_CHARS = 200
 
-MODEL_KWARGS = Block({
-    "text_encoder_path": Text(),
-    "streamed_loader": Boolean(),
-    "quantize_device": Text(("cpu", "gpu")),
-    "quantized_cache": Boolean(),
-    "quantized_cache_dir": Text(),
-    "flux2_params": FLUX2_PARAMS,
-    "ae_params": Block(extra=Anything()),
-    "allow_unquantized_block_linears": Boolean(),
-    "resident_after_te_cache": Boolean(),
-    "stay_placed": Boolean(),
-    # the memory plan (overlay/toolkit/memory_budget.py): blocks resident or streamed
-    "memory_plan": PlanSwitch(),
-    "stream_mode": Text(("auto", "serialized", "overlapped")),
-    "vram_budget_gib": Number(positive=True, maximum=MAX_VRAM_GIB),
-    "vram_margin_gib": Number(minimum=0, maximum=MAX_VRAM_GIB),
-    # regional torch.compile of the blocks (overlay/toolkit/block_compile.py); auto: the self-test decides
-    "compile_blocks": AutoOrBoolean(),
-}, extra="model_kwargs")
+MODEL_KWARGS = Block(catalogued(MODEL_KWARGS_BLOCK, {"flux2_params": FLUX2_PARAMS, "ae_params": Block(extra=Anything())}),
+                     extra="model_kwargs")
+"""The project's model_kwargs (overlay/toolkit/settings.py) plus the trainer's own keys (the vocabulary)."""
 
 PROCESS = Block({
     "type": Text(),

@@ -1,32 +1,42 @@
-"""The self-test's result in the workdir, and what it decides: the qtype behind `qtype: auto`,
-the stream mode behind `model_kwargs: {stream_mode: auto}` of a memory plan, and whether
-`model_kwargs: {compile_blocks: auto}` compiles the transformer blocks.
+"""The self-test's result in the workdir, and what it decides: the qtype behind `qtype: auto` and
+its kernel, the stream mode behind `model_kwargs: {stream_mode: auto}` of a memory plan, whether
+`model_kwargs: {compile_blocks: auto}` compiles the transformer blocks, and in-training sampling.
 
 `python -m launcher selftest` writes `<workdir>/selftest.json` (written by
 `launcher.in_trainer.selftest.runner` under the trainer's interpreter, stamped here with the trainer
-build it tested). A preset's `qtype: auto` becomes the fastest 4-bit qtype that passed there,
-with the environment variables that pick its GPU path; in every other case it becomes
-`uint4`, the fork's own torchao path, and `run` says in one line why.
+build it tested). A preset's `qtype: auto` becomes the fastest 4-bit qtype that passed there, with
+the model_kwargs that pick its kernel; where nothing passed it becomes the fork's own `uint4`, or,
+where a memory plan may stream blocks, `int4_fused` on its plain-PyTorch path (uint4 cannot
+stream); `run` says in one line why. The qtype facts come from the trainer's own table
+(overlay/toolkit/qtypes.py, through `launcher.trainer_rules`).
 """
 
 import hashlib
 import json
 from dataclasses import dataclass, field
 
+from launcher import trainer_rules
 from launcher.envs.workdir import Workdir, read_state
 from launcher.runs.schema import AUTO
 
-FALLBACK_QTYPE = "uint4"
-FAST_QTYPES = ("int4_fused", "int4_w4a8")
+QTYPES = trainer_rules.qtypes()
+FALLBACK_QTYPE = QTYPES.FALLBACK
+STREAMING_FALLBACK = "int4_fused"
+"""What `qtype: auto` becomes where nothing passed and a memory plan may stream: the table's bf16
+qtype, whose plain-PyTorch path runs on any device."""
 HOW_TO_TEST = "`python -m launcher selftest` (a few minutes) tests the 4-bit kernels on this GPU"
 FALLBACK_COST = "uint4 steps 1.73x the int4_fused time, 2.04x bf16 (H200, full width; bench/RESULTS.md)"
+REFERENCE_COST = "int4_fused on its plain-PyTorch path steps 1.92x its Triton time (H200, full width; bench/RESULTS.md)"
 SERIALIZED, OVERLAPPED = "serialized", "overlapped"
+KERNEL_KEYS = ("w4a8_activations", "w4a8_gemm")
+"""The model_kwargs that pick int4_w4a8's kernel: `run` gives them values from the self-test."""
 
 
 @dataclass(frozen=True)
 class QtypeChoice:
     qtype: str
-    env: dict = field(default_factory=dict)
+    kernel: dict = field(default_factory=dict)
+    """The model_kwargs that pick its kernel (toolkit/settings.py), written into the run's config."""
     line: str | None = None
     """What `run` prints about the choice, or None when the preset named the qtype itself."""
 
@@ -60,39 +70,72 @@ def describe_gpu(result: dict) -> str:
     return gpu["name"] if gpu else "no GPU"
 
 
-def resolve_qtype(qtype: str, workdir: Workdir) -> QtypeChoice:
-    """`auto` -> the self-test's fastest passing qtype, else uint4; any other qtype stays."""
+def resolve_qtype(qtype: str, workdir: Workdir, streams: bool = False) -> QtypeChoice:
+    """`auto` -> the self-test's fastest passing qtype, else a fallback; any other qtype stays.
+    `streams`: a memory plan may stream blocks, so only a streamable qtype will do."""
     if qtype != AUTO:
         return QtypeChoice(qtype)
     result, unusable = usable_result(workdir)
     if result is None:
-        return QtypeChoice(FALLBACK_QTYPE, line=f"qtype auto -> {FALLBACK_QTYPE}: {unusable}")
-    return qtype_from(result)
+        return fallback(unusable, streams)
+    return qtype_from(result, streams)
 
 
-def qtype_from(result: dict) -> QtypeChoice:
+def fallback(why: str, streams: bool) -> QtypeChoice:
+    """The qtype where no 4-bit kernel passed: uint4, or int4_fused's reference path where blocks may stream."""
+    if streams:
+        return QtypeChoice(STREAMING_FALLBACK, {"int4_kernel": False},
+                           f"qtype auto -> {STREAMING_FALLBACK} (plain-PyTorch path; the memory plan may stream blocks, "
+                           f"which {FALLBACK_QTYPE} cannot): {why}; {REFERENCE_COST}")
+    return QtypeChoice(FALLBACK_QTYPE, line=f"qtype auto -> {FALLBACK_QTYPE}: {why}")
+
+
+def qtype_from(result: dict, streams: bool = False) -> QtypeChoice:
     """What `qtype: auto` becomes under a valid self-test result."""
     fastest = result.get("fastest") or {}
-    if fastest.get("qtype") not in FAST_QTYPES:
+    if fastest.get("qtype") not in QTYPES.STREAMABLE:
         reason = fastest.get("reason") or "no 4-bit kernel passed"
-        return QtypeChoice(FALLBACK_QTYPE, line=f"qtype auto -> {FALLBACK_QTYPE}: {reason} ({tested_on(result)}); "
-                                               f"{FALLBACK_COST}; {HOW_TO_TEST}")
+        cost = "" if streams else f"; {FALLBACK_COST}"
+        return fallback(f"{reason} ({tested_on(result)}){cost}; {HOW_TO_TEST}", streams)
     speed = f", block Linears {fastest['x_bf16']:.2f}x the bf16 time" if fastest.get("x_bf16") else ""
-    return QtypeChoice(fastest["qtype"], dict(fastest.get("env") or {}),
+    return QtypeChoice(fastest["qtype"], dict(fastest.get("kernel") or {}),
                        f"qtype auto -> {fastest['qtype']} ({fastest.get('candidate')}): passed the "
                        f"{tested_on(result)}{speed}")
 
 
-def resolve_config(config: dict, workdir: Workdir) -> QtypeChoice | None:
-    """Resolve `qtype: auto` in every trainer process of a rendered config, in place; returns the
-    choice made (one per config: every process of a preset trains the same model), or None."""
-    choice = None
+def kernel_for_w4a8(workdir: Workdir) -> tuple[dict, str]:
+    """(model_kwargs, why) for an int4_w4a8 run whose preset leaves the kernel to `auto`: the
+    self-test's int4_w4a8 candidate when it was the fastest, else FP8 where the self-test saw FP8
+    units, else int8 through Triton, which runs on every GPU."""
+    result, unusable = usable_result(workdir)
+    fastest = (result or {}).get("fastest") or {}
+    if fastest.get("qtype") == "int4_w4a8":
+        return dict(fastest.get("kernel") or {}), f"the self-test's fastest ({tested_on(result)})"
+    if result is not None and (result.get("environment") or {}).get("gpu"):
+        fmt = "fp8" if result["environment"].get("fp8_units") else "int8"
+        return {"w4a8_activations": fmt, "w4a8_gemm": "triton"}, f"the GPU's 8-bit units ({tested_on(result)})"
+    return {"w4a8_activations": "int8", "w4a8_gemm": "triton"}, f"runs on every GPU; {unusable or HOW_TO_TEST}"
+
+
+def resolve_config(config: dict, workdir: Workdir) -> list[str]:
+    """`qtype: auto` and int4_w4a8's `auto` (or unset) kernel in every trainer process of a rendered
+    config, in place; returns the lines `run` prints."""
+    lines = []
     for process in config["config"]["process"]:
         model = process.get("model") or {}
+        if model.get("model_kwargs") is None:
+            model["model_kwargs"] = {}
+        kwargs = model["model_kwargs"]
         if model.get("qtype") == AUTO:
-            choice = choice or resolve_qtype(AUTO, workdir)
+            choice = resolve_qtype(AUTO, workdir, streams=kwargs.get("memory_plan") == AUTO)
             model["qtype"] = choice.qtype
-    return choice
+            kwargs.update({key: value for key, value in choice.kernel.items() if kwargs.get(key, AUTO) == AUTO})
+            lines.append(choice.line)
+        if model.get("qtype") == "int4_w4a8" and any(kwargs.get(key, AUTO) == AUTO for key in KERNEL_KEYS):
+            kernel, why = kernel_for_w4a8(workdir)
+            kwargs.update({key: value for key, value in kernel.items() if kwargs.get(key, AUTO) == AUTO})
+            lines.append(f"int4_w4a8 kernel -> {kwargs.get('w4a8_activations')} {kwargs.get('w4a8_gemm')}: {why}")
+    return lines
 
 
 def usable_result(workdir: Workdir) -> tuple[dict | None, str | None]:

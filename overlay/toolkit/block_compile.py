@@ -32,6 +32,7 @@ import torch
 import torch._functorch.config
 
 from toolkit.block_streaming import StreamedBlock
+from toolkit.settings import read
 
 BLOCK_LISTS = ("double_blocks", "single_blocks")
 _COMPILED_MARK = "_flux2_compiled_from"
@@ -115,12 +116,8 @@ def uncompile(classes) -> None:
 
 
 def requested(model_kwargs: dict) -> bool:
-    """compile_blocks: true compiles; false, unset or auto (which `run` resolves from the self-test
-    before the trainer starts; the trainer alone has no verdict to read) leave the blocks eager."""
-    value = model_kwargs.get("compile_blocks", False)
-    if value not in (True, False, "auto"):
-        raise ValueError(f"model_kwargs compile_blocks: {value!r}; use true, false or auto")
-    return value is True
+    """model_kwargs compile_blocks (toolkit/settings.py; `run` resolves its auto from the self-test)."""
+    return read(model_kwargs, "compile_blocks")
 
 
 def compile_for_model(base_model, transformer: torch.nn.Module) -> bool:

@@ -34,7 +34,7 @@ from toolkit.int4_kernels import (  # noqa: F401  (GROUP_SIZE, quantize_weight: 
     reference_matmul_bwd,
     reference_matmul_fwd,
 )
-from toolkit.qtypes import BF16, Int4Kernel
+from toolkit.qtypes import BF16, QTYPES, Int4Kernel, kernel_for
 
 FORMAT = "int4_fused"
 FORMAT_VERSION = 1
@@ -236,3 +236,17 @@ def quantize_linears(module: nn.Module, filter_fn=None, group_size: int = GROUP_
                 setattr(child, cname, Int4Linear.from_linear(sub, group_size, dtype))
                 done.append(full)
     return done
+
+
+def configure_linears(model: nn.Module, qtype: str, model_kwargs=None, device=None) -> int:
+    """After loading (from the checkpoint or the quantized cache): every Int4Linear of `model`
+    takes qtype's kernel (`qtypes.kernel_for`, from the run's model_kwargs), chosen once here.
+    Returns how many multiply with 8-bit activations; a qtype outside the table has no
+    Int4Linear and leaves the model alone."""
+    if qtype not in QTYPES:
+        return 0
+    kernel = kernel_for(qtype, model_kwargs, device)
+    linears = [module for module in model.modules() if isinstance(module, Int4Linear)]
+    for module in linears:
+        module.kernel = kernel
+    return len(linears) if kernel.activations != BF16 else 0

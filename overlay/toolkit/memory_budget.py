@@ -1,13 +1,9 @@
 """The memory plan of one trainer run: its settings (model_kwargs), the VRAM budget, the cap that
 makes a large GPU behave as the small card, and the plan applied to the loaded transformer.
 
-model_kwargs:
-  memory_plan: auto | off       (default off: every block resident, as without a plan)
-  stream_mode: serialized | overlapped | auto  (`run` turns auto into one of the two from the
-                                 self-test; a trainer started by hand treats auto as serialized)
-  vram_budget_gib: N            the budget: the trainer's allocator is capped there too
-                                 (set_per_process_memory_fraction), where CUDA/HIP exists
-  vram_margin_gib: N            kept free of the plan (allocator slack); default 1.0
+model_kwargs (toolkit/settings.py): memory_plan, stream_mode, vram_budget_gib (the budget: the
+trainer's allocator is capped there too, with set_per_process_memory_fraction, where CUDA/HIP
+exists) and vram_margin_gib.
 
 The plan is made twice per launch from the same budget: before the transformer loads, from its
 shapes (where blocks go while loading: the host when any block is streamed), and after, from the
@@ -19,10 +15,9 @@ from __future__ import annotations
 import torch
 
 from toolkit import block_streaming, trainer_telemetry
-from toolkit.memory_plan import DEFAULT_MARGIN_GIB, GIB, Flux2Shape, PlanError, flux2_inputs, make_plan
-
-INT4_QTYPES = ("int4_fused", "int4_w4a8")
-
+from toolkit.qtypes import STREAMABLE
+from toolkit.settings import read
+from toolkit.memory_plan import GIB, Flux2Shape, PlanError, flux2_inputs, make_plan
 
 def run_shape(process) -> dict:
     """Resolution (the largest of the datasets), batch and LoRA rank of a training process."""
@@ -33,22 +28,18 @@ def run_shape(process) -> dict:
 
 
 def enabled(model_kwargs: dict) -> bool:
-    value = model_kwargs.get("memory_plan", "off")
-    if value not in ("auto", "off"):
-        raise ValueError(f"model_kwargs memory_plan: {value!r}; use auto or off")
-    return value == "auto"
+    return read(model_kwargs, "memory_plan") == "auto"
 
 
 def stream_mode(model_kwargs: dict) -> str:
-    mode = model_kwargs.get("stream_mode", "auto")
-    return block_streaming.OVERLAPPED if mode == block_streaming.OVERLAPPED else block_streaming.SERIALIZED
+    return read(model_kwargs, "stream_mode")
 
 
 def budget_bytes(model_kwargs: dict, device) -> int | None:
     """The bytes the plan may use on `device`, after capping the allocator at the preset's budget.
     None on a device without memory figures and no preset budget (no plan)."""
-    margin = int(float(model_kwargs.get("vram_margin_gib", DEFAULT_MARGIN_GIB)) * GIB)
-    preset = model_kwargs.get("vram_budget_gib")
+    margin = int(float(read(model_kwargs, "vram_margin_gib")) * GIB)
+    preset = read(model_kwargs, "vram_budget_gib")
     cap = int(float(preset) * GIB) if preset is not None else None
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
@@ -115,9 +106,9 @@ def before_load(base_model, params):
     run = getattr(base_model, "memory_plan_run", None) or {"resolution": 1024, "batch": 1, "lora_rank": 32}
     base_model.memory_plan_budget = (budget, run)
     plan = plan_for(kwargs, params, run, budget)
-    if plan.streamed() and base_model.model_config.qtype not in INT4_QTYPES:
+    if plan.streamed() and base_model.model_config.qtype not in STREAMABLE:
         print(f"memory plan: {len(plan.streamed())} blocks would be streamed at a {budget / GIB:.2f} GiB budget, "
-              f"but streaming carries only the qtypes {', '.join(INT4_QTYPES)} (this run: qtype "
+              f"but streaming carries only the qtypes {', '.join(STREAMABLE)} (this run: qtype "
               f"{base_model.model_config.qtype}): every block resident, as without a plan. Set qtype int4_fused "
               f"in the preset (or run `python -m launcher selftest` for qtype auto) to stream.", flush=True)
         return None

@@ -26,10 +26,12 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from .settings import CATALOGUE
+
 GIB = 1024 ** 3
 BF16 = 2
 # kept free of the plan (allocator slack) unless the preset says vram_margin_gib
-DEFAULT_MARGIN_GIB = 1.0
+DEFAULT_MARGIN_GIB = CATALOGUE["vram_margin_gib"].default
 # bf16 values saved per token and per hidden unit by one FLUX.2 block (double or single) when its
 # activations are kept; see the module docstring
 ACTIVATION_WIDTHS = 24
@@ -263,9 +265,18 @@ def flux2_inputs(shape: Flux2Shape, budget_bytes: int, resolution: int, batch: i
     )
 
 
+def plan_for_budget(budget_gib: float, resolution: int, batch: int = 1, rank: int = 32, in_flight: int = 2,
+                    flux2_params: dict | None = None, margin_gib: float = DEFAULT_MARGIN_GIB) -> MemoryPlan:
+    """The plan from the shapes for a budget in GiB (what `run --dry-run` shows); PlanError when the
+    budget cannot hold the resident minimum."""
+    shape = Flux2Shape.from_params(flux2_params or {})
+    return make_plan(flux2_inputs(shape, int((budget_gib - margin_gib) * GIB), resolution, batch, rank,
+                                  in_flight=in_flight))
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m toolkit.memory_plan --budget-gib G [--margin-gib M] --resolution R [--batch B]
-    [--rank N] [--in-flight 1|2] [--flux2-params JSON]`: print the plan as JSON (what `run --dry-run` shows)."""
+    [--rank N] [--in-flight 1|2] [--flux2-params JSON]`: print the plan as JSON."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m toolkit.memory_plan")
@@ -277,11 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-flight", type=int, choices=(1, 2), default=2)
     parser.add_argument("--flux2-params", default="{}")
     args = parser.parse_args(argv)
-    shape = Flux2Shape.from_params(json.loads(args.flux2_params))
-    inputs = flux2_inputs(shape, int((args.budget_gib - args.margin_gib) * GIB), args.resolution, args.batch, args.rank,
-                          in_flight=args.in_flight)
     try:
-        plan = make_plan(inputs)
+        plan = plan_for_budget(args.budget_gib, args.resolution, args.batch, args.rank, args.in_flight,
+                               json.loads(args.flux2_params), args.margin_gib)
     except PlanError as error:
         print(json.dumps({"error": str(error)}))
         return 2

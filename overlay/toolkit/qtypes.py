@@ -1,41 +1,32 @@
 """The project's qtypes in one table: what a qtype name means, from the preset to the kernel.
 
 Each entry names the Linear class its transformer-block Linears become, the precision of their
-activations, the default GEMM path, and the qtype whose quantized cache file it loads (int4_w4a8
-is int4_fused's model with other matmuls, so both read one file). The trainer's quantize module
-(`set_int4_activations`), the quantized cache (its key), the launcher's self-test (the kernel
-it checks) and the launcher itself (through `launcher.in_trainer.qtypes`) read this table; no
-other module spells these rules.
+activations, the default GEMM path, the qtype whose quantized cache file it loads (int4_w4a8 is
+int4_fused's model with other matmuls, so both read one file) and how far its GPU kernels may
+stray from their reference path. The trainer's quantize module, the quantized cache (its key and
+backend), the memory plan (which qtypes stream), the launcher's self-test (the kernels it checks,
+their tolerance) and the launcher itself (`launcher/trainer_rules.py`: what `qtype: auto` may
+become) read this table; no other module spells these rules.
 
-An Int4Linear holds its kernel choice (`Int4Kernel`) from load time: `configure_linears` sets
-it once after the model is loaded, and nothing reads the environment per call. The environment
-variables below are overrides of the defaults, read once by `kernel_for`; an argument given to
-`kernel_for` (the self-test passes its candidate's) wins over them:
-
-  INT4_LINEAR_VARIANT   chunked|fused   bf16 path: dequantize slices + vendor GEMM (default), or
-                                        the fused Triton kernels
-  INT4_LINEAR_KERNEL    0               the plain-PyTorch reference even on a GPU
-  INT4_LINEAR_CHUNK_MIB 64              bf16 path: MiB of dequantized weight per slice
-  INT4_W4A8_ACT         fp8|int8        int4_w4a8's 8-bit type (default: fp8 where the GPU has
-                                        FP8 matrix units, NVIDIA sm89+ and AMD gfx12; int8 elsewhere)
-  INT4_W4A8_GEMM        triton|scaled_mm  int4_w4a8's GEMM (scaled_mm: FP8 on NVIDIA only)
-  INT4_W4A8_CHUNK_MIB   256             int4_w4a8: MiB of 8-bit weight per requantized slice
+An Int4Linear holds its kernel choice (`Int4Kernel`) from load time: `kernel_for` makes it once
+from the run's model_kwargs (`w4a8_activations`, `w4a8_gemm`, `int4_chunk_mib`, `int4_kernel`:
+toolkit/settings.py), and nothing reads the environment or the config per call.
 
 Stdlib-only at module level: the launcher reads the table without torch.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Mapping, Optional
+
+from .settings import read
 
 BF16 = "bf16"
 FP8 = "fp8"
 INT8 = "int8"
 EIGHT_BIT = "8bit"  # a qtype whose activations are fp8 or int8, chosen per device
-INT4_VARIANTS = ("chunked", "fused")
-W4A8_GEMMS = ("triton", "scaled_mm")
+CHUNKED = "chunked"  # the bf16 path: dequantize a slice of W, then the vendor GEMM
 DEFAULT_CHUNK_MIB = 64
 
 
@@ -47,18 +38,28 @@ class Qtype:
     gemm: str  # the default GEMM path of those activations
     cache_qtype: str  # the qtype whose quantized cache file this one loads and writes
     chunk_mib: int  # the default weight slice of its sliced GEMM path
+    tolerance: float  # largest relative (Frobenius) difference of its GPU kernels from the reference:
+    # the same codes, summed in another fp32 order; for 8-bit activations also the rare activation
+    # code on a rounding tie (the kernel divides in Triton, the reference in torch)
 
 
 INT4_LINEAR = "toolkit.int4_linear.Int4Linear"
 QTYPES = {
     spec.name: spec
     for spec in (
-        Qtype("int4_fused", INT4_LINEAR, BF16, "chunked", "int4_fused", DEFAULT_CHUNK_MIB),
+        Qtype("int4_fused", INT4_LINEAR, BF16, CHUNKED, "int4_fused", DEFAULT_CHUNK_MIB, 1e-2),
         # 256 MiB: a FLUX.2 block Linear in one or two slices. At 512 px the 8-bit path is bound by
         # kernel launches, and 64 MiB slices cost 13 % of a step (bench/RESULTS.md, "Slice size")
-        Qtype("int4_w4a8", INT4_LINEAR, EIGHT_BIT, "triton", "int4_fused", 256),
+        Qtype("int4_w4a8", INT4_LINEAR, EIGHT_BIT, "triton", "int4_fused", 256, 2e-2),
     )
 }
+STREAMABLE = tuple(QTYPES)
+"""The qtypes whose blocks a memory plan can stream (plain tensors in an Int4Linear): `qtype: auto`
+picks among these, and the fastest the self-test passed, where the plan may stream."""
+FALLBACK = "uint4"
+"""The fork's own torchao 4-bit path: what `qtype: auto` becomes where no kernel of the table passed
+the self-test and nothing streams. Its 4-bit codes equal int4_fused's, so a run may change between
+them on a resume (`same_codes`)."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class Int4Kernel:
     """How one Int4Linear multiplies: fixed when the model loads."""
 
     activations: str = BF16  # BF16, FP8 or INT8
-    gemm: str = "chunked"  # bf16: an INT4_VARIANTS entry; 8-bit: a W4A8_GEMMS entry
+    gemm: str = CHUNKED  # bf16: CHUNKED; 8-bit: triton or scaled_mm
     chunk_bytes: int = DEFAULT_CHUNK_MIB * 2**20  # weight slice of the sliced paths
     use_kernel: Optional[bool] = None  # None: the GPU kernels where they run, else the reference
 
@@ -77,18 +78,11 @@ def cache_qtype(name: str) -> str:
     return spec.cache_qtype if spec else name
 
 
-def _chunk_bytes(environ: Mapping[str, str], variable: str, default_mib: int) -> int:
-    text = environ.get(variable, str(default_mib)).strip()
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"{variable}={text!r}: a whole number of MiB, at least 1 (default {default_mib})")
-    return int(text) * 2**20
-
-
-def _pick(value: str, choices: tuple, what: str) -> str:
-    value = value.strip().lower()
-    if value not in choices:
-        raise ValueError(f"{what}={value!r}: pick one of {', '.join(choices)}")
-    return value
+def same_codes(old: str, new: str) -> bool:
+    """Whether a LoRA trained on qtype `old` may go on training on `new`: the same 4-bit codes of
+    the same base weights (uint4 and every qtype of the table), only other matmuls."""
+    four_bit = {FALLBACK, *QTYPES}
+    return old in four_bit and new in four_bit
 
 
 def sm_number(arch: str) -> int:
@@ -132,41 +126,19 @@ def _is_hip() -> bool:
     return bool(getattr(torch.version, "hip", None))
 
 
-def kernel_for(name: str, device=None, *, activations: Optional[str] = None, gemm: Optional[str] = None,
-               use_kernel: Optional[bool] = None, chunk_bytes: Optional[int] = None,
-               environ: Optional[Mapping[str, str]] = None) -> Int4Kernel:
-    """The kernel choice of qtype `name` on `device` (default: the current CUDA/ROCm device):
-    explicit arguments first, then the environment's overrides, then the table's defaults."""
+def kernel_for(name: str, model_kwargs: Optional[Mapping] = None, device=None) -> Int4Kernel:
+    """The kernel of qtype `name` on `device` (default: the current CUDA/ROCm device), from the
+    run's model_kwargs (the self-test passes its candidate's) and the table's defaults."""
     spec = QTYPES.get(name)
     if spec is None:
         raise ValueError(f"qtype {name!r} has no 4-bit Linear kernel; the table knows {', '.join(QTYPES)}")
-    env = os.environ if environ is None else environ
-    if use_kernel is None and env.get("INT4_LINEAR_KERNEL", "1").strip() == "0":
-        use_kernel = False
+    model_kwargs = model_kwargs or {}
+    use_kernel = None if read(model_kwargs, "int4_kernel") else False
+    chunk_bytes = (read(model_kwargs, "int4_chunk_mib") or spec.chunk_mib) * 2**20
     if spec.activations == BF16:
-        return Int4Kernel(BF16, _pick(gemm or env.get("INT4_LINEAR_VARIANT") or spec.gemm, INT4_VARIANTS,
-                                      "INT4_LINEAR_VARIANT"),
-                          chunk_bytes or _chunk_bytes(env, "INT4_LINEAR_CHUNK_MIB", spec.chunk_mib), use_kernel)
-    chosen = activations or env.get("INT4_W4A8_ACT", "").strip()
-    fmt = _pick(chosen, (FP8, INT8), "INT4_W4A8_ACT") if chosen else (FP8 if has_fp8_units(device) else INT8)
-    path = _pick(gemm or env.get("INT4_W4A8_GEMM") or spec.gemm, W4A8_GEMMS, "INT4_W4A8_GEMM")
-    if path == "scaled_mm" and (fmt != FP8 or _is_hip()):
-        raise ValueError("INT4_W4A8_GEMM=scaled_mm needs FP8 activations on an NVIDIA GPU")
-    return Int4Kernel(fmt, path, chunk_bytes or _chunk_bytes(env, "INT4_W4A8_CHUNK_MIB", spec.chunk_mib), use_kernel)
-
-
-def configure_linears(model, name: str, device=None, **choice) -> int:
-    """After loading (from the checkpoint or the quantized cache): every Int4Linear of `model`
-    takes qtype `name`'s kernel, resolved once here. Returns how many run 8-bit activations;
-    a qtype outside the table has no Int4Linear and leaves the model alone."""
-    if name not in QTYPES:
-        return 0
-    from toolkit.int4_linear import Int4Linear
-
-    kernel = kernel_for(name, device, **choice)
-    count = 0
-    for module in model.modules():
-        if isinstance(module, Int4Linear):
-            module.kernel = kernel
-            count += kernel.activations != BF16
-    return count
+        return Int4Kernel(BF16, CHUNKED, chunk_bytes, use_kernel)
+    fmt = read(model_kwargs, "w4a8_activations") or (FP8 if has_fp8_units(device) else INT8)
+    gemm = read(model_kwargs, "w4a8_gemm")
+    if gemm == "scaled_mm" and (fmt != FP8 or _is_hip()):
+        raise ValueError("model_kwargs w4a8_gemm: scaled_mm needs w4a8_activations: fp8 on an NVIDIA GPU")
+    return Int4Kernel(fmt, gemm, chunk_bytes, use_kernel)

@@ -38,9 +38,10 @@ from toolkit.qcache_format import (  # noqa: F401  (names the tests and the benc
 )
 from toolkit.qcache_index import cache_file_name
 from toolkit.qcache_rebuild import assign_state, rebuild_state  # noqa: F401
-from toolkit.qtypes import QTYPES, cache_qtype
+from toolkit.qtypes import INT4_LINEAR, QTYPES, cache_qtype
+from toolkit.settings import read
 from toolkit.safetensors_header import source_fingerprint
-from toolkit.staged_load import STAGING_BUFFER_BYTES, STAGING_BUFFERS
+from toolkit.staged_load import STAGING_BUFFERS
 
 ENV_CACHE_DIR = "AITK_QUANT_CACHE_DIR"
 ENV_FORK_COMMIT = "AITK_FORK_COMMIT"
@@ -215,18 +216,12 @@ class QuantizedCache:
         return True
 
 
-def _bool(v: Any) -> bool:
-    if isinstance(v, str):
-        return v.strip().lower() not in ("0", "false", "no", "off", "")
-    return bool(v)
-
-
 def cache_dir_for(model_kwargs: Dict[str, Any], training_folder: Optional[str]) -> Optional[Path]:
     """model_kwargs.quantized_cache_dir, else $AITK_QUANT_CACHE_DIR, else
     <training_folder>/../quant_cache (shared by the runs of one output folder);
     None when none is known (the model was not built by a training process)."""
-    if model_kwargs.get("quantized_cache_dir"):
-        return Path(str(model_kwargs["quantized_cache_dir"]))
+    if read(model_kwargs, "quantized_cache_dir"):
+        return Path(read(model_kwargs, "quantized_cache_dir"))
     if os.environ.get(ENV_CACHE_DIR):
         return Path(os.environ[ENV_CACHE_DIR])
     if training_folder:
@@ -235,14 +230,14 @@ def cache_dir_for(model_kwargs: Dict[str, Any], training_folder: Optional[str]) 
 
 
 def _cached_backend(qtype: str) -> Optional[str]:
-    """Which cacheable backend quantizes `qtype` in this trainer: "torchao", "int4_fused"
-    (the fork's Int4Linear), "ostris" (upstream's OstrisLinear), or None (optimum-quanto)."""
+    """Which cacheable backend quantizes `qtype` in this trainer: "torchao", INT4_LINEAR (the
+    project's Int4Linear: every qtype of toolkit/qtypes.py), "ostris" (upstream's OstrisLinear), or None (optimum-quanto)."""
     from toolkit.util import quantize
 
     if qtype in quantize.torchao_qtypes:
         return "torchao"
     if qtype in QTYPES:
-        return "int4_fused"
+        return INT4_LINEAR
     api = _ostris_api()
     if api is not None and api.get_ostris_quantizer(qtype) is not None:
         return "ostris"
@@ -253,7 +248,7 @@ def cache_for_model(base_model, source_path, model: torch.nn.Module) -> Optional
     """The cache for a BaseModel's transformer, or None when it is off or not possible."""
     cfg = base_model.model_config
     kwargs = getattr(cfg, "model_kwargs", None) or {}
-    if not cfg.quantize or not _bool(kwargs.get("quantized_cache", True)):
+    if not cfg.quantize or not read(kwargs, "quantized_cache"):
         return None
     qtype = cfg.qtype if isinstance(cfg.qtype, str) else getattr(cfg.qtype, "name", str(cfg.qtype))
     qtype = cache_qtype(qtype)  # int4_w4a8 loads int4_fused's file: the same model, other matmuls
@@ -276,7 +271,7 @@ def cache_for_model(base_model, source_path, model: torch.nn.Module) -> Optional
         _say(f"no training folder known; set model_kwargs quantized_cache_dir or ${ENV_CACHE_DIR}; no cache")
         return None
     extra = {"dtype": str(base_model.torch_dtype).replace("torch.", "")}
-    if backend == "int4_fused":
+    if backend == INT4_LINEAR:
         from toolkit import int4_linear
 
         extra["int4_linear"] = int4_linear.FORMAT_VERSION
@@ -293,13 +288,9 @@ def cache_for_model(base_model, source_path, model: torch.nn.Module) -> Optional
 def staging_options(model_kwargs: Dict[str, Any]) -> Dict[str, Any]:
     """read_spans options from model_kwargs: cache_staging_mib (host RAM for the staging
     buffers of a GPU load, default 256, split in four) and pinned_staging (default true)."""
-    total = model_kwargs.get("cache_staging_mib", STAGING_BUFFERS * STAGING_BUFFER_BYTES >> 20)
-    if isinstance(total, bool) or not isinstance(total, int) or total < STAGING_BUFFERS:
-        raise ValueError(
-            f"model_kwargs cache_staging_mib must be a whole number of MiB, at least {STAGING_BUFFERS}; got {total!r}"
-        )
+    total = read(model_kwargs, "cache_staging_mib")
     return {
         "buffers": STAGING_BUFFERS,
         "buffer_bytes": (total << 20) // STAGING_BUFFERS,
-        "pin": _bool(model_kwargs.get("pinned_staging", True)),
+        "pin": read(model_kwargs, "pinned_staging"),
     }

@@ -26,6 +26,7 @@ from typing import Callable, Dict, Optional
 import torch
 from safetensors.torch import save as safetensors_bytes
 
+from toolkit.settings import read
 from toolkit.streamed_safetensors import SafetensorsHeaderError, StreamedSafetensors
 
 FORMAT = 1
@@ -140,8 +141,8 @@ class TextEmbeddingCache:
 def cache_folder(model_kwargs: Dict, training_folder: Optional[str]) -> Optional[Path]:
     """model_kwargs.text_embedding_cache_dir, else $AITK_TEXT_CACHE_DIR, else
     <training_folder>/../text_cache; None when none is known."""
-    if model_kwargs.get("text_embedding_cache_dir"):
-        return Path(str(model_kwargs["text_embedding_cache_dir"]))
+    if read(model_kwargs, "text_embedding_cache_dir"):
+        return Path(read(model_kwargs, "text_embedding_cache_dir"))
     if os.environ.get(ENV_CACHE_DIR):
         return Path(os.environ[ENV_CACHE_DIR])
     if training_folder:

@@ -24,6 +24,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from toolkit.settings import CATALOGUE, read
 from toolkit.streamed_text_encoder import (
     EncoderFolder, PromptTemplate, StreamedTextEncoder, TextEncoderFolderError, encode_in_groups,
     group_size_for, open_encoder,
@@ -32,7 +33,7 @@ from toolkit.text_embedding_cache import (
     TextEmbeddingCache, cache_folder, key_digest, recall_encoder, remember_encoder,
 )
 
-DEFAULT_BUDGET_MIB = 1024  # hidden states one pass over the encoder may hold (host RAM)
+DEFAULT_BUDGET_MIB = CATALOGUE["text_phase_budget_mib"].default  # hidden states one encoder pass may hold
 
 
 @dataclass
@@ -230,19 +231,13 @@ def run_text_phase(phase: TextPhase, prompts: List[str], cache_dir: Optional[Pat
     return store
 
 
-def _flag(value) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() not in ("0", "false", "no", "off", "")
-    return bool(value)
-
-
 def text_phase_for_model(model, encoder_path: str, template: PromptTemplate, context_width: int
                          ) -> Optional[TextEmbeddings]:
     """Run the text phase for a BaseModel when the run allows it; None keeps the loaded encoder."""
     config = model.model_config
     kwargs = config.model_kwargs
     plan = getattr(model, "plan_prompts", None)  # set by the training process
-    if not _flag(kwargs.get("streamed_text_encoder", True)) or plan is None:
+    if not read(kwargs, "streamed_text_encoder") or plan is None:
         return None
     log = model.print_and_status_update
     planned: RunPrompts = plan()
@@ -252,7 +247,7 @@ def text_phase_for_model(model, encoder_path: str, template: PromptTemplate, con
     if config.quantize_te:
         log("text phase: quantize_te is not used; the streamed encoder gives bf16 embeddings "
             "(model_kwargs streamed_text_encoder: false loads the 4-bit encoder instead)")
-    budget = int(kwargs.get("text_phase_budget_mib", DEFAULT_BUDGET_MIB)) * 2**20
+    budget = read(kwargs, "text_phase_budget_mib") * 2**20
     phase = TextPhase(resolve_encoder_path(encoder_path), template, context_width, model.device_torch,
                       model.torch_dtype, budget, log)
     folder = cache_folder(kwargs, getattr(model, "training_folder", None))

@@ -54,7 +54,7 @@ def build(m, flux2, shape: dict, candidate: dict | None, device):
     in_blocks = lambda name, _: name.split(".")[0] in ("double_blocks", "single_blocks")  # noqa: E731
     if candidate:
         m.int4.quantize_linears(model, in_blocks)
-        m.qtypes.configure_linears(model, candidate["qtype"], device, environ={}, **candidate.get("kernel", {}))
+        m.int4.configure_linears(model, candidate["qtype"], candidate.get("kernel"), device)
     adapters = training.with_lora(m, model, RANK, kinds=(m.int4.Int4Linear,) if candidate else (torch.nn.Linear,),
                                   where=in_blocks)
     for up in adapters[1::2]:
@@ -138,8 +138,7 @@ def applicable(report: dict) -> str | None:
 
 def candidate_from(fastest: dict) -> dict:
     """The self-test's fastest candidate, as the child takes it."""
-    return {"name": fastest["candidate"], "qtype": fastest["qtype"], "kernel": fastest.get("kernel") or {},
-            "env": fastest.get("env") or {}}
+    return {"name": fastest["candidate"], "qtype": fastest["qtype"], "kernel": fastest.get("kernel") or {}}
 
 
 def verdict(stdout: str, returncode: int, stderr: str) -> dict:

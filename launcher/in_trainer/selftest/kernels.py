@@ -3,9 +3,9 @@
 A *candidate* is a qtype plus the kernel choice that picks its GPU path: `int4_fused` (bf16
 activations, 4-bit weight dequantized a slice at a time), and `int4_w4a8` with FP8 activations
 (GPUs with FP8 matrix units) or int8 activations, each through the portable Triton GEMM or, for
-FP8 on NVIDIA, torch._scaled_mm. The choice is handed to the trainer's qtype table
-(toolkit/qtypes.py `kernel_for`) as arguments; its `env` is what `run` exports for the chosen
-candidate (the table's documented overrides). Every function takes the trainer's modules as
+FP8 on NVIDIA, torch._scaled_mm. The choice is a candidate's `kernel`: the model_kwargs
+(`w4a8_activations`, `w4a8_gemm`: toolkit/settings.py) the trainer's qtype table reads
+(`kernel_for`), and the ones `run` writes into a run's config when it picks the candidate. Every function takes the trainer's modules as
 arguments (`Modules`): nothing here imports torch at module level, because the launcher imports
 this file in its own interpreter for the constants.
 """
@@ -15,11 +15,6 @@ import time
 CHECK_SHAPES = [(320, 640, 576), (77, 192, 200)]
 """(tokens, in, out) for the kernel-vs-reference checks: partial tiles, an odd token count (where
 torch._scaled_mm, which wants multiples of 16, hands over to the Triton GEMM)."""
-
-KERNEL_TOLERANCE = {"int4_fused": 1e-2, "int4_w4a8": 2e-2}
-"""Largest relative (Frobenius) difference between a kernel and its reference path. The
-reference computes the same codes; what differs is fp32 summation order, and for W4A8 the
-rare activation code on a rounding tie (the kernel divides in Triton, the reference in torch)."""
 
 QUALITY_TOLERANCE = {"int8": 0.03, "fp8": 0.06, "outliers": 0.06}
 """Largest relative error of an 8-bit-activation layer (6144 -> 384, 256 tokens) against the
@@ -55,11 +50,10 @@ class Modules:
 
 
 def candidate(qtype: str, activations: str | None = None, gemm: str | None = None, label: str = "") -> dict:
-    """One candidate: its kernel choice, and the overrides `run` exports when it is chosen."""
-    kernel = {key: value for key, value in (("activations", activations), ("gemm", gemm)) if value}
-    env = {"INT4_W4A8_ACT": activations, "INT4_W4A8_GEMM": gemm} if qtype == "int4_w4a8" and gemm else {}
+    """One candidate: a qtype and its kernel choice, as the model_kwargs `run` writes when it is chosen."""
+    kernel = {key: value for key, value in (("w4a8_activations", activations), ("w4a8_gemm", gemm)) if value}
     name = " ".join(part for part in (qtype, activations, gemm) if part) + label
-    return {"name": name, "qtype": qtype, "kernel": kernel, "env": env}
+    return {"name": name, "qtype": qtype, "kernel": kernel}
 
 
 def candidates(fp8_units: bool, hip: bool) -> list[dict]:
@@ -74,8 +68,7 @@ def candidates(fp8_units: bool, hip: bool) -> list[dict]:
 
 def kernel_of(m: Modules, candidate: dict, device):
     """The candidate's kernel, from the trainer's qtype table with the candidate's choice passed in."""
-    return m.qtypes.kernel_for(candidate["qtype"], device, environ={},
-                               **candidate.get("kernel", {}))
+    return m.qtypes.kernel_for(candidate["qtype"], candidate.get("kernel"), device)
 
 
 def random_layer(m: Modules, in_f: int, out_f: int, candidate: dict, device, seed: int):
@@ -120,7 +113,7 @@ def check_candidate(m: Modules, candidate: dict, device) -> dict:
             worst = max(worst, relative_error(y, y_ref), relative_error(dx, dx_ref))
     except Exception as error:  # a kernel that does not compile or run on this GPU is a finding
         return {"candidate": candidate["name"], "passed": False, "error": f"{type(error).__name__}: {error}"[:800]}
-    tolerance = KERNEL_TOLERANCE[candidate["qtype"]]
+    tolerance = m.qtypes.QTYPES[candidate["qtype"]].tolerance
     return {"candidate": candidate["name"], "passed": worst <= tolerance, "max_relative_error": worst,
             "tolerance": tolerance}
 
@@ -152,7 +145,7 @@ def reference_candidates() -> list[dict]:
 
 def quality_passed(checks: list, candidate: dict) -> bool:
     """int4_w4a8 candidates need both quality checks of their format; int4_fused has none."""
-    fmt = candidate.get("kernel", {}).get("activations")
+    fmt = candidate.get("kernel", {}).get("w4a8_activations")
     return fmt is None or all(c["passed"] for c in checks if c.get("format") == fmt)
 
 

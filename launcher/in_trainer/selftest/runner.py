@@ -100,7 +100,7 @@ def pick_fastest(report: dict, cands: list, eligible: set) -> dict:
         return {"qtype": None, "reason": "no 4-bit kernel path passed its checks, quality gate and training steps"}
     ms, name = ranked[0]
     best = next(c for c in cands if c["name"] == name)
-    return {"qtype": best["qtype"], "candidate": name, "kernel": best["kernel"], "env": best["env"], "step_ms": ms,
+    return {"qtype": best["qtype"], "candidate": name, "kernel": best["kernel"], "step_ms": ms,
             "x_bf16": ms / totals["bf16"] if totals.get("bf16") else None}
 
 

@@ -88,7 +88,7 @@ def train_candidate(m: Modules, flux2, candidate: dict, device) -> dict:
     model = flux2.Flux2(flux2.Flux2Params(**FLUX2_PARAMS)).to(torch.bfloat16)
     model.requires_grad_(False)
     m.int4.quantize_linears(model, lambda name, _: name.split(".")[0] in ("double_blocks", "single_blocks"))
-    m.qtypes.configure_linears(model, candidate["qtype"], device, environ={}, **candidate.get("kernel", {}))
+    m.int4.configure_linears(model, candidate["qtype"], candidate.get("kernel"), device)
     params = with_lora(m, model, RANK)
     model.to(device)
     optimizer = torch.optim.AdamW(params, lr=LEARNING_RATE)

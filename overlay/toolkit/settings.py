@@ -1,0 +1,182 @@
+"""Every setting the project owns, in one table: its type, allowed values, default, one line of doc,
+and who turns its `auto` into a value.
+
+Two blocks of a preset hold them: `model_kwargs` (read by the patched trainer) and `launcher:`
+(read by the launcher only). The launcher's schema checks a preset with `Setting.problem`, `run`
+resolves every `auto` marked `RUN` and writes every model_kwargs setting as a concrete value into
+the run's config (`complete`), and the trainer reads them back with `read`: one rule, one default,
+one route. docs/options.md is generated from this table (`python -m launcher.catalogue`).
+
+Stdlib only: the launcher imports this file without torch and without a trainer checkout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+AUTO = "auto"
+RUN = "`python -m launcher run` (from the self-test)"
+"""Who resolves an `auto` before the trainer starts; the trainer refuses to read one."""
+MODEL_KWARGS, LAUNCHER = "model_kwargs", "launcher"
+
+
+class SettingError(ValueError):
+    """A setting's value the table does not allow; the message names the key and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    block: str  # MODEL_KWARGS or LAUNCHER
+    kind: str  # bool | int | number | choice | text | mapping
+    default: Any
+    doc: str
+    choices: Tuple[str, ...] = ()
+    minimum: Optional[float] = None
+    maximum: Optional[float] = None
+    auto: Optional[str] = None
+    """Who turns `auto` into a value (RUN, or a sentence); None: `auto` is not allowed."""
+
+    @property
+    def allowed(self) -> str:
+        words = {
+            "bool": "true or false",
+            "int": "a whole number" + (f" >= {self.minimum:g}" if self.minimum is not None else ""),
+            "number": "a number" + (f" >= {self.minimum:g}" if self.minimum is not None else "")
+            + (f", at most {self.maximum:g}" if self.maximum is not None else ""),
+            "choice": " | ".join(self.choices),
+            "text": "a non-empty text",
+            "mapping": "a mapping (key: value lines)",
+        }[self.kind]
+        return (f"auto, {words}" if self.kind == "bool" else f"auto | {words}") if self.auto else words
+
+    def problem(self, value: Any) -> Optional[str]:
+        """Why `value` is not allowed here, or None. `null` stands for the default."""
+        value = self.normal(value)
+        if value is None or (value == AUTO and self.auto):
+            return None
+        if self.kind == "bool":
+            return None if isinstance(value, bool) else "not true/false"
+        if self.kind in ("int", "number"):
+            whole = isinstance(value, int) and not isinstance(value, bool)
+            number = whole or (isinstance(value, float) and value == value and abs(value) != float("inf"))
+            if not (whole if self.kind == "int" else number):
+                return "not a whole number" if self.kind == "int" else "not a number"
+            return None if self._in_range(value) else "out of range"
+        if self.kind == "choice":
+            return None if value in self.choices else "not one of the allowed values"
+        if self.kind == "text":
+            return None if isinstance(value, str) and value else "not a non-empty text"
+        return None if isinstance(value, dict) else "not a mapping"
+
+    def normal(self, value: Any) -> Any:
+        """YAML 1.1 reads a bare `off` as false: where `off` is a choice, false means it."""
+        return "off" if value is False and "off" in self.choices else value
+
+    def _in_range(self, value) -> bool:
+        return (self.minimum is None or value >= self.minimum) and (self.maximum is None or value <= self.maximum)
+
+
+def _settings(*items: Setting) -> Dict[str, Setting]:
+    return {item.name: item for item in items}
+
+
+def _kw(name, kind, default, doc, **more) -> Setting:
+    return Setting(name, MODEL_KWARGS, kind, default, doc, **more)
+
+
+def _ln(name, kind, default, doc, **more) -> Setting:
+    return Setting(name, LAUNCHER, kind, default, doc, **more)
+
+
+CATALOGUE: Dict[str, Setting] = _settings(
+    # where the model and its parts come from
+    _kw("text_encoder_path", "text", None, "the Mistral text encoder folder (set by `run` from --text-encoder)"),
+    _kw("flux2_params", "mapping", None, "the transformer's shape (Flux2Params); unset: FLUX.2 [dev]"),
+    _kw("ae_params", "mapping", None, "the autoencoder's shape (AutoEncoderParams); unset: FLUX.2's"),
+    # walls 3-4: the text phase
+    _kw("streamed_text_encoder", "bool", True, "walls 3-4: embed every prompt first, the encoder streamed layer "
+        "by layer, before the transformer loads"),
+    _kw("text_phase_budget_mib", "int", 1024, "host RAM one pass of the streamed encoder may hold", minimum=1),
+    _kw("text_embedding_cache_dir", "text", None, "the prompt embedding cache (set by `run`: <workdir>/cache)"),
+    # walls 1, 2, 8, 9: loading
+    _kw("streamed_loader", "bool", True, "wall 1: read the checkpoint one block at a time"),
+    _kw("quantize_device", "choice", "cpu", "where blocks are quantized: the GPU is faster, one block there "
+        "at a time", choices=("cpu", "gpu")),
+    _kw("allow_unquantized_block_linears", "bool", False, "train on although a block Linear was left in bf16"),
+    _kw("quantized_cache", "bool", True, "wall 8: keep the quantized transformer in a code-free cache"),
+    _kw("quantized_cache_dir", "text", None, "the quantized cache (set by `run`: <workdir>/cache)"),
+    _kw("cache_staging_mib", "int", 256, "host RAM of the staging buffers a cache read to the GPU uses",
+        minimum=4),
+    _kw("pinned_staging", "bool", True, "pin the staging buffers (faster copies to the GPU)"),
+    _kw("resident_after_te_cache", "bool", True, "wall 9: the transformer goes to the GPU once the text "
+        "embeddings are cached, and stays"),
+    _kw("blocks_to_device", "bool", True, "each quantized block is placed where training needs it as it "
+        "is built"),
+    _kw("stay_placed", "bool", True, "the placed transformer stays on the GPU while the VAE works"),
+    _kw("cached_data_in_process", "bool", True, "no dataloader workers when every item is a cached file"),
+    # wall 6
+    _kw("lora_sampler", "bool", True, "wall 6: FLUX.2 samples through the LoRA sampler"),
+    # walls 5 and 11: the memory plan
+    _kw("memory_plan", "choice", "off", "walls 5/11: auto plans, per launch, which blocks stay on the GPU and "
+        "which stream from pinned host memory, from the VRAM free when the model loads; off: all resident",
+        choices=("auto", "off")),
+    _kw("stream_mode", "choice", "serialized", "how streamed blocks are copied: serialized, or overlapped with "
+        "the compute (NVIDIA only; wall 5)", choices=("serialized", "overlapped"), auto=RUN),
+    _kw("vram_budget_gib", "number", None, "the memory plan's budget, and the allocator's cap; unset: the "
+        "VRAM free at load time", minimum=0.25, maximum=1024),
+    _kw("vram_margin_gib", "number", 1.0, "VRAM the plan leaves free (allocator slack)", minimum=0, maximum=1024),
+    # wall 11 and the 4-bit kernels
+    _kw("compile_blocks", "bool", False, "wall 11: torch.compile each transformer block class (fuses the "
+        "elementwise chains around the 4-bit matmuls)", auto=RUN),
+    _kw("w4a8_activations", "choice", None, "int4_w4a8's 8-bit activations; unset: fp8 where the GPU has FP8 "
+        "matrix units (NVIDIA sm_89+, AMD gfx12), else int8", choices=("fp8", "int8"), auto=RUN),
+    _kw("w4a8_gemm", "choice", "triton", "int4_w4a8's GEMM: Triton, or torch._scaled_mm (FP8 on NVIDIA)",
+        choices=("triton", "scaled_mm"), auto=RUN),
+    _kw("int4_chunk_mib", "int", None, "MiB of weight one sliced 4-bit matmul dequantizes at a time; unset: "
+        "the qtype's own (64 int4_fused, 256 int4_w4a8)", minimum=1),
+    _kw("int4_kernel", "bool", True, "false: the plain-PyTorch reference of the 4-bit Linears even on a GPU "
+        "(debugging)"),
+    # the launcher's own block
+    _ln("tiny", "bool", False, "build and train the embedded tiny FLUX.2 (tests, CI)"),
+    _ln("card", "text", None, "the cards the preset is for (`python -m launcher presets`)"),
+    _ln("env", "mapping", {}, "extra environment of the trainer process, from an allow list"),
+    _ln("platform", "choice", "cuda", "what the preset was tuned for", choices=("rocm", "cuda", "cpu")),
+    _ln("allocator", "choice", "expandable_segments", "wall 7: expandable segments; default leaves "
+        "PyTorch's allocator alone", choices=("expandable_segments", "default")),
+    _ln("telemetry", "mapping", {"interval_s": 10}, "telemetry rows: interval_s seconds apart"),
+    _ln("watchdog", "mapping", {"enabled": False}, "the stall watchdog (launcher/watchdog/policy.py)"),
+    _ln("skip_bad_images", "bool", False, "train without the dataset files that fail the checks"),
+    _ln("sampling", "choice", "auto", "wall 6: in-training samples where the self-test sampled (auto), or "
+        "always (force)", choices=("auto", "force")),
+)
+
+
+def model_kwargs_settings() -> Dict[str, Setting]:
+    return {name: item for name, item in CATALOGUE.items() if item.block == MODEL_KWARGS}
+
+
+def read(model_kwargs: Dict[str, Any], name: str) -> Any:
+    """The value of one model_kwargs setting: the config's, else the table's default; checked."""
+    setting = CATALOGUE[name]
+    value = setting.normal(model_kwargs.get(name))
+    if value == AUTO and setting.auto == RUN:
+        raise SettingError(f"model_kwargs {name}: auto is resolved by {setting.auto} before the trainer starts; "
+                           f"a config given to the trainer directly needs {' | '.join(setting.choices) or 'true | false'}")
+    why = setting.problem(value)
+    if why:
+        raise SettingError(f"model_kwargs {name}: {value!r} is {why}; allowed: {setting.allowed}")
+    return setting.default if value is None else value
+
+
+def complete(model_kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """model_kwargs with every setting that has a default present: the config's value or the default.
+    A setting whose default is "unset" stays absent, and a key the table does not know is kept as
+    it is (the trainer's own)."""
+    done = dict(model_kwargs)
+    for name in model_kwargs_settings():
+        value = read(model_kwargs, name)
+        if value is not None:
+            done[name] = value
+    return done
