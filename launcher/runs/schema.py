@@ -215,7 +215,6 @@ ENV_ALLOWED = {
     "HF_DATASETS_OFFLINE": "keeps datasets off the network",
     "TOKENIZERS_PARALLELISM": "the tokenizers' thread pool, and its fork warning",
     "INT4_LINEAR_KERNEL": "the int4 Linear's kernel on or off (overlay/toolkit/qtypes.py)",
-    "INT4_LINEAR_VARIANT": "the int4_fused GEMM path (overlay/toolkit/qtypes.py)",
     "INT4_LINEAR_CHUNK_MIB": "the int4_fused slice size (overlay/toolkit/qtypes.py)",
     "INT4_W4A8_ACT": "int4_w4a8's activation format (overlay/toolkit/qtypes.py)",
     "INT4_W4A8_GEMM": "int4_w4a8's GEMM path (overlay/toolkit/qtypes.py)",
