@@ -13,9 +13,8 @@ Runs, each in its own subprocess so that an OOM or a crash in one leaves the oth
   bf16        bench/train_step.py --weights bf16, uncapped, all four shapes (figure 4)
 
 --set qtype runs instead, for --qtype (e.g. int4_fused), built straight from random blocks (no
-cache child): the four shapes at 24 GiB, 512 px uncapped, and 512 px at 24 GiB with
-INT4_LINEAR_VARIANT=fused; --bf16-ref names an earlier suite.json whose bf16 child the x bf16
-column divides by.
+cache child): the four shapes at 24 GiB and 512 px uncapped; --bf16-ref names an earlier
+suite.json whose bf16 child the x bf16 column divides by.
 
 Each child gets a time budget; the whole suite stops starting children at --budget seconds.
 Writes suite.json (every child's JSON merged, rewritten after each child) and suite.log (all
@@ -190,7 +189,7 @@ mm = run_child("matmul", [py, "-u", "-m", "bench.gpu_suite", "--matmul-child", "
 if args.set == "qtype":  # no cache child: every child builds its weights from random blocks
     args.only = args.only or ",".join(["matmul"] + [f"{args.qtype}_{n}" for n in
                                                      ("512_cap24", "1024_cap24", "768_cap24", "448x2_cap24",
-                                                      "512_uncapped", "512_cap24_fused")])
+                                                      "512_uncapped")])
 cache = run_child("cache", [py, "-u", "-m", "bench.cache_load"] + tr + tiny +
                   ["--workdir", str(args.workdir / "qcache"), "--qtype", args.qtype, "--out", "{JSON}"], 170)
 cache_file = cache.get("cache_path") if cache.get("phase") == "done" else None
@@ -219,9 +218,8 @@ if args.set == "qtype":
         (f"{q}_768_cap24", "768", "uint4", 24, 85),
         (f"{q}_448x2_cap24", "448x2", "uint4", 24, 85),
         (f"{q}_512_uncapped", "512", "uint4", 0, 70),
-        (f"{q}_512_cap24_fused", "512", "uint4", 24, 100, {"INT4_LINEAR_VARIANT": "fused"}),
     ]
-for name, shapes, weights, cap, timeout, *env in VARIANTS:
+for name, shapes, weights, cap, timeout in VARIANTS:
     if args.tiny:
         shapes = ",".join(s.replace("1024", "96").replace("768", "80").replace("512", "64").replace("448", "48")
                           for s in shapes.split(","))
@@ -230,7 +228,7 @@ for name, shapes, weights, cap, timeout, *env in VARIANTS:
         cmd += ["--cap-gib", str(cap)]
     if weights == "uint4":
         cmd += cache_arg
-    run_child(name, cmd, timeout, dict(EXP, **(env[0] if env else {})))
+    run_child(name, cmd, timeout, EXP)
 
 # ---- summary
 ceiling = mm.get("tflops_median")

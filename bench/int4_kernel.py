@@ -5,9 +5,10 @@ For each of the six distinct block Linear shapes of the full-size FLUX.2
 transformer (Flux2Params defaults: hidden 6144, MLP 18432) at the token counts
 that reach it at 512 px (1024 image + 512 text tokens) and 1024 px (4096 + 512):
 
-  * correctness: the kernels' y = x @ W^T and dx = dy @ W against an fp32
-    reference on the same dequantized weight, next to cuBLAS bf16's own error;
-  * speed: forward and backward(dx) of the kernels, of bf16 torch.matmul on a
+  * correctness: the GPU path's y = x @ W^T and dx = dy @ W (Triton dequantizes
+    W a slice at a time, the vendor GEMM multiplies) against an fp32 reference on
+    the same dequantized weight, next to cuBLAS bf16's own error;
+  * speed: forward and backward(dx) of the GPU path, of bf16 torch.matmul on a
     bf16 weight, of our own unfused path (dequantize, then matmul) and, when
     torchao imports, of torchao's UIntXWeightOnlyConfig(torch.uint4) (what the
     fork's `qtype: uint4` does): dequantize + matmul;
@@ -33,7 +34,6 @@ p.add_argument("--out", required=True, help="JSON results (rewritten after every
 p.add_argument("--quick", action="store_true", help="two small cases only (smoke test)")
 p.add_argument("--no-torchao", action="store_true")
 p.add_argument("--unfused", action="store_true", help="also time our unfused path (dequantize all of W, matmul)")
-p.add_argument("--variants", default="fused,chunked", help="int4 GPU paths to compare (fused, chunked)")
 args = p.parse_args()
 
 import torch  # noqa: E402
@@ -49,8 +49,6 @@ from triton.testing import do_bench  # noqa: E402
 # the six block Linear shapes (name, in_features, out_features, where), as the self-test times them
 from launcher.in_trainer.selftest.kernels import BLOCK_LINEARS  # noqa: E402
 
-VARIANTS = [v for v in args.variants.split(",") if v]
-KERNELS = {"fused": (ik._fused_fwd_kernel, ik._fused_bwd_kernel)}
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: only a dry run under TRITON_INTERPRET=1
 if DEV == "cpu":
     def do_bench(fn, warmup=0, rep=0):  # noqa: F811
@@ -58,9 +56,6 @@ if DEV == "cpu":
         fn()
         return (time.perf_counter() - t0) * 1e3
 
-    for _pair in KERNELS.values():
-        for _kern in _pair:
-            _kern.configs = _kern.configs[:1]  # no autotuning without a GPU
 bf16 = torch.bfloat16
 ACT = bf16 if DEV == "cuda" else torch.float16  # the CPU interpreter mishandles bf16
 RES = {512: (1024, 512), 1024: (4096, 512)}  # px: (image tokens, text tokens)
@@ -167,20 +162,8 @@ for name, K, N, M, pxs in cases:
 
         case["err_fwd_bf16_cublas"] = err(x @ wq.t(), y_ref)
         case["err_bwd_bf16_cublas"] = err(dy @ wq, dx_ref)
-        ok = []
-        for v in VARIANTS:
-            try:
-                case[f"err_fwd_{v}"] = err(ik.int4_matmul_fwd(x, q, s, z, variant=v), y_ref)
-                case[f"err_bwd_{v}"] = err(ik.int4_matmul_bwd(dy, q, s, z, variant=v), dx_ref)
-                ok.append(v)
-            except Exception as e:  # one broken variant must not hide the others
-                case[f"error_{v}"] = f"{type(e).__name__}: {e}"[:2000]
-                R["errors"].append({"case": name, "variant": v, "tb": traceback.format_exc()[-4000:]})
-                log("FAILED", name, M, v, case[f"error_{v}"][:300])
-                continue
-            if v in KERNELS:
-                case[f"config_fwd_{v}"] = str(KERNELS[v][0].best_config)
-                case[f"config_bwd_{v}"] = str(KERNELS[v][1].best_config)
+        case["err_fwd_chunked"] = err(ik.int4_matmul_fwd(x, q, s, z), y_ref)
+        case["err_bwd_chunked"] = err(ik.int4_matmul_bwd(dy, q, s, z), dx_ref)
         del y_ref, dx_ref
 
         # ---- timing (ms, median of do_bench)
@@ -189,11 +172,9 @@ for name, K, N, M, pxs in cases:
         t["fwd_bf16"] = bench_ms(lambda: x @ wq.t())
         t["bwd_bf16"] = bench_ms(lambda: dy @ wq)
         mem["bf16"] = peak_extra(lambda: (x @ wq.t(), dy @ wq))
-        for v in ok:
-            t[f"fwd_int4_{v}"] = bench_ms(lambda: ik.int4_matmul_fwd(x, q, s, z, variant=v))
-            t[f"bwd_int4_{v}"] = bench_ms(lambda: ik.int4_matmul_bwd(dy, q, s, z, variant=v))
-            mem[f"int4_{v}"] = peak_extra(lambda: (ik.int4_matmul_fwd(x, q, s, z, variant=v),
-                                                   ik.int4_matmul_bwd(dy, q, s, z, variant=v)))
+        t["fwd_int4_chunked"] = bench_ms(lambda: ik.int4_matmul_fwd(x, q, s, z))
+        t["bwd_int4_chunked"] = bench_ms(lambda: ik.int4_matmul_bwd(dy, q, s, z))
+        mem["int4_chunked"] = peak_extra(lambda: (ik.int4_matmul_fwd(x, q, s, z), ik.int4_matmul_bwd(dy, q, s, z)))
         if args.unfused:
             t["fwd_int4_unfused"] = bench_ms(lambda: ik.reference_matmul_fwd(x, q, s, z))
             t["bwd_int4_unfused"] = bench_ms(lambda: ik.reference_matmul_bwd(dy, q, s, z))
@@ -201,8 +182,7 @@ for name, K, N, M, pxs in cases:
                                                       ik.reference_matmul_bwd(dy, q, s, z)))
 
         # ---- the module + autograd.Function, kernel vs reference path, fwd+bwd
-        kernel = Int4Kernel(gemm=ok[0] if ok else VARIANTS[0])
-        case["module_variant"] = kernel.gemm
+        kernel = Int4Kernel()
         mod = il.Int4Linear(K, N, device=DEV, kernel=kernel)
         mod.qweight, mod.scale, mod.zero = q, s, z
         xr = x.clone().requires_grad_(True)
@@ -210,7 +190,7 @@ for name, K, N, M, pxs in cases:
         y1.backward(dy)
         g1 = xr.grad.clone()
         xr.grad = None
-        mod.kernel = Int4Kernel(gemm=kernel.gemm, use_kernel=False)
+        mod.kernel = Int4Kernel(use_kernel=False)
         y2 = mod(xr)
         y2.backward(dy)
         case["module_kernel_vs_reference"] = {"y": err(y1, y2.float()), "dx": err(g1, xr.grad.float())}
@@ -252,13 +232,10 @@ for name, K, N, M, pxs in cases:
                            for k2, v in t.items() if not k2.startswith("fwd_bwd")}
         case["extra_mem_mib"] = {k2: v / 2 ** 20 for k2, v in mem.items()}
         log(f"{name:18s} M={M:5d} K={K:5d} N={N:5d} | ms fwd/bwd: bf16 {t['fwd_bf16']:.3f}/{t['bwd_bf16']:.3f} "
-            + " ".join(f"{v} {t['fwd_int4_' + v]:.3f}/{t['bwd_int4_' + v]:.3f}" for v in ok)
-            + f" ao {t.get('fwd_torchao', float('nan')):.3f}/{t.get('bwd_torchao', float('nan')):.3f} | rel err "
-            + " ".join(f"{v} {case['err_fwd_' + v]['max_rel_to_maxref']:.1e}/{case['err_bwd_' + v]['max_rel_to_maxref']:.1e}"
-                       for v in ok)
-            + f" cublas {case['err_fwd_bf16_cublas']['max_rel_to_maxref']:.1e} | "
-            + " ".join(f"{v}: {case.get('config_fwd_' + v, '')[:60]} / {case.get('config_bwd_' + v, '')[:70]}"
-                       for v in KERNELS if v in ok))
+            f"chunked {t['fwd_int4_chunked']:.3f}/{t['bwd_int4_chunked']:.3f} "
+            f"ao {t.get('fwd_torchao', float('nan')):.3f}/{t.get('bwd_torchao', float('nan')):.3f} | rel err "
+            f"chunked {case['err_fwd_chunked']['max_rel_to_maxref']:.1e}/{case['err_bwd_chunked']['max_rel_to_maxref']:.1e}"
+            f" cublas {case['err_fwd_bf16_cublas']['max_rel_to_maxref']:.1e}")
         del x, dy, q, s, z, wq, mod
         if DEV == "cuda":
             torch.cuda.empty_cache()
@@ -291,8 +268,7 @@ if not args.quick:
     # forward twice (checkpoint recompute) + backward(dx) once: the block Linear time of one training step
     R["step_block_linear_ms"] = {}
     labels = [("bf16", "fwd_bf16", "bwd_bf16"), ("int4_unfused", "fwd_int4_unfused", "bwd_int4_unfused"),
-              ("torchao", "fwd_torchao", "bwd_torchao")]
-    labels += [(f"int4_{v}", f"fwd_int4_{v}", f"bwd_int4_{v}") for v in VARIANTS]
+              ("torchao", "fwd_torchao", "bwd_torchao"), ("int4_chunked", "fwd_int4_chunked", "bwd_int4_chunked")]
     for label, kf, kb in labels:
         once = total(kf, kb)
         fwd_only = total(kf, kf)

@@ -55,8 +55,8 @@ SCENARIOS = {s.name: s for s in [
              ("bench.gpu_suite", "--trainer", "{trainer}", "--out-dir", "{out}", "--workdir", "{dir}",
               "--budget", "450"),
              "GPU", GPU_PYTHON, ("step", "cache_load"), ("suite.json", "suite.log")),
-    Scenario("gpu_suite_qtype", "the training-step children for another qtype (no cache; four shapes at 24 GiB, 512 px "
-             "uncapped and with INT4_LINEAR_VARIANT=fused), divided by the archived bf16 run",
+    Scenario("gpu_suite_qtype", "the training-step children for another qtype (no cache; four shapes at 24 GiB and 512 px "
+             "uncapped), divided by the archived bf16 run",
              ("bench.gpu_suite", "--trainer", "{trainer}", "--out-dir", "{out}", "--workdir", "{dir}",
               "--set", "qtype", "--qtype", "int4_fused", "--bf16-ref", "bench/archive/gpu_suite_2026-11-29.json",
               "--budget", "340"),
@@ -81,8 +81,8 @@ SCENARIOS = {s.name: s for s in [
              ("bench.text_encoder_stream", "--trainer", "{trainer}", "--work", "{dir}", "--out", "{out}/result.json"),
              "GPU (or `-- --device cpu` at toy sizes)", "the GPU machine's python3, the fork's transformers pin",
              ("text_encoder",), ("result.json",), needs="--tokenizer-from DIR (a FLUX.2 tokenizer folder)"),
-    Scenario("int4_kernel", "the 4-bit Linear's GPU variants per block Linear shape against bf16 and torchao",
-             ("bench.int4_kernel", "--trainer", "{trainer}", "--variants", "fused,chunked", "--out", "{out}/kernel.json"),
+    Scenario("int4_kernel", "the 4-bit Linear's GPU path per block Linear shape against bf16 and torchao",
+             ("bench.int4_kernel", "--trainer", "{trainer}", "--out", "{out}/kernel.json"),
              "GPU (or `TRITON_INTERPRET=1`, `-- --quick`)", GPU_PYTHON, ("int4_kernel", "int4_kernel_step"),
              ("kernel.json",)),
     Scenario("w4a8_quality", "the quality gate of qtype int4_w4a8 at full FLUX.2 block shapes: 8-bit against bf16 "

@@ -9,8 +9,8 @@ One weight variant per process, one or more shapes in sequence:
                     with random weights through the trainer's quantize_transformer_block;
                     then moved to the GPU whole, as the trainer does.
   --weights int4_fused  the series' qtype int4_fused: every block Linear becomes the trainer's
-                    Int4Linear (toolkit/int4_linear.py; GPU variant from INT4_LINEAR_VARIANT,
-                    default chunked), the rest torchao uint4; built or read from a cache as uint4.
+                    Int4Linear (toolkit/int4_linear.py), the rest torchao uint4; built or read from
+                    a cache as uint4.
   --weights bf16    bf16 weights, random, materialized block by block on the device.
 
 Then: LoRA (rank 32, alpha 32) on every block Linear, the model's own gradient checkpointing
@@ -56,7 +56,7 @@ args = p.parse_args()
 
 R = {"tag": args.tag or args.weights, "argv": sys.argv[1:], "phase": "start", "shapes": {},
      "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "errors": [],
-     "env": {k: os.environ[k] for k in ("INT4_LINEAR_VARIANT", "INT4_LINEAR_CHUNK_MIB", "INT4_LINEAR_KERNEL",
+     "env": {k: os.environ[k] for k in ("INT4_LINEAR_CHUNK_MIB", "INT4_LINEAR_KERNEL",
                                         "INT4_W4A8_ACT", "INT4_W4A8_GEMM", "TRITON_CACHE_AUTOTUNING")
              if k in os.environ}}
 

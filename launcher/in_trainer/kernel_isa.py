@@ -7,7 +7,7 @@ Triton's AMD and NVIDIA backends compile without a GPU (`triton.compile` with a 
 machine code of toolkit/int4_kernels.py and toolkit/int4_w4a8.py can be checked for cards nobody
 here has: RDNA3 (gfx1100 RX 7900, gfx1101 RX 7800/7700), RDNA4 (gfx1201 RX 9070) and NVIDIA
 Ampere/Ada/Blackwell consumer parts (sm_86, sm_89, sm_120). Each kernel is compiled with every
-config the runtime would autotune over on that arch (the modules' own `*_configs(arch)`) and in
+config the runtime would autotune over on that arch (int4_w4a8's `gemm_configs(arch)`) and in
 every 8-bit format the arch would run (`qtypes.arch_has_fp8_units`); `measure_all` returns, per
 target, kernel, variant and config:
 
@@ -104,21 +104,6 @@ def jobs(arch: str) -> list[Job]:
                       "stride_sn": "i32", "stride_on": "i32"},
                      ("qw_ptr", "s_ptr", "z_ptr", "out_ptr", "stride_qn", "stride_on"),
                      {"GROUP": ik.GROUP_SIZE, "BLOCK_R": 64}, {"num_warps": 4}))
-    fused = {"x_ptr": "*bf16", **weight, "y_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
-             "stride_ym": "i32", "stride_qn": "i32", "stride_sn": "i32"}
-    for config in ik.fused_fwd_configs(arch):
-        found.append(Job("_fused_fwd_kernel", "bf16", config_label(config), jit_function(ik._fused_fwd_kernel), fused,
-                         ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "y_ptr", "N", "K", "stride_xm", "stride_ym", "stride_qn"),
-                         {"GROUP": ik.GROUP_SIZE, **config.kwargs},
-                         {"num_warps": config.num_warps, "num_stages": config.num_stages}))
-    backward = {"dy_ptr": "*bf16", **weight, "dx_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
-                "stride_dym": "i32", "stride_dxm": "i32", "stride_qn": "i32", "stride_sn": "i32"}
-    for config in ik.fused_bwd_configs(arch):  # EVEN_R: every FLUX.2 width is a multiple of BLOCK_R
-        found.append(Job("_fused_bwd_kernel", "bf16", config_label(config), jit_function(ik._fused_bwd_kernel),
-                         backward, ("dy_ptr", "qw_ptr", "s_ptr", "z_ptr", "dx_ptr", "N", "K", "stride_dym",
-                                    "stride_dxm", "stride_qn"),
-                         {"GROUP": ik.GROUP_SIZE, "EVEN_R": True, **config.kwargs},
-                         {"num_warps": config.num_warps, "num_stages": config.num_stages}))
     for fmt in formats(arch):
         code = "*fp8e4nv" if fmt == qtypes.FP8 else "*i8"
         eight = {"QMAX": w.QMAX[fmt], "FP8": fmt == qtypes.FP8}

@@ -13,25 +13,22 @@ Storage (all row-major, contiguous):
   zero     uint8 [out, in // 64]  0..15
 
 Ways to run the matmuls (the module's `Int4Kernel`, toolkit/qtypes.py, picks one at load time):
-  * on a GPU (CUDA or ROCm, bf16/fp16 activations, fp32 accumulation), one of
-    - "chunked" (default): a Triton kernel dequantizes W a slice at a time into
-      a small buffer (the kernel's chunk_bytes, 64 MiB) and cuBLAS/rocBLAS multiplies
-      each slice. Not fused, but the bf16 weight never exists whole (torchao's
-      uint4 path builds it whole, through int32 temporaries, per call) and the
-      vendor GEMM does the heavy part: on an H200, summed over one training
-      step's FLUX.2 block Linears, 1.17-1.29x the time of bf16 weights, against
-      1.75-3.35x for torchao;
-    - "fused": a pair of Triton kernels, y = x @ W^T and dx = dy @ W, which
-      unpack and dequantize W in registers tile by tile and never write it to
-      memory (no temporary at all); 1.9-2.2x bf16 on an H200;
+  * on a GPU (CUDA or ROCm, bf16/fp16 activations, fp32 accumulation): a Triton
+    kernel dequantizes W a slice at a time into a small buffer (the Int4Kernel's
+    chunk_bytes, 64 MiB by default) and cuBLAS/rocBLAS multiplies each slice. The bf16
+    weight never exists whole (torchao's uint4 path builds it whole, through
+    int32 temporaries, per call) and the vendor GEMM does the heavy part: on an
+    H200, summed over one training step's FLUX.2 block Linears, 1.17-1.29x the
+    time of bf16 weights, against 1.75-3.35x for torchao;
   * a plain PyTorch reference (dequantize, then matmul) that runs anywhere,
     including the CPU, and is the correctness oracle for the kernels.
 
 The kernels use Triton's portable language only (no inline assembly, no
 vendor intrinsics, nothing Hopper-specific requested), so the same source is
-meant to run on ROCm (RDNA3 gfx1100) as on CUDA. The autotuning lists are chosen per
-arch (`config_family`): RDNA and consumer NVIDIA get lists that neither spill registers
-nor overflow shared memory there (bench/kernel_isa.py compiles them on the CPU).
+meant to run on ROCm (RDNA3 gfx1100) as on CUDA. `config_family` and `tuning_arch`
+choose the autotuning lists of toolkit/int4_w4a8.py's GEMM per arch: RDNA and consumer
+NVIDIA get lists that neither spill registers nor overflow shared memory there
+(bench/kernel_isa.py compiles them on the CPU).
 Tested: NVIDIA H200 (CUDA 13, Triton 3.6) and Triton's CPU interpreter (fp16). Not tested:
 any AMD GPU, bf16 under the interpreter (the interpreter itself mishandles bf16).
 """
@@ -42,12 +39,10 @@ import os
 
 import torch
 
-from toolkit.qtypes import device_arch, sm_number
+from toolkit.qtypes import DEFAULT_CHUNK_MIB, device_arch, sm_number
 
 GROUP_SIZE = 64
 QMAX = 15  # unsigned 4-bit codes 0..15
-VARIANTS = ("chunked", "fused")
-DEFAULT_CHUNK_BYTES = 64 * 2**20
 
 try:  # Triton is optional: without it (CPU-only installs) the reference path runs.
     import triton
@@ -159,36 +154,7 @@ if HAVE_TRITON:
         return pid_m, pid_n
 
 
-    # ---- fused: packed bytes loaded contiguously (vectorised, pipelined), unpacked with tl.interleave
-
-    # Per config family (config_family); none spills or overflows shared memory on the archs
-    # bench/kernel_isa.py compiles for (H200's lists are measured on the H200: bench/RESULTS.md).
-    FUSED_FWD = {  # BLOCK_M, BLOCK_N, W_AS_A, num_warps, num_stages
-        "amd": [(64, 64, 0, 4, 2), (128, 64, 0, 8, 2), (128, 128, 1, 8, 2), (64, 64, 1, 4, 2)],
-        "nvidia_99k": [(128, 128, 0, 8, 4), (256, 64, 0, 8, 3), (64, 128, 0, 4, 4), (128, 64, 0, 4, 4),
-                       (128, 128, 1, 8, 4), (64, 256, 1, 8, 3), (64, 128, 1, 4, 4), (128, 64, 1, 4, 4)],
-        "nvidia": [(128, 128, 0, 4, 4), (128, 256, 0, 8, 3), (256, 128, 0, 8, 3), (128, 128, 0, 8, 4),
-                   (128, 128, 1, 4, 4), (128, 256, 1, 8, 3), (256, 128, 1, 8, 3), (64, 128, 1, 4, 4)],
-    }
-    FUSED_BWD = {  # BLOCK_M, BLOCK_R, NSUB, W_AS_A, num_warps, num_stages
-        "amd": [(64, 64, 1, 0, 4, 2), (128, 64, 1, 0, 8, 2), (64, 64, 2, 0, 8, 2), (64, 64, 1, 1, 4, 2),
-                (64, 64, 2, 1, 8, 2)],
-        "nvidia_99k": [(128, 64, 2, 0, 8, 3), (64, 64, 2, 0, 4, 4), (128, 64, 1, 0, 4, 4), (256, 64, 1, 0, 8, 3),
-                       (128, 64, 2, 1, 8, 3), (128, 64, 1, 1, 4, 4), (128, 128, 2, 1, 8, 3)],
-        "nvidia": [(128, 64, 2, 0, 8, 3), (256, 64, 2, 0, 8, 3), (128, 64, 1, 0, 4, 4), (256, 64, 1, 0, 8, 3),
-                   (128, 64, 2, 1, 8, 3), (256, 64, 2, 1, 8, 3), (128, 64, 1, 1, 4, 4), (128, 128, 2, 1, 8, 3)],
-    }
-
-    def fused_fwd_configs(arch: str):
-        """The fused forward kernel's autotuning list on `arch` (bench/kernel_isa.py compiles each)."""
-        return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "W_AS_A": a, "GROUP_M": 8}, num_warps=w, num_stages=s)
-                for bm, bn, a, w, s in FUSED_FWD[config_family(arch)]]
-
-    def fused_bwd_configs(arch: str):
-        """The fused input-gradient kernel's autotuning list on `arch`."""
-        return [triton.Config({"BLOCK_M": bm, "BLOCK_R": br, "NSUB": ns, "W_AS_A": a, "GROUP_M": 8},
-                              num_warps=w, num_stages=s)
-                for bm, br, ns, a, w, s in FUSED_BWD[config_family(arch)]]
+    # ---- one quantization group of weight rows: packed bytes loaded contiguously, unpacked with tl.interleave
 
     @triton.jit
     def _unpack_dequant(b, s, z, dtype: tl.constexpr):
@@ -207,138 +173,6 @@ if HAVE_TRITON:
         s = tl.load(s_ptr + rows64 * stride_sn + g, mask=live, other=0.0)
         z = tl.load(z_ptr + rows64 * stride_sn + g, mask=live, other=0)
         return _unpack_dequant(b, s, z, dtype)
-
-    @triton.autotune(configs=fused_fwd_configs(tuning_arch()), key=["M", "N", "K"])
-    @triton.jit
-    def _fused_fwd_kernel(
-        x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr,
-        M, N, K,
-        stride_xm, stride_ym, stride_qn, stride_sn,
-        GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        W_AS_A: tl.constexpr, GROUP_M: tl.constexpr,
-    ):
-        # y[M, N] = x[M, K] @ W[N, K]^T, one quantization group (GROUP inputs) per step
-        pid_m, pid_n = _swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
-        offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
-        offs_k = tl.arange(0, GROUP)
-        offs_b = tl.arange(0, GROUP // 2)
-        rows_x = offs_m.to(tl.int64) * stride_xm
-        w_ptrs = qw_ptr + (offs_n.to(tl.int64) * stride_qn)[:, None] + offs_b[None, :]
-        s_ptrs = s_ptr + offs_n.to(tl.int64) * stride_sn
-        z_ptrs = z_ptr + offs_n.to(tl.int64) * stride_sn
-        if W_AS_A:
-            x_ptrs = x_ptr + rows_x[None, :] + offs_k[:, None]
-            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        else:
-            x_ptrs = x_ptr + rows_x[:, None] + offs_k[None, :]
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for g in range(0, K // GROUP):
-            xt = tl.load(x_ptrs)
-            w = _unpack_dequant(tl.load(w_ptrs), tl.load(s_ptrs + g), tl.load(z_ptrs + g), xt.dtype)
-            if W_AS_A:
-                acc = tl.dot(w, xt, acc)
-            else:
-                acc = tl.dot(xt, tl.trans(w), acc)
-            x_ptrs += GROUP
-            w_ptrs += GROUP // 2
-        out_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        out_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        if W_AS_A:
-            y_ptrs = y_ptr + out_m.to(tl.int64)[None, :] * stride_ym + out_n[:, None]
-            mask = (out_m[None, :] < M) & (out_n[:, None] < N)
-        else:
-            y_ptrs = y_ptr + out_m.to(tl.int64)[:, None] * stride_ym + out_n[None, :]
-            mask = (out_m[:, None] < M) & (out_n[None, :] < N)
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
-
-    @triton.jit
-    def _fused_bwd_store(dx_ptr, acc, out_m, gi, M, K, stride_dxm, GROUP: tl.constexpr, W_AS_A: tl.constexpr):
-        out_k = gi * GROUP + tl.arange(0, GROUP)
-        if W_AS_A:
-            ptrs = dx_ptr + out_m.to(tl.int64)[None, :] * stride_dxm + out_k[:, None]
-            mask = (out_m[None, :] < M) & (out_k[:, None] < K)
-        else:
-            ptrs = dx_ptr + out_m.to(tl.int64)[:, None] * stride_dxm + out_k[None, :]
-            mask = (out_m[:, None] < M) & (out_k[None, :] < K)
-        tl.store(ptrs, acc.to(dx_ptr.dtype.element_ty), mask=mask)
-
-    @triton.autotune(configs=fused_bwd_configs(tuning_arch()), key=["M", "N", "K"])
-    @triton.heuristics({"EVEN_R": lambda a: a["N"] % a["BLOCK_R"] == 0})
-    @triton.jit
-    def _fused_bwd_kernel(
-        dy_ptr, qw_ptr, s_ptr, z_ptr, dx_ptr,
-        M, N, K,
-        stride_dym, stride_dxm, stride_qn, stride_sn,
-        GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, NSUB: tl.constexpr,
-        W_AS_A: tl.constexpr, GROUP_M: tl.constexpr, EVEN_R: tl.constexpr,
-    ):
-        # dx[M, K] = dy[M, N] @ W[N, K]: each program owns NSUB (1 or 2) quantization groups of
-        # output columns, so every W tile it unpacks has one scale per row.
-        pid_m, pid_k = _swizzle(tl.program_id(0), M, K, BLOCK_M, GROUP * NSUB, GROUP_M)
-        n_groups = K // GROUP
-        g0 = pid_k * NSUB
-        g1 = tl.minimum(g0 + 1, n_groups - 1)
-        offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
-        offs_r = tl.arange(0, BLOCK_R)
-        offs_b = tl.arange(0, GROUP // 2)
-        rows_dy = offs_m.to(tl.int64) * stride_dym
-        if W_AS_A:
-            dy_ptrs = dy_ptr + rows_dy[None, :] + offs_r[:, None]
-            acc0 = tl.zeros((GROUP, BLOCK_M), dtype=tl.float32)
-            acc1 = tl.zeros((GROUP, BLOCK_M), dtype=tl.float32)
-        else:
-            dy_ptrs = dy_ptr + rows_dy[:, None] + offs_r[None, :]
-            acc0 = tl.zeros((BLOCK_M, GROUP), dtype=tl.float32)
-            acc1 = tl.zeros((BLOCK_M, GROUP), dtype=tl.float32)
-        w_rows = offs_r.to(tl.int64) * stride_qn
-        s_rows = offs_r.to(tl.int64) * stride_sn
-        w0_ptrs = qw_ptr + w_rows[:, None] + (g0 * (GROUP // 2) + offs_b)[None, :]
-        w1_ptrs = qw_ptr + w_rows[:, None] + (g1 * (GROUP // 2) + offs_b)[None, :]
-        s0_ptrs = s_ptr + s_rows + g0
-        s1_ptrs = s_ptr + s_rows + g1
-        z0_ptrs = z_ptr + s_rows + g0
-        z1_ptrs = z_ptr + s_rows + g1
-        for r0 in range(0, N, BLOCK_R):
-            if EVEN_R:
-                dyt = tl.load(dy_ptrs)
-                w0 = _unpack_dequant(tl.load(w0_ptrs), tl.load(s0_ptrs), tl.load(z0_ptrs), dyt.dtype)
-            else:
-                live = (r0 + offs_r) < N
-                if W_AS_A:
-                    dyt = tl.load(dy_ptrs, mask=live[:, None], other=0.0)
-                else:
-                    dyt = tl.load(dy_ptrs, mask=live[None, :], other=0.0)
-                w0 = _unpack_dequant(tl.load(w0_ptrs, mask=live[:, None], other=0),
-                                     tl.load(s0_ptrs, mask=live, other=0.0), tl.load(z0_ptrs, mask=live, other=0),
-                                     dyt.dtype)
-            if W_AS_A:
-                acc0 = tl.dot(tl.trans(w0), dyt, acc0)
-            else:
-                acc0 = tl.dot(dyt, w0, acc0)
-            if NSUB == 2:
-                if EVEN_R:
-                    w1 = _unpack_dequant(tl.load(w1_ptrs), tl.load(s1_ptrs), tl.load(z1_ptrs), dyt.dtype)
-                else:
-                    w1 = _unpack_dequant(tl.load(w1_ptrs, mask=live[:, None], other=0),
-                                         tl.load(s1_ptrs, mask=live, other=0.0),
-                                         tl.load(z1_ptrs, mask=live, other=0), dyt.dtype)
-                if W_AS_A:
-                    acc1 = tl.dot(tl.trans(w1), dyt, acc1)
-                else:
-                    acc1 = tl.dot(dyt, w1, acc1)
-            dy_ptrs += BLOCK_R
-            w0_ptrs += BLOCK_R * stride_qn
-            w1_ptrs += BLOCK_R * stride_qn
-            s0_ptrs += BLOCK_R * stride_sn
-            s1_ptrs += BLOCK_R * stride_sn
-            z0_ptrs += BLOCK_R * stride_sn
-            z1_ptrs += BLOCK_R * stride_sn
-        out_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        _fused_bwd_store(dx_ptr, acc0, out_m, g0, M, K, stride_dxm, GROUP, W_AS_A)
-        if NSUB == 2:
-            if g0 + 1 < n_groups:
-                _fused_bwd_store(dx_ptr, acc1, out_m, g0 + 1, M, K, stride_dxm, GROUP, W_AS_A)
 
     @triton.jit
     def _dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, g_first, stride_qn, stride_sn, stride_on,
@@ -394,64 +228,40 @@ def dequantize_slice(qweight, scale, zero, out, row0=0, group0=0, group_size: in
     return out
 
 
-def _variant(variant: str) -> str:
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown int4 GPU path {variant!r}; pick one of {', '.join(VARIANTS)}")
-    return variant
-
-
 def int4_matmul_fwd(x2d: torch.Tensor, qweight, scale, zero, group_size: int = GROUP_SIZE,
-                    variant: str = "chunked", chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> torch.Tensor:
-    """GPU: x2d[M, K] @ W^T -> [M, N] in x2d's dtype ("chunked": at most chunk_bytes of W at once)."""
-    variant = _variant(variant)
+                    chunk_bytes: int = DEFAULT_CHUNK_MIB * 2**20) -> torch.Tensor:
+    """GPU: x2d[M, K] @ W^T -> [M, N] in x2d's dtype, at most chunk_bytes of W dequantized at once."""
     _check(qweight, scale, zero, group_size)
     x2d = x2d.contiguous()
     M, N, K = _shapes(x2d, qweight, group_size, "fwd")
     y = torch.empty((M, N), device=x2d.device, dtype=x2d.dtype)
     if M == 0:
         return y
-    if variant == "chunked":
-        rows = max(64, (chunk_bytes // (2 * K)) // 64 * 64)
-        buf = torch.empty((min(rows, N), K), device=x2d.device, dtype=x2d.dtype)
-        for n0 in range(0, N, rows):
-            n1 = min(N, n0 + rows)
-            w = dequantize_slice(qweight, scale, zero, buf[: n1 - n0], row0=n0, group_size=group_size)
-            torch.mm(x2d, w.t(), out=y[:, n0:n1])
-        return y
-
-    def grid(meta):
-        return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
-
-    _fused_fwd_kernel[grid](x2d, qweight, scale, zero, y, M, N, K,
-                            x2d.stride(0), y.stride(0), qweight.stride(0), scale.stride(0), GROUP=group_size)
+    rows = max(64, (chunk_bytes // (2 * K)) // 64 * 64)
+    buf = torch.empty((min(rows, N), K), device=x2d.device, dtype=x2d.dtype)
+    for n0 in range(0, N, rows):
+        n1 = min(N, n0 + rows)
+        w = dequantize_slice(qweight, scale, zero, buf[: n1 - n0], row0=n0, group_size=group_size)
+        torch.mm(x2d, w.t(), out=y[:, n0:n1])
     return y
 
 
 def int4_matmul_bwd(dy2d: torch.Tensor, qweight, scale, zero, group_size: int = GROUP_SIZE,
-                    variant: str = "chunked", chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> torch.Tensor:
-    """GPU: dy2d[M, N] @ W -> [M, K] in dy2d's dtype ("chunked": at most chunk_bytes of W at once)."""
-    variant = _variant(variant)
+                    chunk_bytes: int = DEFAULT_CHUNK_MIB * 2**20) -> torch.Tensor:
+    """GPU: dy2d[M, N] @ W -> [M, K] in dy2d's dtype, at most chunk_bytes of W dequantized at once."""
     _check(qweight, scale, zero, group_size)
     dy2d = dy2d.contiguous()
     M, N, K = _shapes(dy2d, qweight, group_size, "bwd")
     dx = torch.empty((M, K), device=dy2d.device, dtype=dy2d.dtype)
     if M == 0:
         return dx
-    if variant == "chunked":
-        groups = max(1, chunk_bytes // (2 * N * group_size))
-        buf = torch.empty((N, min(groups, K // group_size) * group_size), device=dy2d.device, dtype=dy2d.dtype)
-        for g0 in range(0, K // group_size, groups):
-            g1 = min(K // group_size, g0 + groups)
-            w = dequantize_slice(qweight, scale, zero, buf[:, : (g1 - g0) * group_size], group0=g0,
-                                 group_size=group_size)
-            torch.mm(dy2d, w, out=dx[:, g0 * group_size: g1 * group_size])
-        return dx
-
-    def grid(meta):
-        return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(K, group_size * meta["NSUB"]),)
-
-    _fused_bwd_kernel[grid](dy2d, qweight, scale, zero, dx, M, N, K,
-                            dy2d.stride(0), dx.stride(0), qweight.stride(0), scale.stride(0), GROUP=group_size)
+    groups = max(1, chunk_bytes // (2 * N * group_size))
+    buf = torch.empty((N, min(groups, K // group_size) * group_size), device=dy2d.device, dtype=dy2d.dtype)
+    for g0 in range(0, K // group_size, groups):
+        g1 = min(K // group_size, g0 + groups)
+        w = dequantize_slice(qweight, scale, zero, buf[:, : (g1 - g0) * group_size], group0=g0,
+                             group_size=group_size)
+        torch.mm(dy2d, w, out=dx[:, g0 * group_size: g1 * group_size])
     return dx
 
 

@@ -52,7 +52,7 @@ def _multiply(a2d, qweight, scale, zero, group_size, activations, gemm, chunk_by
         return w4a8_matmul(a2d, qweight, scale, zero, group_size, kernel, use_kernel, transposed)
     if use_kernel:
         matmul = int4_matmul_bwd if transposed else int4_matmul_fwd
-        return matmul(a2d, qweight, scale, zero, group_size, gemm, chunk_bytes)
+        return matmul(a2d, qweight, scale, zero, group_size, chunk_bytes)
     reference = reference_matmul_bwd if transposed else reference_matmul_fwd
     return reference(a2d, qweight, scale, zero, group_size)
 

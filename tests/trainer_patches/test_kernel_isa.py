@@ -41,8 +41,7 @@ def described(found: list[dict]) -> str:
 
 def test_every_kernel_of_the_modules_is_compiled_on_every_target(modules, rows):
     kernels = kernel_isa.kernels_of_modules()
-    assert {"_dequant_kernel", "_fused_fwd_kernel", "_fused_bwd_kernel", "_quantize_rows_kernel",
-            "_requantize_kernel", "_scaled_gemm_kernel"} <= kernels
+    assert {"_dequant_kernel", "_quantize_rows_kernel", "_requantize_kernel", "_scaled_gemm_kernel"} <= kernels
     for target in kernel_isa.TARGETS:
         assert {r["kernel"] for r in rows if r["target"] == target} == kernels, target
 
@@ -74,14 +73,13 @@ def test_the_8bit_gemm_runs_on_int8_matrix_units_on_rdna(rows):
 
 
 def test_every_gemm_kernel_uses_the_matrix_units_of_its_format(rows):
-    """bf16 WMMA / mma for the fused kernels, int8 or FP8 for the 8-bit GEMM: nothing falls back to
-    another type (RDNA3 would widen FP8 to fp16 WMMA)."""
-    expected = {("gfx", "bf16"): "v_wmma_f32_16x16x16_bf16", ("gfx", "int8"): "v_wmma_i32_16x16x16_iu8",
-                ("gfx", "fp8"): "v_wmma_f32_16x16x16_fp8_fp8", ("sm", "bf16"): ".bf16.bf16.f32",
+    """int8 or FP8 matrix instructions for the 8-bit GEMM: nothing falls back to another type (RDNA3
+    would widen FP8 to fp16 WMMA)."""
+    expected = {("gfx", "int8"): "v_wmma_i32_16x16x16_iu8", ("gfx", "fp8"): "v_wmma_f32_16x16x16_fp8_fp8",
                 ("sm", "int8"): ".s8.s8.s32", ("sm", "fp8"): ".e4m3.e4m3.f32"}
     wrong = []
     for r in rows:
-        if r["kernel"] in ("_fused_fwd_kernel", "_fused_bwd_kernel", "_scaled_gemm_kernel"):
+        if r["kernel"] == "_scaled_gemm_kernel":
             want = expected[("gfx" if r["target"].startswith("gfx") else "sm", r["variant"])]
             if r["error"] or not r["instructions"] or not all(want in name for name in r["instructions"]):
                 wrong.append(r)
@@ -106,16 +104,14 @@ def test_rdna_occupancy_formula_matches_llvm(rows):
 
 
 def test_the_runtime_autotunes_over_the_lists_that_are_checked(modules):
-    """The autotuned kernels take their configs from the same per-arch functions the check compiles,
-    for the arch of the current device (sm_90's lists where no GPU is visible)."""
+    """The autotuned kernel, the 8-bit GEMM, takes its configs from the same per-arch function the
+    check compiles, for the arch of the current device (sm_90's list where no GPU is visible)."""
     ik, w, _ = modules
     arch = ik.tuning_arch()
 
     def shape(configs):
         return [(c.kwargs, c.num_warps, c.num_stages) for c in configs]
 
-    assert shape(ik._fused_fwd_kernel.configs) == shape(ik.fused_fwd_configs(arch))
-    assert shape(ik._fused_bwd_kernel.configs) == shape(ik.fused_bwd_configs(arch))
     assert shape(w._scaled_gemm_kernel.configs) == shape(w.gemm_configs(arch))
     assert {arch: ik.config_family(arch) for arch in ("gfx1100", "gfx1201", "sm_86", "sm_89", "sm_120", "sm_90")} == {
         "gfx1100": "amd", "gfx1201": "amd", "sm_86": "nvidia_99k", "sm_89": "nvidia_99k", "sm_120": "nvidia_99k",
