@@ -21,8 +21,8 @@ def format_report(report: dict, path: Path) -> list[str]:
     lines += section("kernels against the plain-PyTorch reference", [c for c in report["checks"] if "candidate" in c])
     lines += section("8-bit activations against bf16 activations (reference path)",
                      [c for c in report["checks"] if "check" in c])
-    lines.append("  (`qtype: auto` never picks a format that fails here; naming int4_w4a8 and\n"
-                 "   INT4_W4A8_ACT in a preset still uses it)")
+    lines.append("  (`qtype: auto` never picks a format that fails here; a preset naming int4_w4a8 and\n"
+                 "   model_kwargs w4a8_activations still uses it)")
     lines += training_lines(report, on_gpu=env.get("gpu") is not None)
     lines += timing_lines(report)
     lines += sampling_lines(report)

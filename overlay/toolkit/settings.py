@@ -5,7 +5,7 @@ Two blocks of a preset hold them: `model_kwargs` (read by the patched trainer) a
 (read by the launcher only). The launcher's schema checks a preset with `Setting.problem`, `run`
 resolves every `auto` marked `RUN` and writes every model_kwargs setting as a concrete value into
 the run's config (`complete`), and the trainer reads them back with `read`: one rule, one default,
-one route. docs/options.md is generated from this table (`python -m launcher.catalogue`).
+one route. docs/options.md is generated from this table (`python -m launcher.options_doc`).
 
 Stdlib only: the launcher imports this file without torch and without a trainer checkout.
 """
@@ -99,14 +99,16 @@ CATALOGUE: Dict[str, Setting] = _settings(
     _kw("streamed_text_encoder", "bool", True, "walls 3-4: embed every prompt first, the encoder streamed layer "
         "by layer, before the transformer loads"),
     _kw("text_phase_budget_mib", "int", 1024, "host RAM one pass of the streamed encoder may hold", minimum=1),
-    _kw("text_embedding_cache_dir", "text", None, "the prompt embedding cache (set by `run`: <workdir>/cache)"),
+    _kw("text_embedding_cache_dir", "text", None, "the prompt embedding cache; unset: $AITK_TEXT_CACHE_DIR (`run` sets "
+        "it to the workdir's), else beside the run folder"),
     # walls 1, 2, 8, 9: loading
     _kw("streamed_loader", "bool", True, "wall 1: read the checkpoint one block at a time"),
     _kw("quantize_device", "choice", "cpu", "where blocks are quantized: the GPU is faster, one block there "
         "at a time", choices=("cpu", "gpu")),
     _kw("allow_unquantized_block_linears", "bool", False, "train on although a block Linear was left in bf16"),
     _kw("quantized_cache", "bool", True, "wall 8: keep the quantized transformer in a code-free cache"),
-    _kw("quantized_cache_dir", "text", None, "the quantized cache (set by `run`: <workdir>/cache)"),
+    _kw("quantized_cache_dir", "text", None, "the quantized cache; unset: $AITK_QUANT_CACHE_DIR (`run` sets it to "
+        "the workdir's), else beside the run folder"),
     _kw("cache_staging_mib", "int", 256, "host RAM of the staging buffers a cache read to the GPU uses",
         minimum=4),
     _kw("pinned_staging", "bool", True, "pin the staging buffers (faster copies to the GPU)"),

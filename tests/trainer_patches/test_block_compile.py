@@ -35,18 +35,18 @@ def tiny_flux2(flux2_src, toolkit, depth=1, single=1, qtype=None):
     model = flux2_src.Flux2(params).to(torch.bfloat16)
     if qtype:
         int4_linear.quantize_linears(model, lambda name, _: name.split(".")[0] in ("double_blocks", "single_blocks"))
-    return trainable(model, params, qtypes, qtype)
+    return trainable(model, params, int4_linear, qtype)
 
 
 def tiny_params(flux2_src, depth=1, single=1):
     return flux2_src.Flux2Params(**{**FLUX2_PARAMS, "depth": depth, "depth_single_blocks": single})
 
 
-def trainable(model, params, qtypes, qtype=None):
+def trainable(model, params, int4_linear, qtype=None):
     """The model frozen under the trainer's LoRA network, checkpointed, with one batch (see tiny_flux2)."""
     model.requires_grad_(False)
     if qtype:
-        qtypes.configure_linears(model, qtype, "cpu", environ={}, activations="fp8")
+        int4_linear.configure_linears(model, qtype, {"w4a8_activations": "fp8"}, "cpu")
     network = make_network(None, model)
     model.gradient_checkpointing = True
     batch, target = training.tiny_batch(torch, torch.device("cpu"), 4, 8, params.in_channels, params.context_in_dim)
@@ -122,7 +122,7 @@ def test_a_4bit_model_from_the_quantized_cache_keeps_its_scales_when_compiled(fl
         model = flux2_src.Flux2(params)
     assert cache.load_into(model, torch.device("cpu"))
     assert all(t._base is None for t in model.buffers())
-    model, network, batch, target = trainable(model, params, qtypes, "int4_w4a8")
+    model, network, batch, target = trainable(model, params, int4_linear, "int4_w4a8")
     linears = sum(isinstance(m, int4_linear.Int4Linear) for m in model.modules())
     one_step(model, network, batch, target)
     assert len(scale_derivations) == linears  # once per weight, on first use

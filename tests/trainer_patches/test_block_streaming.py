@@ -70,12 +70,11 @@ def test_stream_order_outputs_and_gradients(toolkit, mode):
 def test_int4_w4a8_scales_are_derived_once_per_weight_not_once_per_copy(toolkit, mode, scale_derivations):
     """A streamed block's weight arrives as a new tensor at every turn; the 8-bit scales derived
     from it (a pass over the whole weight) travel with it instead of being derived again."""
-    from toolkit import qtypes
 
     block_streaming, int4_linear, memory_plan = toolkit
     torch.manual_seed(0)
     model = Stack(int4_linear).to(torch.bfloat16)
-    qtypes.configure_linears(model, "int4_w4a8", "cpu", environ={}, activations="fp8")
+    int4_linear.configure_linears(model, "int4_w4a8", {"w4a8_activations": "fp8"}, "cpu")
     R, S, C = memory_plan.RESIDENT, memory_plan.STREAMED, memory_plan.RECOMPUTED
     block_streaming.BlockStreamer(model, plan_of(memory_plan, [(R, C), (S, C), (R, C), (S, C)]), "cpu", mode)
     x = torch.randn(2, 8, WIDTH, dtype=torch.bfloat16)

@@ -383,9 +383,9 @@ def runs(trainer_checkout, tmp_path_factory):
     for qtype in ("uint4", "int4_fused", "int4_w4a8"):
         tmp = tmp_path_factory.mktemp(qtype)
         # int4_w4a8 with FP8 activations, what NVIDIA cards use (the CPU would pick int8)
-        env = {"INT4_W4A8_ACT": "fp8"} if qtype == "int4_w4a8" else None
-        path = tiny_preset(tmp / "tiny.yaml", steps=STEPS, process={"training_seed": SEED}, model={"qtype": qtype},
-                           env=env)
+        kwargs = {"w4a8_activations": "fp8"} if qtype == "int4_w4a8" else {}
+        path = tiny_preset(tmp / "tiny.yaml", steps=STEPS, process={"training_seed": SEED},
+                           model={"qtype": qtype, "model_kwargs": kwargs})
         result = run_tiny(workdir, path, tmp / "out", python=launcher_python(), env=launch_env(caches))
         assert result.returncode == 0, result.stdout[-8000:]
         done[qtype] = tmp / "out" / RUN_NAME

@@ -151,34 +151,34 @@ def test_weight_gets_no_gradient_and_bias_is_added(mods):
     assert "activations=int8" in repr(mod)
 
 
-def test_bad_override_names_the_variable(qtypes):
-    for variable, value in (("INT4_W4A8_ACT", "int4"), ("INT4_W4A8_GEMM", "cublas"), ("INT4_W4A8_CHUNK_MIB", "0")):
-        with pytest.raises(ValueError, match=f"{variable}='{value}'"):
-            qtypes.kernel_for("int4_w4a8", environ={variable: value})
-    with pytest.raises(ValueError, match="INT4_LINEAR_VARIANT='fused1'"):
-        qtypes.kernel_for("int4_fused", environ={"INT4_LINEAR_VARIANT": "fused1"})
+def test_a_bad_kernel_setting_names_the_key(qtypes):
+    for key, value in (("w4a8_activations", "int4"), ("w4a8_gemm", "cublas"), ("int4_chunk_mib", 0),
+                       ("w4a8_gemm", "auto")):
+        with pytest.raises(ValueError, match=f"model_kwargs {key}"):
+            qtypes.kernel_for("int4_w4a8", {key: value})
 
 
-def test_kernel_choice_arguments_then_overrides_then_table(qtypes):
-    """The self-test passes its candidate's choice; an override only replaces the table's default."""
-    env = {"INT4_W4A8_ACT": "fp8", "INT4_W4A8_GEMM": "triton", "INT4_W4A8_CHUNK_MIB": "2", "INT4_LINEAR_KERNEL": "0"}
-    assert qtypes.kernel_for("int4_w4a8", environ=env) == qtypes.Int4Kernel("fp8", "triton", 2 * 2**20, False)
-    assert qtypes.kernel_for("int4_w4a8", activations="int8", environ=env).activations == "int8"
+def test_kernel_choice_from_the_model_kwargs_then_the_table(qtypes, monkeypatch):
+    """The run's model_kwargs pick the kernel (the self-test passes its candidate's the same way); the
+    environment plays no part."""
+    kwargs = {"w4a8_activations": "fp8", "w4a8_gemm": "triton", "int4_chunk_mib": 2, "int4_kernel": False}
+    monkeypatch.setenv("INT4_W4A8_ACT", "int8")
+    assert qtypes.kernel_for("int4_w4a8", kwargs) == qtypes.Int4Kernel("fp8", "triton", 2 * 2**20, False)
     # no FP8 units on this machine: the table's default is int8
-    assert qtypes.kernel_for("int4_w4a8", environ={}) == qtypes.Int4Kernel("int8", "triton", 256 * 2**20)
-    assert qtypes.kernel_for("int4_fused", environ={}) == qtypes.Int4Kernel("bf16", "chunked", 64 * 2**20)
-    with pytest.raises(ValueError, match="scaled_mm needs FP8"):
-        qtypes.kernel_for("int4_w4a8", activations="int8", gemm="scaled_mm", environ={})
+    assert qtypes.kernel_for("int4_w4a8") == qtypes.Int4Kernel("int8", "triton", 256 * 2**20)
+    assert qtypes.kernel_for("int4_fused") == qtypes.Int4Kernel("bf16", "chunked", 64 * 2**20)
+    with pytest.raises(ValueError, match="scaled_mm needs w4a8_activations: fp8"):
+        qtypes.kernel_for("int4_w4a8", {"w4a8_activations": "int8", "w4a8_gemm": "scaled_mm"})
     assert qtypes.cache_qtype("int4_w4a8") == "int4_fused" and qtypes.cache_qtype("uint4") == "uint4"
 
 
-def test_module_keeps_its_kernel_from_load_time(mods, qtypes, monkeypatch):
-    """The environment is read when the model is configured, never per call."""
+def test_module_keeps_its_kernel_from_load_time(mods):
+    """The model_kwargs are read when the model is configured, never per call."""
     il, _ = mods
     model = torch.nn.Sequential(layer(il, 64, 64, fmt="bf16"))
-    monkeypatch.setenv("INT4_W4A8_ACT", "fp8")
-    assert qtypes.configure_linears(model, "int4_w4a8") == 1
-    monkeypatch.setenv("INT4_W4A8_ACT", "int4")  # not a format: a per-call read would fail
+    kwargs = {"w4a8_activations": "fp8"}
+    assert il.configure_linears(model, "int4_w4a8", kwargs) == 1
+    kwargs["w4a8_activations"] = "int4"  # not a format: a per-call read would fail
     x = torch.randn(3, 64).bfloat16()
     assert model[0].kernel.activations == "fp8" and model(x).shape == (3, 64)
 
