@@ -53,7 +53,8 @@ def test_the_trainer_side_spells_every_shared_name_the_same():
 
 
 LAUNCHER = IN_TRAINER.parent
-OVERLAY_READ_BY_THE_LAUNCHER = ("qtypes", "safetensors_header", "qcache_index")
+OVERLAY_READ_BY_THE_LAUNCHER = ("qtypes", "safetensors_header", "qcache_index", "settings", "memory_plan")
+OVERLAY = LAUNCHER.parent / "overlay" / "toolkit"
 
 
 def package_imports() -> dict[str, set[str]]:
@@ -92,6 +93,32 @@ def test_launcher_packages_import_each_other_without_a_cycle():
     assert cycle_in({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
     graph = package_imports()
     assert set(graph) == {init.parent.name for init in LAUNCHER.glob("*/__init__.py")}, "every subpackage is read"
+    assert cycle_in(graph) is None
+
+
+def overlay_imports() -> dict[str, set[str]]:
+    """{overlay module: the overlay modules it imports, at module level or inside a function}."""
+    names = {path.stem for path in OVERLAY.glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in OVERLAY.glob("*.py"):
+        found = graph.setdefault(path.stem, set())
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                module = (node.module or "").removeprefix("toolkit.") if node.level == 0 else node.module or ""
+                if node.module == "toolkit" or (node.level and not node.module):
+                    found |= {alias.name for alias in node.names if alias.name in names}
+                elif module in names and (node.level or node.module.startswith("toolkit.")):
+                    found.add(module)
+            elif isinstance(node, ast.Import):
+                found |= {alias.name.removeprefix("toolkit.") for alias in node.names
+                          if alias.name.startswith("toolkit.") and alias.name.removeprefix("toolkit.") in names}
+    return graph
+
+
+def test_overlay_modules_import_each_other_without_a_cycle():
+    """The qtype table and the settings sit below the 4-bit Linear and its kernels, never above."""
+    graph = overlay_imports()
+    assert {"settings"} <= graph["qtypes"] and "int4_linear" not in graph["qtypes"]
     assert cycle_in(graph) is None
 
 

@@ -14,6 +14,7 @@ recorded in run.json.
 
 from pathlib import Path
 
+from launcher import trainer_rules
 from launcher.errors import LauncherError
 from launcher.progress import say
 from launcher.runs.folders import read_run_config
@@ -42,8 +43,6 @@ FREE = (
     ("datasets", "*", "dataset_path"),
     ("training_folder",),
 )
-FOUR_BIT_QTYPES = {"uint4", "int4_fused", "int4_w4a8"}
-"""The same 4-bit codes of the same base weights (overlay/toolkit/qtypes.py): one may follow another."""
 ACCEPT_FLAG = "--accept-changes"
 
 
@@ -82,7 +81,7 @@ def is_free(path: str, old, new) -> bool:
     if inside is None:
         return False
     if inside == ("model", "qtype"):
-        return old in FOUR_BIT_QTYPES and new in FOUR_BIT_QTYPES
+        return trainer_rules.qtypes().same_codes(old, new)
     return any(len(inside) == len(free) and all(f in ("*", part) for f, part in zip(free, inside)) for free in FREE)
 
 

@@ -549,9 +549,10 @@ def quantized_network_problems(data: dict, vocab: Vocabulary) -> list[str]:
             continue
         kind, model = item["network"].get("type", "lora"), item["model"]
         qtype = str(model.get("qtype", ""))
+        qtypes = trainer_rules.qtypes()
         unknown = vocab.network_types is not None and str(kind).lower() not in vocab.network_types  # said above
         if isinstance(kind, str) and not unknown and kind.lower() not in LOW_RANK_TYPES and model.get("quantize") is True \
-                and ("4" in qtype or qtype == AUTO):
+                and (qtype in (qtypes.FALLBACK, *qtypes.QTYPES) or qtype == AUTO):
             problems.append(
                 f"config.process[{index}].network.type = {short(kind)}: the 4-bit base (model.qtype {qtype}) cannot "
                 f"train it (it adds its delta to the quantized weight, which fails at step 1); allowed there: "

@@ -40,7 +40,14 @@ class Setting:
 
     @property
     def allowed(self) -> str:
-        words = {
+        """What a preset may write; `auto` included where `run` resolves it."""
+        words = self.values
+        return (f"auto, {words}" if self.kind == "bool" else f"auto | {words}") if self.auto else words
+
+    @property
+    def values(self) -> str:
+        """The concrete values: what the trainer may be handed."""
+        return {
             "bool": "true or false",
             "int": "a whole number" + (f" >= {self.minimum:g}" if self.minimum is not None else ""),
             "number": "a number" + (f" >= {self.minimum:g}" if self.minimum is not None else "")
@@ -49,7 +56,6 @@ class Setting:
             "text": "a non-empty text",
             "mapping": "a mapping (key: value lines)",
         }[self.kind]
-        return (f"auto, {words}" if self.kind == "bool" else f"auto | {words}") if self.auto else words
 
     def problem(self, value: Any) -> Optional[str]:
         """Why `value` is not allowed here, or None. `null` stands for the default."""
@@ -165,10 +171,10 @@ def read(model_kwargs: Dict[str, Any], name: str) -> Any:
     value = setting.normal(model_kwargs.get(name))
     if value == AUTO and setting.auto == RUN:
         raise SettingError(f"model_kwargs {name}: auto is resolved by {setting.auto} before the trainer starts; "
-                           f"a config given to the trainer directly needs {' | '.join(setting.choices) or 'true | false'}")
+                           f"a config given to the trainer directly needs {setting.values}")
     why = setting.problem(value)
     if why:
-        raise SettingError(f"model_kwargs {name}: {value!r} is {why}; allowed: {setting.allowed}")
+        raise SettingError(f"model_kwargs {name}: {value!r} is {why}; allowed: {setting.values}")
     return setting.default if value is None else value
 
 
