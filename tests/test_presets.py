@@ -94,7 +94,13 @@ def test_rtx16gb_differs_from_the_base_in_its_qtype_only():
     base, card = load_preset("base_512"), load_preset("rtx16gb_512")
     changed = {path for path, _, _ in differences({**base.config, "launcher": base.settings},
                                                   {**card.config, "launcher": card.settings})}
-    assert changed == {"config.name", "config.process[0].model.qtype"}
+    assert changed == {"config.name", "launcher.card", "config.process[0].model.qtype"}
+
+
+def test_each_preset_names_its_cards():
+    cards = {path.stem: load_preset(path.stem).settings["card"] for path in PRESETS_DIR.glob("*.yaml")}
+    assert all(cards.values()), cards
+    assert cards["rtx4090_512"] == "RTX 4090, RTX 3090 (24 GB)" and cards["7900xtx_768"] == cards["7900xtx_512"]
 
 
 PARENT = """job: extension

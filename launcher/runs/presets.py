@@ -14,6 +14,7 @@ embedded tiny FLUX.2.
       watchdog: {enabled: false, ...}      # the stall watchdog, see launcher/watchdog/policy.py
       skip_bad_images: false   # true: train without the dataset files that fail the checks
       sampling: auto | force   # wall 6: in-training samples only where the self-test sampled (auto)
+      card: RTX 4090, RTX 3090 (24 GB)     # the cards the preset is for (`python -m launcher presets`)
 
 A preset may `inherits:` another and hold only what differs (launcher/runs/inheritance.py).
 """
@@ -41,6 +42,7 @@ LAUNCHER_DEFAULTS = {
     "watchdog": {"enabled": False},
     "skip_bad_images": False,
     "sampling": "auto",
+    "card": "",
 }
 PLACEHOLDER = "filled-in-by-the-launcher"
 REQUIRED_PLACES = {

@@ -438,6 +438,7 @@ def launcher_block() -> Block:
         "watchdog": watchdog_block(),
         "skip_bad_images": Boolean(),
         "sampling": Text(("auto", "force")),
+        "card": Text(max_chars=200),  # the cards the preset is for, as `python -m launcher presets` lists them
     })
 
 
