@@ -103,6 +103,12 @@ def test_each_preset_names_its_cards():
     assert cards["rtx4090_512"] == "RTX 4090, RTX 3090 (24 GB)" and cards["7900xtx_768"] == cards["7900xtx_512"]
 
 
+def test_the_12gb_preset_has_the_16gb_memory_plan():
+    model = load_preset("rtx12gb_512").config["config"]["process"][0]["model"]
+    assert load_preset("rtx12gb_512").files[1] == PRESETS_DIR / "rtx16gb_512.yaml"
+    assert model["qtype"] == "int4_fused" and model["model_kwargs"]["memory_plan"] == "auto"
+
+
 PARENT = """job: extension
 config:
   name: parent
