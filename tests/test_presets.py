@@ -4,7 +4,9 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
+from launcher.cli import main
 from launcher.errors import LauncherError
 from launcher.runs.inheritance import INHERITS_KEY, leaves
 from launcher.runs.presets import PRESETS_DIR, find_preset, load_preset, read_preset, render
@@ -230,3 +232,40 @@ def test_the_sha_covers_the_parent_and_not_the_comments(tmp_path):
     parent.write_text(read_text("base_512").replace("steps: 2000", "steps: 2001"), encoding="utf-8")
     assert load_preset(str(child)).sha256 != first
     assert load_preset("rtx4090_512").sha256 != load_preset("base_512").sha256  # the name differs
+
+
+# -- `python -m launcher presets` ------------------------------------------------------------------------
+
+
+def test_the_listing_names_every_shipped_preset_with_its_card_and_changes(capsys):
+    assert main(["presets"]) == 0
+    out = capsys.readouterr().out
+    for path in PRESETS_DIR.glob("*.yaml"):
+        assert re.search(rf"^{re.escape(path.stem)} +\d+ px +batch \d  \S", out, re.M), path.stem
+    assert "RTX 3060 12 GB, RTX 4070, RTX 5070 (12 GB)" in out
+    assert re.search(r"^7900xtx_448_bs2 +448 px +batch 2  RX 7900 XTX .*\n +inherits 7900xtx_512, sets "
+                     r"datasets\[0\]\.resolution=\[448\] train\.batch_size=2 train\.lr=0\.000141421$", out, re.M)
+    assert re.search(r"^rtx12gb_512 .*\n +inherits rtx16gb_512$", out, re.M)
+
+
+def test_the_docs_show_the_listing_as_it_is(capsys):
+    assert main(["presets"]) == 0
+    shown = capsys.readouterr().out.split("\n\n")[0]
+    docs = (PRESETS_DIR.parent / "docs" / "presets.md").read_text(encoding="utf-8")
+    assert f"$ python -m launcher presets\n{shown}\n```" in docs, "docs/presets.md: paste the new listing"
+
+
+def test_one_preset_in_full_with_the_file_of_each_value(capsys):
+    assert main(["presets", "rtx12gb_512"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# rtx12gb_512.yaml, which inherits rtx16gb_512.yaml, which inherits base_512.yaml\n")
+    assert yaml.safe_load(out) == read_preset("rtx12gb_512").data
+    assert re.search(r"^      qtype: int4_fused +# rtx16gb_512\.yaml:\d+$", out, re.M)
+    assert re.search(r"^  name: flux2_rtx12gb_512 +# rtx12gb_512\.yaml:\d+$", out, re.M)
+    assert re.search(r"^        memory_plan: auto +# base_512\.yaml:\d+$", out, re.M)
+
+
+def test_a_preset_with_problems_is_refused_before_it_is_shown(tmp_path, capsys):
+    bad = write(tmp_path, "bad.yaml", "inherits: rtx4090_512\nconfig:\n  process:\n    - train: {steps: 0}\n")
+    assert main(["presets", str(bad)]) == 2
+    assert "line 4: config.process[0].train.steps = 0: too small" in capsys.readouterr().err
