@@ -265,6 +265,16 @@ def test_one_preset_in_full_with_the_file_of_each_value(capsys):
     assert re.search(r"^        memory_plan: auto +# base_512\.yaml:\d+$", out, re.M)
 
 
+def test_a_value_over_several_lines_is_shown_intact(tmp_path, capsys):
+    mine = write(tmp_path, "mine.yaml", "inherits: rtx4090_512\nconfig:\n  process:\n    - sample:\n        prompts:\n"
+                                        "          - 'first line\n\n            second # not a comment'\n"
+                                        f"          - {'a long prompt ' * 20}\n")
+    assert main(["presets", str(mine)]) == 0
+    out = capsys.readouterr().out
+    assert yaml.safe_load(out) == read_preset(str(mine)).data
+    assert out.startswith(f"# {mine}, which inherits rtx4090_512.yaml, which inherits base_512.yaml\n")
+
+
 def test_a_preset_with_problems_is_refused_before_it_is_shown(tmp_path, capsys):
     bad = write(tmp_path, "bad.yaml", "inherits: rtx4090_512\nconfig:\n  process:\n    - train: {steps: 0}\n")
     assert main(["presets", str(bad)]) == 2

@@ -13,7 +13,7 @@ import yaml
 from launcher.progress import say
 from launcher.runs.inheritance import INHERITS_KEY, Origins, leaves
 from launcher.runs.presets import LAUNCHER_KEY, PRESETS_DIR, Preset, load_preset, read_preset
-from launcher.runs.yaml_files import BoundedLoader, load_yaml
+from launcher.runs.yaml_files import load_yaml
 
 EXAMPLES = """examples:
   python -m launcher presets                 # each shipped preset: px, batch, card, what it changes
@@ -86,19 +86,29 @@ def shown(spec: str) -> list[str]:
 
 
 def annotated(text: str, origins: Origins) -> list[str]:
-    loader = BoundedLoader(text)
-    try:
-        loader.get_single_data()
-        path_at = {line: path for path, line in loader.key_lines.items()}  # the deepest key of a line wins
-    finally:
-        loader.dispose()
+    """`text`'s lines, each value on a line of its own followed by its origin (a value that spans
+    lines, a long prompt, is left bare: a comment inside it would become part of it)."""
     lines = text.splitlines()
     width = min(max(map(len, lines)), 64)
-    for index, line in enumerate(lines):
-        origin = origins.get(path_at.get(index + 1, ""))
-        if origin and not line.endswith(":"):
-            lines[index] = f"{line:<{width}}  # {display(origin[0])}:{origin[1]}"
+    for number, path in one_line_values(yaml.compose(text, Loader=yaml.SafeLoader)).items():
+        if path in origins:
+            file, line = origins[path]
+            lines[number] = f"{lines[number]:<{width}}  # {display(file)}:{line}"
     return lines
+
+
+def one_line_values(node, path: str = "", found: dict | None = None) -> dict[int, str]:
+    """{line index: key path} of the scalar values under `node` that start and end on one line."""
+    found = {} if found is None else found
+    items = [(f"{path}.{key.value}" if path else key.value, value) for key, value in node.value] \
+        if isinstance(node, yaml.MappingNode) else [(f"{path}[{index}]", item) for index, item in enumerate(node.value)]
+    for where, value in items:
+        if isinstance(value, yaml.ScalarNode):
+            if value.start_mark.line == value.end_mark.line:
+                found[value.start_mark.line] = where
+        else:
+            one_line_values(value, where, found)
+    return found
 
 
 def display(file: Path) -> str:
