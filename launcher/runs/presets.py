@@ -16,7 +16,7 @@ embedded tiny FLUX.2.
       sampling: auto | force   # wall 6: in-training samples only where the self-test sampled (auto)
       card: RTX 4090, RTX 3090 (24 GB)     # the cards the preset is for (`python -m launcher presets`)
 
-A preset may `inherits:` another and hold only what differs (launcher/runs/inheritance.py).
+A preset may name another in `inherits:` and hold only what differs (launcher/runs/inheritance.py).
 """
 
 import copy
