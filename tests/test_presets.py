@@ -255,6 +255,14 @@ def test_the_docs_show_the_listing_as_it_is(capsys):
     assert f"$ python -m launcher presets\n{shown}\n```" in docs, "docs/presets.md: paste the new listing"
 
 
+def test_the_docs_example_of_a_preset_of_your_own_loads(tmp_path):
+    docs = (PRESETS_DIR.parent / "docs" / "presets.md").read_text(encoding="utf-8")
+    example = write(tmp_path, "my_lora.yaml", re.search(r"```yaml\n# my_lora.yaml\n(.*?)```", docs, re.S)[1])
+    preset = load_preset(str(example))
+    assert preset.name == "my_lora" and preset.files[1] == PRESETS_DIR / "rtx4090_512.yaml"
+    assert preset.config["config"]["process"][0]["datasets"][0]["cache_latents_to_disk"] is True
+
+
 def test_one_preset_in_full_with_the_file_of_each_value(capsys):
     assert main(["presets", "rtx12gb_512"]) == 0
     out = capsys.readouterr().out
