@@ -349,8 +349,10 @@ def launch(args) -> int:
     import psutil
     import yaml
 
+    from launcher.runs.presets import read_preset
+
     root = args.root.resolve()
-    preset = yaml.safe_load(args.preset.read_text(encoding="utf-8"))
+    preset = read_preset(str(args.preset)).data  # laid over the presets it inherits: written out whole below
     process = preset["config"]["process"][0]
     process["train"]["steps"] = args.steps
     process["save"]["save_every"] = args.steps + 1000

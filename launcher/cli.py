@@ -11,6 +11,7 @@ from launcher.commands import (
     flags,
     patches,
     plot,
+    presets,
     rebase,
     report,
     run,
@@ -23,7 +24,7 @@ from launcher.commands import (
 from launcher.errors import LauncherError
 from launcher.patching.lock import DEFAULT_LOCK
 
-COMMANDS = (setup, verify, patches, rebase, selftest, run, flags, plot, sample, comfy, watchdog, doctor, report)
+COMMANDS = (setup, verify, patches, rebase, selftest, presets, run, flags, plot, sample, comfy, watchdog, doctor, report)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -25,7 +25,7 @@ from launcher.envs.workdir import venv_python
 from launcher.in_trainer.tiny_assets import FLUX2_PARAMS
 from launcher.comfy import workflow
 from launcher.runs import disk_budget, prompts, validate
-from launcher.runs.presets import PRESETS_DIR
+from launcher.runs.presets import PRESETS_DIR, read_preset
 
 NAME = "sks_flux2"
 HIDDEN, CONTEXT = 64, 192
@@ -268,7 +268,7 @@ def test_a_different_file_in_loras_is_replaced_only_with_force(fake_run, comfy_d
 
 def test_dry_run_warns_about_a_network_comfyui_cannot_load(places, tmp_path, capsys, monkeypatch):  # noqa: F811
     monkeypatch.setattr(disk_budget, "free_disk_gib", lambda path: 100.0)  # whatever this machine has
-    preset = yaml.safe_load((PRESETS_DIR / "7900xtx_512.yaml").read_text())
+    preset = read_preset("7900xtx_512").data
     preset["config"]["process"][0]["network"] = {"type": "lokr", "lokr_full_rank": True}
     preset["config"]["process"][0]["model"]["quantize"] = False  # on the 4-bit base `run` refuses LoKr outright
     path = tmp_path / "lokr.yaml"

@@ -3,7 +3,6 @@ auto}`, wall 11): auto follows the self-test's compile check, the check's verdic
 child's output, the setting in the schema, and how the self-test prints the check."""
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml
@@ -12,6 +11,7 @@ from test_selftest import GPU_RESULT, places, workdir_with  # noqa: F401  (place
 
 from launcher.in_trainer.selftest import compiled
 from launcher.runs import disk_budget
+from launcher.runs.presets import PRESETS_DIR, load_preset
 from launcher.runs.schema import check_preset
 from launcher.selftest import report, verdict
 
@@ -136,6 +136,6 @@ def test_the_selftest_prints_the_check_and_what_auto_does():
 
 
 def test_every_full_size_preset_lets_the_selftest_decide():
-    for path in sorted(Path("presets").glob("*.yaml")):
-        kwargs = yaml.safe_load(path.read_text())["config"]["process"][0]["model"].get("model_kwargs") or {}
+    for path in sorted(PRESETS_DIR.glob("*.yaml")):
+        kwargs = load_preset(path.stem).config["config"]["process"][0]["model"].get("model_kwargs") or {}
         assert kwargs.get("compile_blocks") == ("auto" if path.stem != "tiny" else None), path.name

@@ -12,11 +12,10 @@ from test_run_guards import StandIn, stand_in  # noqa: F401 - the fixture
 from launcher.cli import main
 from launcher.errors import LauncherError
 from launcher.runs import resume
-from launcher.runs.presets import PRESETS_DIR
+from launcher.runs.presets import PRESETS_DIR, read_preset
 from launcher.runs.schema import check_preset
 
 TINY = (PRESETS_DIR / "tiny.yaml").read_text(encoding="utf-8")
-FULL = (PRESETS_DIR / "7900xtx_512.yaml").read_text(encoding="utf-8")
 
 
 def tiny_text(runner: StandIn, old: str, new: str) -> int:
@@ -174,7 +173,7 @@ def test_a_resume_after_the_selftest_with_the_same_preset_goes_on(stand_in, caps
 
 
 def full_preset(tmp_path: Path, **kwargs) -> Path:
-    data = yaml.safe_load(FULL)
+    data = read_preset("7900xtx_512").data
     data["config"]["process"][0]["model"]["model_kwargs"].update(kwargs.pop("model_kwargs", {}))
     data["config"]["process"][0]["model"].update(kwargs)
     path = tmp_path / "preset.yaml"

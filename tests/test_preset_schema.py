@@ -1,8 +1,6 @@
 """The preset schema: every bad value is named with its key path, the value, what is allowed
 and the closest known key, before anything heavy; a fuzz test shows nothing else escapes."""
 
-import copy
-
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
@@ -10,17 +8,22 @@ from hypothesis import strategies as st
 
 from launcher.cli import main
 from launcher.errors import LauncherError
-from launcher.runs.presets import PRESETS_DIR, load_preset
+from launcher.runs.presets import PRESETS_DIR, load_preset, read_preset
 from launcher.runs.schema import Vocabulary, check_preset
 
 SHIPPED = sorted(PRESETS_DIR.glob("*.yaml"))
+
+
+def merged(path) -> dict:
+    """A shipped preset as the schema sees it: laid over the presets it inherits."""
+    return read_preset(str(path)).data
 
 
 def keys_used_by_shipped_presets() -> dict[str, set[str]]:
     """{section: keys}: a trainer that reads exactly what the shipped presets set."""
     keys: dict[str, set[str]] = {"process": set(), "logging": set()}
     for path in SHIPPED:
-        for process in yaml.safe_load(path.read_text(encoding="utf-8"))["config"]["process"]:
+        for process in merged(path)["config"]["process"]:
             keys["process"] |= set(process)
             for section, block in process.items():
                 for item in block if isinstance(block, list) else [block]:
@@ -33,14 +36,14 @@ def keys_used_by_shipped_presets() -> dict[str, set[str]]:
 TRAINER = Vocabulary(
     section_keys=keys_used_by_shipped_presets(),
     model_kwargs={key for path in SHIPPED
-                  for process in yaml.safe_load(path.read_text(encoding="utf-8"))["config"]["process"]
+                  for process in merged(path)["config"]["process"]
                   for key in process["model"].get("model_kwargs", {})},
     qtypes={"uint4", "uint3", "uint8", "int4_fused", "qint4", "float8"},
     optimizers={"adamw", "adamw8bit", "adam"}, optimizer_prefixes={"prodigy"},
     network_types={"lora", "lokr"}, dtypes={"bf16", "fp16", "float32"}, jobs={"extension", "train"},
 )
 def shipped(name="7900xtx_512.yaml") -> dict:
-    return yaml.safe_load((PRESETS_DIR / name).read_text(encoding="utf-8"))
+    return merged(PRESETS_DIR / name)
 
 
 def process(preset: dict) -> dict:
@@ -49,7 +52,7 @@ def process(preset: dict) -> dict:
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
 def test_shipped_presets_pass(path):
-    assert check_preset(yaml.safe_load(path.read_text(encoding="utf-8")), TRAINER) == []
+    assert check_preset(merged(path), TRAINER) == []
 
 
 CASES = [
@@ -165,7 +168,7 @@ def paths_of(node, prefix=()):
 
 @st.composite
 def mutated_presets(draw):
-    preset = copy.deepcopy(yaml.safe_load(draw(st.sampled_from(SHIPPED)).read_text(encoding="utf-8")))
+    preset = merged(draw(st.sampled_from(SHIPPED)))
     for _ in range(draw(st.integers(1, 3))):
         path = draw(st.sampled_from(list(paths_of(preset))))
         if not path:

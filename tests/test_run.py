@@ -14,7 +14,7 @@ from launcher.envs.workdir import Workdir, venv_python
 from launcher.patching.overlay import import_module as overlay_module
 from launcher.runs import disk_budget
 from launcher.runs.folders import RunFolder
-from launcher.runs.presets import PRESETS_DIR, load_preset, render
+from launcher.runs.presets import PRESETS_DIR, load_preset, read_preset, render
 
 ALL_PRESETS = sorted(p.name for p in PRESETS_DIR.glob("*.yaml"))
 REAL_PRESETS = [name for name in ALL_PRESETS if name != "tiny.yaml"]
@@ -101,7 +101,7 @@ def test_every_shipped_preset_renders_with_walls_5_and_6_kept_off(preset):
 
 def test_allocator_default_switches_wall_7_off(places, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(disk_budget, "free_disk_gib", lambda path: 500.0)
-    preset = yaml.safe_load((PRESETS_DIR / "7900xtx_512.yaml").read_text())
+    preset = read_preset("7900xtx_512").data
     preset["launcher"]["allocator"] = "default"
     path = tmp_path / "default_allocator.yaml"
     path.write_text(yaml.safe_dump(preset))
@@ -120,7 +120,7 @@ def test_448_bs2_scales_lr_by_sqrt_two():
 
 @pytest.mark.trainer
 def test_unknown_key_names_the_closest_known_key(places, fork_workdir, tmp_path, capsys):
-    preset = yaml.safe_load((PRESETS_DIR / "7900xtx_512.yaml").read_text())
+    preset = read_preset("7900xtx_512").data
     preset["config"]["process"][0]["train"]["gradient_checkpoint"] = True
     preset["config"]["process"][0]["model"]["qtyp"] = "uint4"
     path = tmp_path / "typo.yaml"
@@ -220,7 +220,7 @@ def test_locations_from_environment_variables(places, capsys, monkeypatch):
 
 
 def test_resolution_must_be_a_multiple_of_16(places, tmp_path, capsys):
-    preset = yaml.safe_load((PRESETS_DIR / "7900xtx_512.yaml").read_text())
+    preset = read_preset("7900xtx_512").data
     preset["config"]["process"][0]["datasets"][0]["resolution"] = [500]
     path = tmp_path / "res.yaml"
     path.write_text(yaml.safe_dump(preset))
@@ -288,7 +288,7 @@ def test_int4_w4a8_counts_the_int4_fused_cache_it_loads(places, tmp_path, capsys
     file for it, so a relaunch with that file needs no second 17 GiB."""
     monkeypatch.setattr(disk_budget, "free_disk_gib", lambda path: 20.0)
     monkeypatch.delenv("AITK_QUANT_CACHE_DIR", raising=False)
-    preset = yaml.safe_load((PRESETS_DIR / "7900xtx_512.yaml").read_text())
+    preset = read_preset("7900xtx_512").data
     preset["config"]["process"][0]["model"]["qtype"] = "int4_w4a8"
     path = tmp_path / "w4a8.yaml"
     path.write_text(yaml.safe_dump(preset))
@@ -360,6 +360,6 @@ def test_run_refuses_to_restart_over_a_run_with_checkpoints(tmp_path, capsys):
 
 
 def test_repo_presets_are_the_ones_documented():
-    readme = (REPO_ROOT / "README.md").read_text()
+    docs = (REPO_ROOT / "README.md").read_text() + (REPO_ROOT / "docs" / "presets.md").read_text()
     for preset in PRESETS_DIR.glob("*.yaml"):
-        assert preset.name in readme, f"README does not document {preset.name}"
+        assert preset.name in docs, f"neither README nor docs/presets.md documents {preset.name}"

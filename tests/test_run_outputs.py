@@ -9,6 +9,7 @@ from tiny_run import REPO, RUN_NAME, run_tiny, tiny_preset
 
 from launcher.envs.workdir import read_state, venv_python
 from launcher.runs.folders import RunFolder
+from launcher.runs.presets import load_preset
 
 pytestmark = pytest.mark.trainer
 
@@ -40,7 +41,7 @@ def test_run_json_names_what_ran(tiny_run):
     meta = json.loads(run.metadata.read_text())
     state = read_state(workdir.state_file)
     assert meta["commit"] == state["commit"] and meta["patches"] == state["patches"]
-    assert len(meta["preset_sha256"]) == 64
+    assert meta["preset_sha256"] == load_preset(meta["preset"]).sha256 and meta["preset_inherits"] == []
     assert meta["torch"]["torch"].startswith("2.11.0")
     load = meta["load"]  # this launch's figures, from the trainer's telemetry rows
     assert 0 < load["host_peak_rss_gib"] < 64

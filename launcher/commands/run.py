@@ -6,7 +6,6 @@ with redirected output loses the early lines when the child dies, which are the 
 """
 
 import argparse
-import hashlib
 import json
 import os
 import subprocess
@@ -322,7 +321,8 @@ def write_metadata(run: RunFolder, preset: Preset, workdir: Workdir, python: Pat
         "commit": state.get("commit"),
         "patches": state.get("patches"),
         "preset": str(preset.path),
-        "preset_sha256": hashlib.sha256(preset.path.read_bytes()).hexdigest(),
+        "preset_inherits": [str(file) for file in preset.files[1:]],
+        "preset_sha256": preset.sha256,
         "torch": probe_with(python),
         "skipped_images": [item for _, result in datasets for item in result.skipped()],
         "qtype": sorted({(p.get("model") or {}).get("qtype") for p in config["config"]["process"]} - {None}),

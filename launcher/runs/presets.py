@@ -14,31 +14,29 @@ embedded tiny FLUX.2.
       watchdog: {enabled: false, ...}      # the stall watchdog, see launcher/watchdog/policy.py
       skip_bad_images: false   # true: train without the dataset files that fail the checks
       sampling: auto | force   # wall 6: in-training samples only where the self-test sampled (auto)
+      card: RTX 4090, RTX 3090 (24 GB)     # the cards the preset is for (`python -m launcher presets`)
+
+A preset may name another in `inherits:` and hold only what differs (launcher/runs/inheritance.py).
 """
 
 import copy
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from launcher.atomic import write_text_atomic
+from launcher import trainer_rules
 from launcher.errors import LauncherError
+from launcher.runs.inheritance import MergedPreset, Origins, read_merged, shipped_names
 from launcher.runs.schema import Vocabulary, check_preset
-from launcher.runs.yaml_files import load_yaml_lines
 
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 LAUNCHER_KEY = "launcher"
-LAUNCHER_DEFAULTS = {
-    "tiny": False,
-    "env": {},
-    "platform": "cuda",
-    "allocator": "expandable_segments",
-    "telemetry": {"interval_s": 10},
-    "watchdog": {"enabled": False},
-    "skip_bad_images": False,
-    "sampling": "auto",
-}
+LAUNCHER_DEFAULTS = {name: copy.deepcopy(item.default) for name, item in trainer_rules.settings().CATALOGUE.items()
+                     if item.block == LAUNCHER_KEY}
+"""The `launcher:` block's defaults: the settings catalogue's (overlay/toolkit/settings.py)."""
 PLACEHOLDER = "filled-in-by-the-launcher"
 REQUIRED_PLACES = {
     "model_dir": "--model-dir (or $FLUX2_MODEL_DIR): the folder holding flux2-dev.safetensors and ae.safetensors",
@@ -54,6 +52,10 @@ class Preset:
     """The `launcher:` block."""
     config: dict
     """The trainer config, without the `launcher:` block."""
+    files: tuple[Path, ...]
+    """`path`, then each preset it inherits (one file when it inherits none)."""
+    sha256: str
+    """Of the merged preset as read: a change in any file of `files` changes it, comments do not."""
 
     @property
     def name(self) -> str:
@@ -95,27 +97,41 @@ def find_preset(spec: str) -> Path:
     for candidate in candidates:
         if candidate.is_file():
             return candidate
-    shipped = ", ".join(sorted(path.stem for path in PRESETS_DIR.glob("*.yaml"))) or "none"
+    shipped = ", ".join(shipped_names(PRESETS_DIR)) or "none"
     raise LauncherError(f"no preset {spec!r}: give a YAML file or one of the shipped presets ({shipped})")
 
 
 def load_preset(spec: str, vocabulary: Vocabulary | None = None) -> Preset:
     """Read and check a preset against the schema, with what the trainer accepts when `vocabulary`
     is given (every problem then in one message), else without it (see `check`)."""
-    path = find_preset(spec)
-    data, lines = load_yaml_lines(path)
-    raise_problems(path, check_preset(data, vocabulary or Vocabulary()), lines)
+    merged = read_preset(spec)
+    path, data = merged.files[0], merged.data
+    raise_problems(path, check_preset(data, vocabulary or Vocabulary()), merged.origins)
+    sha256 = hashlib.sha256(yaml.safe_dump(data, sort_keys=False, allow_unicode=True).encode("utf-8")).hexdigest()
     settings = {**LAUNCHER_DEFAULTS, **(data.pop(LAUNCHER_KEY, None) or {})}
-    return Preset(path=path, settings=settings, config=data)
+    return Preset(path=path, settings=settings, config=data, files=merged.files, sha256=sha256)
 
 
-def raise_problems(path: Path, problems: list[str], lines: dict[str, int] | None = None) -> None:
-    """Every problem at once, each after the line of its key when the file has it (`lines`)."""
+def read_preset(spec: str) -> MergedPreset:
+    """A preset's file laid over the presets it inherits, not yet checked: the keys as written,
+    the `launcher:` block among them, each with the file and line that set it."""
+    return read_merged(find_preset(spec), PRESETS_DIR)
+
+
+def raise_problems(path: Path, problems: list[str], origins: Origins | None = None) -> None:
+    """Every problem at once, each after the line that set its key when known (`origins`): `line N`
+    in `path` itself, `<file>, line N` in a preset it inherits."""
     if problems:
         count = f"{len(problems)} problems" if len(problems) > 1 else "a problem"
-        located = [f"line {(lines or {})[key]}: {problem}" if (key := _key_of(problem)) in (lines or {}) else problem
-                   for problem in problems]
+        located = [_located(problem, path, origins or {}) for problem in problems]
         raise LauncherError(f"{path} has {count}; nothing was started:\n  " + "\n  ".join(located))
+
+
+def _located(problem: str, path: Path, origins: Origins) -> str:
+    if (origin := origins.get(_key_of(problem))) is None:
+        return problem
+    file, line = origin
+    return f"line {line}: {problem}" if file == path else f"{file}, line {line}: {problem}"
 
 
 def _key_of(problem: str) -> str:

@@ -13,10 +13,8 @@ every FP8 card listed). `python -m launcher.selftest.cards` prints the table the
 
 from dataclasses import dataclass
 
-import yaml
-
 from launcher.in_trainer.selftest import compiled, kernels, runner
-from launcher.runs.presets import PRESETS_DIR
+from launcher.runs.presets import PRESETS_DIR, load_preset
 from launcher.runs.schema import AUTO
 from launcher.selftest import verdict
 
@@ -32,8 +30,7 @@ class Card:
     @property
     def preset_qtype(self) -> str:
         """The qtype the shipped preset names: `auto`, or a qtype the memory plan can stream."""
-        data = yaml.safe_load((PRESETS_DIR / self.preset).read_text(encoding="utf-8"))
-        return data["config"]["process"][0]["model"]["qtype"]
+        return load_preset(str(PRESETS_DIR / self.preset)).config["config"]["process"][0]["model"]["qtype"]
 
     @property
     def hip(self) -> bool:
