@@ -92,11 +92,12 @@ def test_a_card_preset_is_its_parent_plus_exactly_what_it_lists(name):
     assert read_preset(name).data == expected
 
 
-def test_rtx16gb_differs_from_the_base_in_its_qtype_only():
+def test_rtx16gb_is_the_base_for_other_cards():
+    """`qtype: auto` and the memory plan adapt to the card: a 16 GB preset changes nothing else."""
     base, card = load_preset("base_512"), load_preset("rtx16gb_512")
     changed = {path for path, _, _ in differences({**base.config, "launcher": base.settings},
                                                   {**card.config, "launcher": card.settings})}
-    assert changed == {"config.name", "launcher.card", "config.process[0].model.qtype"}
+    assert changed == {"config.name", "launcher.card"}
 
 
 def test_each_preset_names_its_cards():
@@ -108,7 +109,7 @@ def test_each_preset_names_its_cards():
 def test_the_12gb_preset_has_the_16gb_memory_plan():
     model = load_preset("rtx12gb_512").config["config"]["process"][0]["model"]
     assert load_preset("rtx12gb_512").files[1] == PRESETS_DIR / "rtx16gb_512.yaml"
-    assert model["qtype"] == "int4_fused" and model["model_kwargs"]["memory_plan"] == "auto"
+    assert model["qtype"] == "auto" and model["model_kwargs"]["memory_plan"] == "auto"
 
 
 PARENT = """job: extension
@@ -164,7 +165,7 @@ def test_a_chain_and_a_preset_of_your_own_inheriting_a_shipped_one(tmp_path):
     preset = load_preset(str(deeper))
     assert [file.name for file in preset.files] == ["steps.yaml", "mine.yaml", "rtx16gb_512.yaml", "base_512.yaml"]
     assert preset.name == "my_lora" and preset.config["config"]["process"][0]["train"]["steps"] == 3000
-    assert load_preset(str(mine)).config["config"]["process"][0]["model"]["qtype"] == "int4_fused"
+    assert load_preset(str(mine)).config["config"]["process"][0]["model"]["qtype"] == "auto"
 
 
 def test_a_file_beside_the_preset_comes_before_a_shipped_name(tmp_path):
@@ -268,7 +269,7 @@ def test_one_preset_in_full_with_the_file_of_each_value(capsys):
     out = capsys.readouterr().out
     assert out.startswith("# rtx12gb_512.yaml, which inherits rtx16gb_512.yaml, which inherits base_512.yaml\n")
     assert yaml.safe_load(out) == read_preset("rtx12gb_512").data
-    assert re.search(r"^      qtype: int4_fused +# rtx16gb_512\.yaml:\d+$", out, re.M)
+    assert re.search(r"^      qtype: auto +# base_512\.yaml:\d+$", out, re.M)
     assert re.search(r"^  name: flux2_rtx12gb_512 +# rtx12gb_512\.yaml:\d+$", out, re.M)
     assert re.search(r"^        memory_plan: auto +# base_512\.yaml:\d+$", out, re.M)
 

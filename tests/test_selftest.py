@@ -90,6 +90,21 @@ def test_dry_run_renders_the_chosen_qtype_and_its_kernel(places, tmp_path, capsy
         assert line in out, line
 
 
+@pytest.mark.parametrize("preset", ["rtx16gb_512.yaml", "rtx12gb_512.yaml", "rx16gb_512.yaml"])
+def test_auto_on_a_card_whose_plan_may_stream_is_a_streamable_qtype(places, tmp_path, capsys, monkeypatch, preset):
+    """The 12-20 GB presets say `qtype: auto`: the self-test's pick (every one of them streams), and
+    without one int4_fused on its plain-PyTorch path, never uint4, which a plan cannot stream."""
+    monkeypatch.setattr(disk_budget, "free_disk_gib", lambda path: 100.0)
+    for result, qtype, kwargs in ((GPU_RESULT, "int4_w4a8", {"w4a8_activations": "fp8", "w4a8_gemm": "scaled_mm"}),
+                                  (None, "int4_fused", {"int4_kernel": False})):
+        workdir = workdir_with(tmp_path / str(result is None), result)
+        assert dry_run(places, preset, workdir=workdir.root) == 0
+        out = capsys.readouterr().out
+        model = yaml.safe_load(out[: out.index("\nAITK_")])["config"]["process"][0]["model"]
+        assert model["qtype"] == qtype and kwargs.items() <= model["model_kwargs"].items(), out[:400]
+        assert out.startswith(f"# qtype auto -> {qtype}")
+
+
 @pytest.mark.parametrize("value", ["0", "-2", "three"])
 def test_profile_needs_a_positive_step_count(places, value, capsys):
     with pytest.raises(SystemExit):

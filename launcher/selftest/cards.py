@@ -28,9 +28,18 @@ class Card:
     """The shipped preset for the card's memory."""
 
     @property
+    def preset_model(self) -> dict:
+        return load_preset(str(PRESETS_DIR / self.preset)).config["config"]["process"][0]["model"]
+
+    @property
     def preset_qtype(self) -> str:
         """The qtype the shipped preset names: `auto`, or a qtype the memory plan can stream."""
-        return load_preset(str(PRESETS_DIR / self.preset)).config["config"]["process"][0]["model"]["qtype"]
+        return self.preset_model["qtype"]
+
+    @property
+    def plans(self) -> bool:
+        """The preset's memory plan may stream blocks, so `auto` takes only a streamable qtype."""
+        return (self.preset_model.get("model_kwargs") or {}).get("memory_plan") == AUTO
 
     @property
     def hip(self) -> bool:
@@ -53,6 +62,8 @@ CARDS = [
     Card("RTX 4090", "sm_89", 24, "rtx4090_512.yaml"),
     Card("RTX 4060 Ti 16 GB", "sm_89", 16, "rtx16gb_512.yaml"),
     Card("RTX 5070 Ti", "sm_120", 16, "rtx16gb_512.yaml"),
+    Card("RTX 3060 12 GB", "sm_86", 12, "rtx12gb_512.yaml"),
+    Card("RTX 4070", "sm_89", 12, "rtx12gb_512.yaml"),
 ]
 
 PAPER_FACTS = {
@@ -118,8 +129,10 @@ def outcome(card: Card, triton: bool, inductor: bool) -> Outcome:
     if card.preset_qtype != AUTO:
         named = card.preset_qtype if triton else f"{card.preset_qtype} (reference)"
         return Outcome(card.preset_qtype, named, mode, compile_blocks)
-    choice = verdict.qtype_from(report)
-    candidate = (report["fastest"] or {}).get("candidate") or choice.qtype
+    choice = verdict.qtype_from(report, streams=card.plans)
+    reference = choice.kernel.get("int4_kernel") is False
+    candidate = (report["fastest"] or {}).get("candidate") or (f"{choice.qtype} (reference)" if reference
+                                                               else choice.qtype)
     return Outcome(choice.qtype, candidate, mode, compile_blocks)
 
 
@@ -134,8 +147,8 @@ def eight_bit_path(card: Card) -> str:
 
 
 NO_INDUCTOR = "uncompiled blocks (compiled: 0.68-0.92x the step on the H200)"
-NO_TRITON = {AUTO: f"{verdict.FALLBACK_QTYPE}, uncompiled: {verdict.FALLBACK_COST}",
-             "int4_fused": "int4_fused on its plain-PyTorch reference, uncompiled: 1.92x its Triton step"}
+NO_TRITON = {verdict.FALLBACK_QTYPE: f"{verdict.FALLBACK_QTYPE}, uncompiled: {verdict.FALLBACK_COST}",
+             "int4_fused": f"int4_fused, uncompiled: {verdict.REFERENCE_COST}"}
 
 
 def markdown_table() -> str:
@@ -146,7 +159,7 @@ def markdown_table() -> str:
     for card in CARDS:
         best, plain, bare = (outcome(card, *state) for state in ((True, True), (True, False), (False, False)))
         lost = NO_INDUCTOR if best.compile_blocks and not plain.compile_blocks else "-"
-        fallback = NO_TRITON[card.preset_qtype]
+        fallback = NO_TRITON[bare.qtype]
         lines.append(f"| {card.name} | {card.arch} | {card.preset} | {best.candidate} | {best.stream_mode} | "
                      f"{'yes' if best.compile_blocks else 'no'} | {eight_bit_path(card)} | {lost} | {fallback} |")
     return "\n".join(lines) + "\n"

@@ -26,7 +26,7 @@ STREAMING_FALLBACK = "int4_fused"
 qtype, whose plain-PyTorch path runs on any device."""
 HOW_TO_TEST = "`python -m launcher selftest` (a few minutes) tests the 4-bit kernels on this GPU"
 FALLBACK_COST = "uint4 steps 1.73x the int4_fused time, 2.04x bf16 (H200, full width; bench/RESULTS.md)"
-REFERENCE_COST = "int4_fused on its plain-PyTorch path steps 1.92x its Triton time (H200, full width; bench/RESULTS.md)"
+REFERENCE_COST = "the plain-PyTorch path steps 1.92x int4_fused's Triton time (H200, full width; bench/RESULTS.md)"
 SERIALIZED, OVERLAPPED = "serialized", "overlapped"
 KERNEL_KEYS = ("w4a8_activations", "w4a8_gemm")
 """The model_kwargs that pick int4_w4a8's kernel: `run` gives them values from the self-test."""
