@@ -95,7 +95,7 @@ def start_compile_check(workdir: Workdir, python: Path, env: dict, report: dict)
     say(f"compile check: a small FLUX.2 with {candidate['name']}, its blocks compiled against uncompiled, "
         f"at most {compiled.DEADLINE_SECONDS:.0f} s, beside the sampling check")
     process = start_module(python, "selftest.compiled", "--trainer", str(workdir.trainer),
-                           "--candidate", json.dumps(candidate), env={**env, **candidate["env"]},
+                           "--candidate", json.dumps(candidate), env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return process, time.monotonic()
 
