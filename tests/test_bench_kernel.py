@@ -58,3 +58,10 @@ def test_train_step_refuses_a_bad_kernel_before_it_imports_torch(tmp_path):
     assert done.returncode == 2 and "argument --kernel: w4a8_gemm=cublas" in done.stderr, done.stderr
     assert not out.exists()
 
+
+def test_no_bench_script_sets_a_kernel_by_environment_variable():
+    """The trainer reads no such variable any more: one would be silently ignored."""
+    variable = re.compile(r"INT4_(W4A8|LINEAR)_\w+")
+    for path in sorted((REPO / "bench").glob("*")):
+        if path.suffix in (".py", ".sh"):
+            assert not variable.search(path.read_text(encoding="utf-8")), f"bench/{path.name}"
