@@ -163,7 +163,8 @@ def extras_of(model) -> List[nn.Module]:
     return [c for n, c in model.named_children() if n not in BLOCK_LISTS]
 
 
-def build_random(tr: Trainer, params, device, qtype: Optional[str], dtype=torch.bfloat16, log=print):
+def build_random(tr: Trainer, params, device, qtype: Optional[str], dtype=torch.bfloat16, log=print,
+                 model_kwargs: Optional[Dict] = None):
     """Full model with random weights, block by block, straight into its final form.
 
     qtype None: bf16 blocks materialized on `device`. qtype "uint4" etc: each block is
@@ -173,9 +174,13 @@ def build_random(tr: Trainer, params, device, qtype: Optional[str], dtype=torch.
     quantize_extras (what the streamed loader's on_rest does). The bf16 copy of the whole model
     never exists. qtype "int4_fused": quantize_transformer_block swaps the block Linears for
     Int4Linear modules (toolkit/int4_linear.py); the extras get torchao uint4 as with "uint4".
+    `model_kwargs` are the stand-in base model's (its model_config.model_kwargs, which the
+    trainer's functions read); the Int4Linears' kernel is set afterwards, from the same
+    model_kwargs, by the trainer's set_int4_activations.
     """
     model = meta_model(tr, params, dtype)
-    stub = BaseModelStub(device, dtype, qtype or "uint4", quantize=qtype is not None, log=log)
+    stub = BaseModelStub(device, dtype, qtype or "uint4", quantize=qtype is not None, model_kwargs=model_kwargs,
+                         log=log)
     q = tr.quantize if qtype else None
     qt = q.get_qtype(qtype) if qtype else None
     blocks = blocks_of(model)

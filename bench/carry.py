@@ -29,6 +29,7 @@ CARRY_FILES = [
     Path("toolkit/int4_w4a8.py"),  # qtype int4_w4a8 (Int4Linear imports it in 8-bit mode)
     Path("toolkit/int4_kernels.py"),  # the 4-bit format and kernels (int4_linear.py imports them)
     Path("toolkit/qtypes.py"),  # the qtype table (Int4Linear's kernel choice, the cache's qtype)
+    Path("toolkit/settings.py"),  # the settings catalogue (qtypes.py reads the kernel model_kwargs by it)
     Path("toolkit/safetensors_header.py"),  # the header reader of the streamed reader and the cache
     Path("toolkit/qcache_index.py"),  # the cache's file name and key (quantized_cache.py)
     Path("toolkit/qcache_format.py"),

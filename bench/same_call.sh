@@ -6,15 +6,15 @@
 #            launch: the preset as shipped (qtype auto -> the self-test's pick, memory_plan auto,
 #            compile_blocks auto) at the 22 GiB card's cap scaled to 44 blocks, which quantizes and
 #            writes the cache
-#   512      int4_w4a8 through torch._scaled_mm, uncompiled then with compiled blocks, then bf16
+#   512      int4_w4a8 FP8 through torch._scaled_mm, uncompiled then with compiled blocks, then bf16
 #            weights the same two ways, all uncapped with checkpointing everywhere (memory_plan off),
 #            then the preset as shipped at the 22 GiB cap again (the caches now warm)
-#   1024     int4_w4a8 through torch._scaled_mm uncompiled, then compiled (2 profiled steps: its
+#   1024     int4_w4a8 FP8 through torch._scaled_mm uncompiled, then compiled (2 profiled steps: its
 #            breakdown.json), bf16 uncompiled (2 profiled steps), the preset as shipped (the plan's
 #            and the self-test's choices) at the 22 GiB cap, then bf16 compiled
 #   fallback the fallback paths at full width, 512 px, uncompiled, uncapped with the memory plan off
 #            (as 512 runs them): int4_fused as shipped (Triton dequantize + cuBLAS), then int4_fused
-#            on its plain-PyTorch reference (INT4_LINEAR_KERNEL=0, what a card without Triton runs),
+#            on its plain-PyTorch reference (int4_kernel: false, what a card without Triton runs),
 #            int4_w4a8 with int8 then FP8 activations through the Triton GEMM (int8: the only 8-bit
 #            path of an RDNA3 card), uint4 (torchao: `qtype: auto` without a passing self-test), then
 #            bf16 (the 4-bit caches deleted first, for host memory).
@@ -27,6 +27,9 @@
 # Results: $OUT/<label>.json (bench/fullsize.py launch), $OUT/<label>.log, $OUT/selftest.json.
 # SKIP_SELFTEST=1: `prepare` does not run `launcher selftest` (launches that name their qtype and
 # set compile_blocks and the memory plan do not read it; `qtype: auto` and `auto` settings do).
+# The kernel of each launch is its model_kwargs (w4a8_activations, w4a8_gemm, int4_kernel: `--set
+# model.model_kwargs.KEY VALUE`, see overlay/toolkit/settings.py); what a launch leaves unset, `run`
+# resolves from the self-test (or the qtype's defaults).
 # DEADLINE=EPOCH_SECONDS: a launch whose limit would end after it is skipped, so that one GPU call
 # can chain stages (`prepare none; fallback`) and stop inside its own limit. A launch that exits 0
 # leaves R/done/<label>, and a later call of the same stage skips it: repeat the stage until done.
@@ -39,8 +42,12 @@ OFF=(--cap-gib 0 --set model.model_kwargs.memory_plan "'off'")
 EAGER=(--set model.model_kwargs.compile_blocks false)
 COMPILED=(--set model.model_kwargs.compile_blocks true)
 W4A8=(--set model.qtype int4_w4a8)
-SCALED=(--launcher-set env "{INT4_W4A8_GEMM: scaled_mm}")
-TRITON=(--launcher-set env "{INT4_W4A8_GEMM: triton}")
+KW=model.model_kwargs
+FP8=(--set $KW.w4a8_activations fp8)
+INT8=(--set $KW.w4a8_activations int8)
+SCALED=("${FP8[@]}" --set $KW.w4a8_gemm scaled_mm)  # torch._scaled_mm multiplies FP8 only
+TRITON=(--set $KW.w4a8_gemm triton)
+REFERENCE=(--set $KW.int4_kernel false)  # the plain-PyTorch path of the 4-bit Linears
 INT4=(--set model.qtype int4_fused)
 UINT4=(--set model.qtype uint4)
 BF16=(--set model.quantize false --set model.qtype uint4 --set model.model_kwargs.quantized_cache false)
@@ -91,12 +98,9 @@ prepare)
   launch bf16_compiled_1024 1024 7 200 "${OFF[@]}" "${BF16[@]}" "${COMPILED[@]}" ;;
 fallback)
   launch int4_fused_512 512 7 300 "${OFF[@]}" "${INT4[@]}" "${EAGER[@]}"
-  launch int4_fused_reference_512 512 7 200 "${OFF[@]}" "${INT4[@]}" "${EAGER[@]}" \
-    --launcher-set env "{INT4_LINEAR_KERNEL: '0'}"
-  launch w4a8_int8_triton_512 512 7 130 "${OFF[@]}" "${W4A8[@]}" "${EAGER[@]}" \
-    --launcher-set env "{INT4_W4A8_ACT: int8, INT4_W4A8_GEMM: triton}"
-  launch w4a8_fp8_triton_512 512 7 130 "${OFF[@]}" "${W4A8[@]}" "${EAGER[@]}" \
-    --launcher-set env "{INT4_W4A8_ACT: fp8, INT4_W4A8_GEMM: triton}"
+  launch int4_fused_reference_512 512 7 200 "${OFF[@]}" "${INT4[@]}" "${REFERENCE[@]}" "${EAGER[@]}"
+  launch w4a8_int8_triton_512 512 7 130 "${OFF[@]}" "${W4A8[@]}" "${INT8[@]}" "${TRITON[@]}" "${EAGER[@]}"
+  launch w4a8_fp8_triton_512 512 7 130 "${OFF[@]}" "${W4A8[@]}" "${FP8[@]}" "${TRITON[@]}" "${EAGER[@]}"
   launch uint4_512 512 7 280 "${OFF[@]}" "${UINT4[@]}" "${EAGER[@]}"
   # host memory: the text encoder on R, bf16's 50 GiB trainer and two 4-bit caches would not fit in 128 GiB
   [[ -e $R/done/uint4_512 ]] && rm -rf "$R/wd/cache/quantized"

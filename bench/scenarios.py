@@ -62,7 +62,8 @@ SCENARIOS = {s.name: s for s in [
               "--budget", "340"),
              "GPU", GPU_PYTHON, ("int4_fused_step",), ("suite.json", "suite.log")),
     Scenario("train_step", "one LoRA training step (r32 on all block Linears, checkpointing, AdamW) at 512 px: "
-             "s/step and peak VRAM; `-- --weights bf16` (or another qtype, `--cap-gib 0`) for the other rows",
+             "s/step and peak VRAM; `-- --weights bf16` (or another qtype, `--cap-gib 0`) for the other rows, "
+             "`-- --kernel KEY=VALUE` for a 4-bit kernel setting (model_kwargs: w4a8_gemm=scaled_mm, int4_chunk_mib=256 ...)",
              ("bench.train_step", "--trainer", "{trainer}", "--weights", "int4_fused", "--shapes", "512",
               "--cap-gib", "24", "--steps", "5", "--out", "{out}/step.json"),
              "GPU (or `-- --tiny --device cpu`)", GPU_PYTHON, ("same_call", "w4a8_step"), ("step.json",), env=EXPANDABLE),
@@ -86,7 +87,7 @@ SCENARIOS = {s.name: s for s in [
              "GPU (or `TRITON_INTERPRET=1`, `-- --quick`)", GPU_PYTHON, ("int4_kernel", "int4_kernel_step"),
              ("kernel.json",)),
     Scenario("w4a8_quality", "the quality gate of qtype int4_w4a8 at full FLUX.2 block shapes: 8-bit against bf16 "
-             "activations (with and without outlier channels), every W4A8 kernel (triton, fused, scaled_mm) against its "
+             "activations (with and without outlier channels), every W4A8 kernel (triton, scaled_mm) against its "
              "reference with a pass/fail per path, and the block-Linear time of one step for bf16, int4_fused and "
              "every W4A8 path (5 interleaved rounds, medians)",
              ("bench.w4a8_quality", "--trainer", "{trainer}", "--out", "{out}/quality.json", "--time", "5"),
@@ -125,7 +126,7 @@ SCENARIOS = {s.name: s for s in [
              env=(("OUT", "{out}"),), needs="`prepare none` first on the same machine (SKIP_SELFTEST=1 skips the self-test), "
              "with R and M set"),
     Scenario("w4a8_slice", "one LoRA step of the full-size model at 512 px (train_step): bf16 against int4_w4a8 FP8 "
-             "per GEMM and weight-slice size (INT4_W4A8_CHUNK_MIB), then the self-test's trainer side, timed",
+             "per GEMM and weight-slice size (model_kwargs int4_chunk_mib), then the self-test's trainer side, timed",
              ("bash", "bench/w4a8_slice.sh"), "GPU", "the GPU machine's python3, .bench-carry's packages",
              ("w4a8_slice", "selftest_paths"), env=(("OUT", "{out}"),)),
     Scenario("relaunch", "a launch and relaunches of a preset through `python -m launcher run`: wall time, seconds "

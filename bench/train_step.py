@@ -21,6 +21,14 @@ Peak allocated/reserved VRAM are over the steps of that shape (reset before it).
 
     python -m bench.train_step --trainer DIR --weights uint4 --cache F --shapes 512 --cap-gib 24 --out r.json
     python -m bench.train_step --trainer DIR --weights bf16 --tiny --device cpu --shapes 64,64x2 --out t.json
+    python -m bench.train_step --trainer DIR --weights int4_w4a8 --kernel w4a8_activations=fp8 \
+        --kernel w4a8_gemm=scaled_mm --kernel int4_chunk_mib=256 --shapes 512 --out w.json
+
+The 4-bit kernel is the run's model_kwargs, as in the trainer: each `--kernel KEY=VALUE` is one of
+`w4a8_activations`, `w4a8_gemm`, `int4_chunk_mib`, `int4_kernel` (overlay/toolkit/settings.py; a
+bad value is refused before anything loads), passed to the trainer's set_int4_activations; those
+not given take the qtype's defaults (toolkit/qtypes.py). The JSON records them (`model_kwargs`)
+and the kernel the block Linears took (`int4_linear.kernel`).
 
 The JSON is rewritten after every phase, so a kill or an OOM leaves what was measured.
 Exit code 0 when every shape ran, 2 when one hit OOM, 1 on any other failure.
@@ -34,6 +42,8 @@ import sys
 import time
 import traceback
 from pathlib import Path
+
+from bench._settings import add_kernel_flag
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 p.add_argument("--trainer", required=True, type=Path, help="trainer checkout or .bench-carry/trainer")
@@ -50,15 +60,15 @@ p.add_argument("--steps", type=int, default=5)
 p.add_argument("--deadline", type=float, default=0.0, help="unix time by which to be done")
 p.add_argument("--device", default="cuda")
 p.add_argument("--tiny", action="store_true", help="tiny Flux2Params (CPU dry run)")
+add_kernel_flag(p)
 p.add_argument("--tag", default=None)
 p.add_argument("--out", required=True, type=Path)
 args = p.parse_args()
+KERNEL = dict(args.kernel)  # the run's model_kwargs that choose the 4-bit kernel
 
 R = {"tag": args.tag or args.weights, "argv": sys.argv[1:], "phase": "start", "shapes": {},
-     "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "errors": [],
-     "env": {k: os.environ[k] for k in ("INT4_LINEAR_CHUNK_MIB", "INT4_LINEAR_KERNEL",
-                                        "INT4_W4A8_ACT", "INT4_W4A8_GEMM", "TRITON_CACHE_AUTOTUNING")
-             if k in os.environ}}
+     "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "errors": [], "model_kwargs": KERNEL,
+     "env": {k: os.environ[k] for k in ("TRITON_CACHE_AUTOTUNING",) if k in os.environ}}
 
 
 def save():
@@ -144,12 +154,12 @@ try:
         R["cache_load_s"] = time.perf_counter() - t0
         R["host_after_cache"] = T.proc_status()
     else:
-        model = T.build_random(tr, params, DEV, QT, log=log)
+        model = T.build_random(tr, params, DEV, QT, log=log, model_kwargs=KERNEL)
         R["weights_from"] = "random, built block by block" + (
             " (trainer quantize_transformer_block on the device, parked on the CPU)"
             if QT else " on the device")
-    if QT and hasattr(tr.quantize, "set_int4_activations"):  # qtype int4_w4a8: 8-bit activations
-        R["int4_8bit_linears"] = tr.quantize.set_int4_activations(model, tr.quantize.get_qtype(QT))
+    if QT and hasattr(tr.quantize, "set_int4_activations"):  # the Int4Linears' kernel, from model_kwargs
+        R["int4_8bit_linears"] = tr.quantize.set_int4_activations(model, tr.quantize.get_qtype(QT), KERNEL)
     t1 = time.perf_counter()
     model.to(DEV)  # the trainer moves the whole (quantized) transformer to the GPU
     sync()

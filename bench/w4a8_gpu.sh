@@ -6,7 +6,9 @@
 #      block-Linear time at 512 and 1024 px: bf16 vs every path) -> $OUT/selftest.json
 #   2. the W4A8 quality gate at full FLUX.2 block shapes -> $OUT/w4a8_quality.json
 #   3. one LoRA step of the full-size model at 512 px, through bench/train_step.py: int4_w4a8
-#      (with the variables of the self-test's fastest path) and int4_fused capped at 24 GiB, bf16
+#      (with the kernel model_kwargs of the self-test's fastest path, `fastest.kernel`, as
+#      train_step's --kernel flags; none where it was not int4_w4a8: the qtype's defaults) and
+#      int4_fused capped at 24 GiB, bf16
 #      uncapped -> $OUT/step_<qtype>.json
 # Triton's cache is shared by all of them (TRITON_CACHE_AUTOTUNING=1): the steps reuse the
 # self-test's compiled kernels and tuning at the same shapes.
@@ -24,16 +26,17 @@ stamp selftest
 timeout $(left 200) python3 -m launcher.in_trainer.selftest.runner --trainer .bench-carry/trainer --out $OUT/selftest.json \
   --tokens "1024,512;4096,512" 2>&1 | grep -v -i "warn" | cut -c1-400 | tee -a $LOG
 stamp "selftest rc=$?"
-eval "$(python3 -c "
+KERNEL=$(python3 -c "
 import json
 f = json.load(open('$OUT/selftest.json')).get('fastest') or {}
-print(' '.join(f'export {k}={v};' for k, v in (f.get('env') or {}).items()))" 2>/dev/null)"
-stamp "W4A8 path: INT4_W4A8_ACT=$INT4_W4A8_ACT INT4_W4A8_GEMM=$INT4_W4A8_GEMM"
+if f.get('qtype') == 'int4_w4a8':
+    print(' '.join(f'--kernel {k}={v}' for k, v in (f.get('kernel') or {}).items()))" 2>/dev/null)
+stamp "W4A8 path: ${KERNEL:-the defaults of int4_w4a8}"
 timeout $(left 80) python3 -m bench.w4a8_quality --trainer .bench-carry/trainer --out $OUT/w4a8_quality.json 2>&1 \
   | cut -c1-400 | tee -a $LOG
 stamp "quality rc=$?"
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-for spec in "int4_w4a8 --cap-gib 24" "bf16" "int4_fused --cap-gib 24"; do
+for spec in "int4_w4a8 --cap-gib 24 $KERNEL" "bf16" "int4_fused --cap-gib 24"; do
   set -- $spec; q=$1; shift
   t=$(left 110); [ "$t" -lt 40 ] && { stamp "skip $q: $t s left"; continue; }
   stamp "step $q"
