@@ -278,7 +278,7 @@ def test_a_transformer_without_the_blocks_flux2_params_gives_is_refused(places, 
     (lambda p, d: p["datasets"][0].update(caption_ext="txt/../x"),
      "config.process[0].datasets[0].caption_ext = 'txt/../x': not a plain file extension"),
     (lambda p, d: p["model"]["model_kwargs"].update(vram_budget_gib=1e300),
-     "vram_budget_gib = 1e+300: out of range; allowed: a number >= 0.25, at most 1024"),
+     "vram_budget_gib = 1e+300: out of range; allowed: a number > 0, at most 1024"),
     (lambda p, d: d["config"].update(name="n" * 300),
      "config.name = '" + "n" * 56 + "...: 300 characters; the run folder and "
      "LoRA files are named after it; allowed: a plain folder name of at most 100 characters"),

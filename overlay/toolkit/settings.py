@@ -35,6 +35,7 @@ class Setting:
     choices: Tuple[str, ...] = ()
     minimum: Optional[float] = None
     maximum: Optional[float] = None
+    above: Optional[float] = None  # an exclusive lower bound (a budget: any size above nothing)
     auto: Optional[str] = None
     """Who turns `auto` into a value (RUN, or a sentence); None: `auto` is not allowed."""
 
@@ -51,6 +52,7 @@ class Setting:
             "bool": "true or false",
             "int": "a whole number" + (f" >= {self.minimum:g}" if self.minimum is not None else ""),
             "number": "a number" + (f" >= {self.minimum:g}" if self.minimum is not None else "")
+            + (f" > {self.above:g}" if self.above is not None else "")
             + (f", at most {self.maximum:g}" if self.maximum is not None else ""),
             "choice": " | ".join(self.choices),
             "text": "a non-empty text",
@@ -81,7 +83,8 @@ class Setting:
         return "off" if value is False and "off" in self.choices else value
 
     def _in_range(self, value) -> bool:
-        return (self.minimum is None or value >= self.minimum) and (self.maximum is None or value <= self.maximum)
+        return ((self.minimum is None or value >= self.minimum) and (self.above is None or value > self.above)
+                and (self.maximum is None or value <= self.maximum))
 
 
 def _settings(*items: Setting) -> Dict[str, Setting]:
@@ -133,7 +136,7 @@ CATALOGUE: Dict[str, Setting] = _settings(
     _kw("stream_mode", "choice", "serialized", "how streamed blocks are copied: serialized, or overlapped with "
         "the compute (NVIDIA only; wall 5)", choices=("serialized", "overlapped"), auto=RUN),
     _kw("vram_budget_gib", "number", None, "the memory plan's budget, and the allocator's cap; unset: the "
-        "VRAM free at load time", minimum=0.25, maximum=1024),
+        "VRAM free at load time", above=0, maximum=1024),
     _kw("vram_margin_gib", "number", 1.0, "VRAM the plan leaves free (allocator slack)", minimum=0, maximum=1024),
     # wall 11 and the 4-bit kernels
     _kw("compile_blocks", "bool", False, "wall 11: torch.compile each transformer block class (fuses the "

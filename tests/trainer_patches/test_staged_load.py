@@ -105,8 +105,10 @@ def test_unpinnable_platform_falls_back_to_plain_memory(staged, monkeypatch):
 def test_staging_settings_are_checked_before_any_load(trainer_on_path):
     qc = importlib.import_module("toolkit.quantized_cache")
     assert qc.staging_options({}) == {"buffers": 4, "buffer_bytes": 64 << 20, "pin": True}
-    assert qc.staging_options({"cache_staging_mib": 32, "pinned_staging": "false"}) == {
+    assert qc.staging_options({"cache_staging_mib": 32, "pinned_staging": False}) == {
         "buffers": 4, "buffer_bytes": 8 << 20, "pin": False}
     for bad in ("lots", 2, True, 1.5):
         with pytest.raises(ValueError, match="model_kwargs cache_staging_mib"):
             qc.staging_options({"cache_staging_mib": bad})
+    with pytest.raises(ValueError, match="model_kwargs pinned_staging: 'false' is not true/false"):
+        qc.staging_options({"pinned_staging": "false"})
