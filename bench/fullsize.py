@@ -378,10 +378,10 @@ def launch(args) -> int:
         check_cap(root, args.cap_gib)
     started = time.time()
     launcher = subprocess.Popen(command, cwd=REPO, env=env)
-    peak_rss = sample_peak_rss(psutil.Process(launcher.pid), launcher)
+    peak = sample_peak_rss(psutil.Process(launcher.pid), launcher)
     wall = time.time() - started
     result = {"label": args.label, "preset": str(args.preset), "rc": launcher.returncode, "wall_s": round(wall, 1),
-              "cap_gib": args.cap_gib, "trainer_peak_rss_gib": round(peak_rss / GIB, 2),
+              "cap_gib": args.cap_gib, **{f"trainer_peak_{key}_gib": round(value / GIB, 2) for key, value in peak.items()},
               **telemetry_figures(output, started, 2 + (args.profile + 1 if args.profile else 0)), **profile_figures(output)}
     print(json.dumps(result), flush=True)
     if args.json_out:
@@ -389,16 +389,32 @@ def launch(args) -> int:
     return launcher.returncode
 
 
-def sample_peak_rss(launcher, child: subprocess.Popen) -> int:
-    """The largest resident set of any process under the launcher (the trainer), every 0.2 s."""
-    peak = 0
+def sample_peak_rss(launcher, child: subprocess.Popen) -> dict:
+    """The trainer's peak resident set, every 0.2 s: "rss" (the largest of any process under the
+    launcher), and the largest of each part Linux counts in it (/proc/PID/status): "anon"
+    (the heap, and pinned host memory, which the CUDA driver allocates anonymously), "file"
+    (mapped files: the quantized cache read through mmap) and "shmem" (files on a RAM disk such as
+    /dev/shm, where the benchmark keeps the caches)."""
+    peak = dict.fromkeys(("rss", "anon", "file", "shmem"), 0)
     while child.poll() is None:
         try:
-            peak = max([peak, *(p.memory_info().rss for p in launcher.children(recursive=True))])
+            for process in launcher.children(recursive=True):
+                for key, value in {"rss": process.memory_info().rss, **rss_parts(process.pid)}.items():
+                    peak[key] = max(peak[key], value)
         except Exception:  # a child exited between listing and reading
             pass
         time.sleep(0.2)
     return peak
+
+
+def rss_parts(pid: int) -> dict:
+    """RssAnon, RssFile and RssShmem of a process in bytes (Linux), {} where /proc has none."""
+    names = {"RssAnon:": "anon", "RssFile:": "file", "RssShmem:": "shmem"}
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    return {names[line.split()[0]]: int(line.split()[1]) * 1024 for line in lines if line.split()[:1] and line.split()[0] in names}
 
 
 def telemetry_figures(output: Path, started: float, skip: int = 2) -> dict:

@@ -20,6 +20,11 @@
 #            bf16 (the 4-bit caches deleted first, for host memory).
 #            The int4_fused and uint4 launches quantize and write their caches (int4_w4a8 reads
 #            int4_fused's); the first one also runs the text phase.
+#   first    the first launch and the relaunches as a new user meets them, int4_w4a8 through
+#            torch._scaled_mm with the preset's memory plan: the first launch at a 16 GB card's cap
+#            (text phase, quantization, cache write, blocks placed or pinned as they are built), its
+#            relaunch, a 12 GB card's relaunch, the 22 GiB card with compiled blocks on cold then
+#            warm Inductor and Triton caches, then 768 px on the 16 GB and 22 GiB caps
 #   R=RAMDISK/R M=DISK/m OUT=OUT bash bench/same_call.sh prepare   (then 512, then 1024)
 # Labels after the stage run only those launches of it, e.g. `... 1024 w4a8_scaled_mm_compiled_1024`;
 # `prepare none` prepares without its launch, and the 512 stage's first launch then quantizes and
@@ -52,6 +57,8 @@ INT4=(--set model.qtype int4_fused)
 UINT4=(--set model.qtype uint4)
 BF16=(--set model.quantize false --set model.qtype uint4 --set model.model_kwargs.quantized_cache false)
 CAP22=18.8  # a 22 GiB card's cap less the 12 of 56 blocks this run leaves out (as in RESULTS.md)
+CAP16=11.8  # a 16 GB card's (~15 GiB free), the same way
+CAP12=8.3   # a 12 GB card's (~11 GiB free)
 
 ONLY=" ${*:2} "
 launch() {  # label px steps seconds args...
@@ -68,7 +75,7 @@ launch() {  # label px steps seconds args...
   cp "$R/runs/$label"/*/*/run.json "$OUT/$label.run.json" 2>/dev/null
 }
 
-case ${1:?stage: prepare, 512, 1024 or fallback} in
+case ${1:?stage: prepare, 512, 1024, fallback or first} in
 prepare)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -m bench.fullsize prepare --carry .bench-carry --root "$R" --model-dir "$M" --single-blocks 36 \
@@ -105,4 +112,15 @@ fallback)
   # host memory: the text encoder on R, bf16's 50 GiB trainer and two 4-bit caches would not fit in 128 GiB
   [[ -e $R/done/uint4_512 ]] && rm -rf "$R/wd/cache/quantized"
   launch bf16_fallback_512 512 7 220 "${OFF[@]}" "${BF16[@]}" "${EAGER[@]}" ;;
+first)
+  PICK=("${W4A8[@]}" "${SCALED[@]}" --set model.model_kwargs.stream_mode overlapped)  # what selftest picks on NVIDIA
+  [[ -e $R/done/first_16_512 ]] || rm -rf "$R/wd/cache/quantized" "$R/wd/cache/text"  # a new user's first launch
+  launch first_16_512 512 8 330 --cap-gib "$CAP16" "${PICK[@]}" "${EAGER[@]}"
+  launch relaunch_16_512 512 10 120 --cap-gib "$CAP16" "${PICK[@]}" "${EAGER[@]}"
+  launch relaunch_12_512 512 10 130 --cap-gib "$CAP12" "${PICK[@]}" "${EAGER[@]}"
+  [[ -e $R/done/compiled_cold_22_512 ]] || rm -rf "$R/wd/cache/inductor" "$R/wd/cache/triton"
+  launch compiled_cold_22_512 512 12 420 --cap-gib "$CAP22" "${PICK[@]}" "${COMPILED[@]}"
+  launch compiled_warm_22_512 512 12 150 --cap-gib "$CAP22" "${PICK[@]}" "${COMPILED[@]}"
+  launch relaunch_16_768 768 8 150 --cap-gib "$CAP16" "${PICK[@]}" "${EAGER[@]}"
+  launch relaunch_22_768 768 8 150 --cap-gib "$CAP22" "${PICK[@]}" "${EAGER[@]}" ;;
 esac
