@@ -45,6 +45,10 @@ def budget_bytes(model_kwargs: dict, device) -> int | None:
     if device.type != "cuda" or not torch.cuda.is_available():
         return None if cap is None else cap - margin
     device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+    # what the allocator caches but no tensor uses (the text phase's encoder layers and activations
+    # on a first launch) is this process's to plan with: counted as reserved, it made a first
+    # launch stream blocks that a relaunch, with no text phase, keeps resident
+    torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
     reserved = torch.cuda.memory_reserved(device)
     fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
