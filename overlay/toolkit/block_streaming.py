@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from toolkit.host_memory import release_freed_memory
 from toolkit.int4_w4a8 import carry_scales
 from toolkit.memory_plan import KEPT, STREAMED, MemoryPlan
 
@@ -94,6 +95,9 @@ class BlockStreamer:
             block = transformer.get_submodule(block_plan.name)
             if block_plan.weights == STREAMED:
                 self._stream(block_plan.name, block)
+                # the copy it was loaded into (plain host memory) is freed: its heap pages go back
+                # now, so the host holds the streamed blocks once, not once plain and once pinned
+                release_freed_memory(collect=False)
             else:
                 block.checkpointed = block_plan.activations != KEPT
 

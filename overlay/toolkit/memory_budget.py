@@ -6,11 +6,13 @@ trainer's allocator is capped there too, with set_per_process_memory_fraction, w
 exists) and vram_margin_gib.
 
 The plan is made twice per launch from the same budget: before the transformer loads, from its
-shapes (where blocks go while loading: the host when any block is streamed), and after, from the
-bytes of each loaded block. Both are printed; the second is the one carried out and recorded.
+shapes (where each block goes as it is built: LoadPlacement), and after, from the bytes of each
+loaded block. Both are printed; the second is the one carried out and recorded.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -45,6 +47,10 @@ def budget_bytes(model_kwargs: dict, device) -> int | None:
     if device.type != "cuda" or not torch.cuda.is_available():
         return None if cap is None else cap - margin
     device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+    # what the allocator caches but no tensor uses (the text phase's encoder layers and activations
+    # on a first launch) is this process's to plan with: counted as reserved, it made a first
+    # launch stream blocks that a relaunch, with no text phase, keeps resident
+    torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
     reserved = torch.cuda.memory_reserved(device)
     fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
@@ -91,6 +97,63 @@ def measured(transformer, plan) -> tuple[dict, int]:
     """Each block's bytes as loaded, and the bytes outside the blocks."""
     blocks = {b.name: tensor_bytes(transformer.get_submodule(b.name)) for b in plan.blocks}
     return blocks, tensor_bytes(transformer) - sum(blocks.values())
+
+
+HOST = torch.device("cpu")
+
+
+def block_of(name: str) -> str:
+    """The plan's name of the block a module or tensor belongs to: `single_blocks.3` for
+    `single_blocks.3.linear1.qweight` (the first two parts of any name: no block's for the rest)."""
+    return ".".join(name.split(".")[:2])
+
+
+@dataclass(frozen=True)
+class LoadPlacement:
+    """Where each part of the transformer goes as soon as it is quantized or read from the cache.
+
+    The blocks a memory plan streams go to the host (block_streaming pins them once the plan is
+    carried out); the other blocks and everything outside the blocks go straight to `device`, so
+    the host never holds the whole 4-bit model (walls 1-2). With no plan, or with model_kwargs
+    blocks_to_device: false (`device` is then the CPU), everything goes to `device`.
+    """
+
+    device: torch.device
+    streamed: frozenset = frozenset()
+
+    def __call__(self, name: str) -> torch.device:
+        """The device of a block, or of a module or tensor of the model, by its name."""
+        return HOST if block_of(name) in self.streamed else self.device
+
+    def move_rest(self, model: torch.nn.Module) -> None:
+        """`model.to(device)`, the streamed blocks left on the host: what the loader calls once
+        every block is placed (`model.to` would pull the streamed ones onto the device)."""
+        if not self.streamed:
+            model.to(self.device)
+            return
+        self._move_outside_streamed(model, "")
+
+    def _move_outside_streamed(self, module: torch.nn.Module, path: str) -> None:
+        module._apply(lambda tensor: tensor.to(self.device), recurse=False)
+        for name, child in module.named_children():
+            child_path = path + name
+            if child_path in self.streamed:
+                continue
+            if any(block.startswith(child_path + ".") for block in self.streamed):
+                self._move_outside_streamed(child, child_path + ".")
+            else:
+                child.to(self.device)
+
+    def __str__(self) -> str:
+        if not self.streamed:
+            return str(self.device)
+        return f"{self.device}, the {len(self.streamed)} streamed blocks on the host"
+
+
+def load_placement(plan, place) -> LoadPlacement:
+    """The placement of a load onto `place` (BaseModel.quantized_block_device) under `plan` (None:
+    no memory plan)."""
+    return LoadPlacement(torch.device(place), frozenset(plan.streamed()) if plan is not None else frozenset())
 
 
 def before_load(base_model, params):

@@ -288,10 +288,10 @@ def _tensor_layout(tensor_index: Dict[str, Any], data_start: int, file_size: int
     return layout
 
 
-def _read_tensors(f, layout, data_start: int, checksums: Dict[str, str], device: torch.device,
+def _read_tensors(f, layout, data_start: int, checksums: Dict[str, str], device,
                   staging: Optional[Dict[str, Any]]) -> Dict[str, torch.Tensor]:
-    """Read every tensor onto `device` with plain reads, each checked against its sha256
-    (toolkit/staged_load.py: a GPU target through bounded staging buffers)."""
+    """Read every tensor onto `device` (or, a function of its name, its own) with plain reads, each
+    checked against its sha256 (toolkit/staged_load.py: a GPU target through bounded staging buffers)."""
     spans = [
         TensorSpan(name, data_start + begin, data_start + end, dtype, tuple(shape), checksums.get(name))
         for begin, end, name, dtype, shape in layout
@@ -304,11 +304,11 @@ def _read_tensors(f, layout, data_start: int, checksums: Dict[str, str], device:
 
 @_corrupt_on_error("cache file")
 def read_cache(
-    path: Path, device: torch.device = torch.device("cpu"), staging: Optional[Dict[str, Any]] = None
+    path: Path, device=torch.device("cpu"), staging: Optional[Dict[str, Any]] = None
 ) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor]]:
-    """Read the whole file with plain reads onto `device` and verify every byte; a GPU target
-    goes through bounded staging buffers (options in `staging`), so host RAM never holds the
-    model. Raises CacheError."""
+    """Read the whole file with plain reads onto `device` (or, a function of a tensor's name, each
+    tensor onto its own) and verify every byte; a GPU target goes through bounded staging buffers
+    (options in `staging`), so host RAM never holds the model. Raises CacheError."""
     path = Path(path)
     with open(path, "rb") as f:
         file_size = os.fstat(f.fileno()).st_size

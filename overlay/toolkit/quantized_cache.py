@@ -154,9 +154,11 @@ class QuantizedCache:
             except OSError:
                 pass
 
-    def load_into(self, model: torch.nn.Module, device: torch.device = torch.device("cpu")) -> bool:
-        """Fill `model` (built on meta) from the cache, every tensor on `device`. False if there
-        is no usable cache; the model is untouched then, and a corrupt file has been set aside."""
+    def load_into(self, model: torch.nn.Module, device=torch.device("cpu")) -> bool:
+        """Fill `model` (built on meta) from the cache, every tensor on `device`, or where a
+        placement puts it by its name (toolkit/memory_budget.py LoadPlacement: a memory plan's
+        streamed blocks on the host). False if there is no usable cache; the model is untouched
+        then, and a corrupt file has been set aside."""
         if not self.path.is_file():
             _say(f"no cache at {self.path} yet; it will be written after quantizing")
             return False

@@ -9,7 +9,9 @@ reading made the load hashing-bound (26 s for a file the disk reads in 10 s). He
   final device memory while the next one is read; host RAM is the staging buffers;
 - sha256 runs on worker threads (hashlib releases the GIL), one tensor's pieces in file
   order and different tensors in parallel, overlapping the reads;
-- for a CPU target, the file is read straight into the final tensors.
+- for a CPU target, the file is read straight into the final tensors;
+- the target may differ per tensor (a memory plan's streamed blocks on the host, the rest on the
+  GPU): each tensor is allocated where it goes and filled from the staging buffers.
 
 Nothing is returned until every tensor's digest matches; on a mismatch or a short file a
 StagedReadError names the tensor, and the device memory read so far is simply dropped.
@@ -19,7 +21,7 @@ import hashlib
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple
+from typing import BinaryIO, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -147,9 +149,9 @@ def _allocate(span: TensorSpan, device) -> Tuple[torch.Tensor, torch.Tensor]:
     return tensor, tensor.reshape(-1).view(torch.uint8)
 
 
-def _to_device(f, spans, device, hashes, staging: _Staging) -> Dict[str, torch.Tensor]:
-    """Fill device tensors from the file through the staging ring."""
-    out = {span.name: _allocate(span, device) for span in spans}
+def _to_device(f, spans, devices: Dict[str, torch.device], hashes, staging: _Staging) -> Dict[str, torch.Tensor]:
+    """Fill each tensor on its device from the file through the staging ring."""
+    out = {span.name: _allocate(span, devices[span.name]) for span in spans}
     size = staging.buffers[0].numel()
     start, stop = spans[0].begin, spans[-1].end
     f.seek(start)
@@ -201,7 +203,7 @@ def _to_host(f, spans, hashes) -> Dict[str, torch.Tensor]:
 def read_spans(
     f: BinaryIO,
     spans: Sequence[TensorSpan],
-    device: torch.device,
+    device: Union[torch.device, Callable[[str], torch.device]],
     *,
     pin: bool = True,
     buffers: int = STAGING_BUFFERS,
@@ -210,6 +212,7 @@ def read_spans(
     log=print,
 ) -> Dict[str, torch.Tensor]:
     """{name: tensor on device} for consecutive spans of an open binary file, all checksums verified.
+    `device` is one device for every tensor, or a function of a tensor's name giving its device.
 
     Raises StagedReadError on a checksum mismatch or a file that ends early.
     """
@@ -217,14 +220,15 @@ def read_spans(
     if not spans:
         return {}
     _check_contiguous(spans)
-    device = torch.device(device)
+    place = device if callable(device) else (lambda _, one=torch.device(device): one)
+    devices = {span.name: torch.device(place(span.name)) for span in spans}
     hashes = _Hashes(hash_threads or default_hash_threads())
     try:
-        if device.type == "cpu":
+        if all(where.type == "cpu" for where in devices.values()):
             tensors = _to_host(f, spans, hashes)
         else:
             staging = _Staging(buffers, buffer_bytes, pin and torch.cuda.is_available(), log)
-            tensors = _to_device(f, spans, device, hashes, staging)
+            tensors = _to_device(f, spans, devices, hashes, staging)
             pinned = staging.pinned
             del staging
             if pinned:

@@ -14,6 +14,7 @@ FLUX.2-shaped checkpoint, and reports:
   host_tensor_gib  bytes of the loaded transformer's tensors on the CPU, each storage counted
              once (quantized tensor subclasses through their inner tensors): exact, no
              allocator noise
+  streamed_gib  bytes of the blocks a memory plan streams from host memory (0 without one)
 
 Modes, each at every size given:
   first   no cache yet: streamed read + quantize per block (+ the cache written)
@@ -23,6 +24,8 @@ and placements of the quantized blocks:
   offhost   blocks placed on a device as they are built; on a CPU machine the meta device
             stands in for the GPU (it holds no host memory, as the GPU would not), so what
             remains is the host RAM the loader itself needs
+  plan      offhost under a memory plan that streams every other block (a fixed plan, the
+            blocks a small card would stream): those stay on the host, for qtype int4_fused
 
 Linux only (VmHWM, clear_refs). `test_load_host_memory.py` runs it at two depths; it lives
 with the tests so that what CI checks cannot change with the benchmarks. The benchmark of the
@@ -110,6 +113,19 @@ class StopAtTextEncoder(Exception):
     pass
 
 
+def stream_every_other_block(params: dict) -> None:
+    """Every memory plan of this process keeps the even blocks of each list resident and streams
+    the odd ones."""
+    from toolkit import memory_budget, memory_plan
+
+    names = [f"double_blocks.{i}" for i in range(params["depth"])]
+    names += [f"single_blocks.{i}" for i in range(params["depth_single_blocks"])]
+    blocks = [memory_plan.BlockPlan(name, memory_plan.STREAMED if int(name.split(".")[1]) % 2 else memory_plan.RESIDENT,
+                                    memory_plan.RECOMPUTED) for name in names]
+    plan = memory_plan.MemoryPlan(budget_bytes=24 * GIB, blocks=blocks)
+    memory_budget.plan_for = lambda *_, **__: plan
+
+
 def child(args) -> dict:
     """One load in this process; returns the figures."""
     import gc
@@ -133,9 +149,12 @@ def child(args) -> dict:
     params = json.loads(args.params)
     # offhost: nothing of the meta device's is host memory, like a GPU's; no cache can be
     # written from it, so `first` runs without one there
-    cache = not (args.place == "offhost" and args.mode == "first")
+    cache = not (args.place != "cpu" and args.mode == "first")
     config = model_config(args.checkpoint, params, args.qtype, args.cache_dir, cache, args.staging_mib)
-    base = flux2.Flux2Model(device="meta" if args.place == "offhost" else "cpu", model_config=config, dtype="bf16")
+    if args.place == "plan":
+        config.model_kwargs.update(memory_plan="auto", vram_budget_gib=24)
+        stream_every_other_block(params)
+    base = flux2.Flux2Model(device="cpu" if args.place == "cpu" else "meta", model_config=config, dtype="bf16")
     base.training_folder = str(args.cache_dir)
     gc.collect()
     with open("/proc/self/clear_refs", "w") as f:
@@ -155,6 +174,10 @@ def child(args) -> dict:
         "seconds": seconds,
     }
     figures["host_tensor_gib"] = host_tensor_bytes(loaded[-1]) / GIB
+    from toolkit import block_streaming
+
+    streamer = block_streaming._active
+    figures["streamed_gib"] = (streamer.streamed_bytes() if streamer is not None else 0) / GIB
     loaded.pop().to("meta")
     gc.collect()
     figures["moved_gib"] = (proc_status("VmRSS") - baseline) / GIB
@@ -205,7 +228,8 @@ def main() -> None:
     p.add_argument("--dir", type=Path, help="where checkpoints and caches go (required)")
     p.add_argument("--sizes", default="1024:2:8,1024:4:16", help="hidden:double:single, comma-separated")
     p.add_argument("--qtypes", default="uint4,int4_fused")
-    p.add_argument("--places", default="cpu,offhost", help="cpu: parked on the host; offhost: placed on meta")
+    p.add_argument("--places", default="cpu,offhost", help="cpu: parked on the host; offhost: placed on meta; "
+                   "plan: placed on meta, every other block streamed from the host")
     p.add_argument("--out", type=Path, help="append JSON rows here")
     p.add_argument("--staging-mib", type=int, help="model_kwargs cache_staging_mib (default: the trainer's)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

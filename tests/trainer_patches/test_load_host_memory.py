@@ -1,4 +1,5 @@
-"""Host RAM of the transformer load does not grow with depth when blocks go off the host.
+"""Host RAM of the transformer load does not grow with depth when blocks go off the host, and
+under a memory plan holds only the blocks it streams.
 
 load_rss_probe.py (beside this file) runs the real Flux2Model.load_model (to where the text
 encoder would load) in a fresh process per measurement and reports the peak RSS the load added (VmHWM,
@@ -50,17 +51,29 @@ MIB = 2**20 / 2**30  # in GiB
 
 
 @pytest.fixture(scope="module")
-def rows(trainer_checkout, tmp_path_factory):
+def probe(trainer_checkout, tmp_path_factory):
+    """probe(sizes, places) -> rows by (size, mode, place); the runs share checkpoints and caches."""
     if not Path("/proc/self/clear_refs").exists():
         pytest.skip("needs Linux's VmHWM reset (/proc/self/clear_refs)")
-    out = tmp_path_factory.mktemp("rss") / "rows.jsonl"
-    done = subprocess.run(
-        [sys.executable, str(PROBE), "--trainer", str(trainer_checkout), "--dir", str(out.parent),
-         "--sizes", ",".join(SIZES), "--qtypes", "int4_fused", "--staging-mib", "4", "--out", str(out)],
-        capture_output=True, text=True, env={**os.environ, **ALLOCATOR_ENV, "CUDA_VISIBLE_DEVICES": ""},
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return {(r["size"], r["mode"], r["place"]): r for r in map(json.loads, out.read_text().splitlines())}
+    folder = tmp_path_factory.mktemp("rss")
+
+    def run(sizes, places):
+        out = folder / f"rows-{places}.jsonl"
+        done = subprocess.run(
+            [sys.executable, str(PROBE), "--trainer", str(trainer_checkout), "--dir", str(folder),
+             "--sizes", ",".join(sizes), "--qtypes", "int4_fused", "--staging-mib", "4", "--places", places,
+             "--out", str(out)],
+            capture_output=True, text=True, env={**os.environ, **ALLOCATOR_ENV, "CUDA_VISIBLE_DEVICES": ""},
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return {(r["size"], r["mode"], r["place"]): r for r in map(json.loads, out.read_text().splitlines())}
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def rows(probe):
+    return probe(SIZES, "cpu,offhost")
 
 
 def growth(rows, mode, place, figure):
@@ -88,3 +101,21 @@ def test_nothing_of_the_model_stays_on_the_host(rows):
         assert kept[0] == kept[1], f"{mode}: the CPU tensors left off the host grew with depth: {kept}"
         assert parked[1] - parked[0] > 64 * MIB, f"{mode}: the parked control holds no blocks: {parked}"
         assert kept[1] < parked[1] / 4, f"{mode}: {kept[1] / MIB:.1f} MiB of tensors on the host (parked {parked[1] / MIB:.1f})"
+
+
+@pytest.mark.patch("memory-plan")
+def test_under_a_plan_the_host_holds_only_the_streamed_blocks(rows, probe):
+    """A memory plan streaming every other block: the streamed blocks are the only tensors left on
+    the host, and the load's peak is the placed load's plus those blocks (within half their size:
+    block_streaming copies one block at a time), on a first launch as from the cache. Without the
+    per-block placement the host held every block until the plan was carried out."""
+    size = SIZES[-1]
+    planned = probe([size], "plan")  # the cache written by `rows`' parked first launch
+    for mode in ("first", "cache"):
+        row, placed = planned[(size, mode, "plan")], rows[(size, mode, "offhost")]
+        assert 0 < row["streamed_gib"] == row["host_tensor_gib"], row
+        extra = row["peak_gib"] - placed["peak_gib"]
+        assert extra < 1.5 * row["streamed_gib"], (
+            f"{mode}: the peak host RSS is {extra / MIB:.1f} MiB above the placed load's with "
+            f"{row['streamed_gib'] / MIB:.1f} MiB of blocks streamed"
+        )

@@ -22,8 +22,10 @@ def losses(log) -> list[float]:
 
 
 def run(workdir, tmp, budget_gib):
-    kwargs = {"memory_plan": "auto", "stream_mode": "serialized", "vram_budget_gib": budget_gib,
-              "vram_margin_gib": 0}
+    # a budget below the smallest vram_budget_gib the settings take: that cap, less a margin
+    cap = max(budget_gib, 0.25)
+    kwargs = {"memory_plan": "auto", "stream_mode": "serialized", "vram_budget_gib": cap,
+              "vram_margin_gib": cap - budget_gib}
     path = tiny_preset(tmp / "tiny.yaml", steps=STEPS, model={"qtype": "int4_fused", "model_kwargs": kwargs},
                        launcher={"telemetry": {"interval_s": 0.1}})
     result = run_tiny(workdir, path, tmp / "out", python=launcher_python(), env=launch_env(tmp / "caches"))

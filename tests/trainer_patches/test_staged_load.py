@@ -55,6 +55,19 @@ def test_round_trip_through_staging_buffers_of_any_size(staged, buffer_bytes, th
                 assert torch.equal(out[name], t), name
 
 
+@pytest.mark.parametrize("buffer_bytes", [64, 1 << 20], ids=["tiny-buffers", "1MiB"])
+def test_each_tensor_on_the_device_a_placement_gives_it(staged, buffer_bytes):
+    """A memory plan's load: some tensors on the host (streamed blocks), the others on the device,
+    read through the same staging ring; the host ones hold the file's bytes."""
+    tensors = sample_tensors()
+    f, spans = file_of(staged, tensors)
+    host = {"a", "c"}
+    out = staged.read_spans(f, spans, lambda name: "cpu" if name in host else "meta", buffer_bytes=buffer_bytes)
+    assert {name: t.device.type for name, t in out.items()} == {n: "cpu" if n in host else "meta" for n in tensors}
+    for name in host:
+        assert torch.equal(out[name], tensors[name]), name
+
+
 @pytest.mark.parametrize("device", ["cpu", "meta"])
 def test_a_flipped_byte_names_the_tensor(staged, device):
     tensors = sample_tensors()

@@ -159,6 +159,25 @@ def test_a_prompt_unknown_before_loading_is_encoded_on_demand(mods, encoder, tmp
     assert store.cache.has("a blue square")
 
 
+@pytest.mark.gpu
+def test_the_text_phase_leaves_no_tensor_on_the_gpu(mods, encoder, tmp_path):
+    """Only the allocator's cache is left once the phase ends, which the memory plan's budget counts
+    as free (test_memory_budget.py); a first run sets up the device's one-time workspaces."""
+    _, _, tp = mods
+
+    def phase_on_the_gpu(prompts, cache):
+        phase = tp.TextPhase(Path(encoder), template(mods), 3 * 64, torch.device("cuda"), log=lambda message: None)
+        return tp.run_text_phase(phase, prompts, tmp_path / cache).get(prompts)
+
+    phase_on_the_gpu(["a first prompt"], "warm-up")
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    embeddings = phase_on_the_gpu(PROMPTS, "cache")
+    assert embeddings.device.type == "cpu"
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before, "the text phase left tensors on the GPU"
+
+
 def test_dataset_captions_come_from_the_trainers_caption_code(mods, tiny_text_encoder, tmp_path):
     _, _, tp = mods
     from toolkit.config_modules import DatasetConfig
