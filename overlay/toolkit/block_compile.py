@@ -6,11 +6,16 @@ writing whole activations. At 1024 px they are the largest share of a step, in b
 4-bit path alike. Inductor fuses each chain into a few kernels.
 
 What is compiled: the forward of each block class, once, not each block. Dynamo treats a
-module's parameters as inputs, so the 8 double and 48 single blocks share two compiled forwards,
-each compiled in two variants (without grad: the first pass of reentrant checkpointing and
-sampling; with grad: the recompute, and blocks whose activations are kept). The LoRA adapters the
-trainer attaches later are traced with their block. A streamed block's fetch and release stay
-outside: its class calls the compiled forward in between.
+module's parameters as inputs and its guards hold for every block of a class, so the 8 double and
+48 single blocks share two compiled forwards. Each is compiled in a few variants, one per set of
+guards that differ: without grad (the first pass of reentrant checkpointing, and sampling) and
+with grad (the recompute, and blocks whose activations are kept); a block whose input needs no
+gradient (the first double block where the memory plan keeps its activations, or where the
+trainer's forward does not ask for one) adds one. `compiled_graphs` counts them. On the CPU, 3
+4-bit blocks per class under a memory plan that streams some of them: 2 per class, as for 3
+resident blocks (a streamed block's own class once made it 4: toolkit/block_streaming.py). The
+LoRA adapters the trainer attaches later are traced with their block. A streamed block's fetch
+and release stay outside: its class calls the compiled forward in between.
 
 The 4-bit Linear's matmul is one node of that graph: an operator of its own
 (toolkit/int4_linear.py), opaque to the compiler, so a 4-bit block compiles whole (no graph break
@@ -92,6 +97,14 @@ def compiled_forward(eager, name: str, log=print, backend: str = "inductor"):
     forward.failure = None
     setattr(forward, _COMPILED_MARK, eager)
     return forward
+
+
+def compiled_graphs(classes) -> dict:
+    """How many graphs Dynamo holds for each compiled class's forward: one per set of guards it
+    told apart (grad mode, a first block's input that needs no gradient), never one per block."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return {cls.__name__: len(_debug_get_cache_entry_list(getattr(cls.forward, _COMPILED_MARK))) for cls in classes}
 
 
 def compile_blocks(transformer: torch.nn.Module, log=print, backend: str = "inductor") -> list:

@@ -150,6 +150,35 @@ def test_one_compiled_forward_serves_every_block_of_a_class(flux2_src, toolkit):
     assert unique_graphs(flux2_src, toolkit, depth=2) == unique_graphs(flux2_src, toolkit, depth=5) <= 6
 
 
+def graphs_per_class(flux2_src, toolkit, weights=None) -> dict:
+    """Dynamo's graphs per block class after two steps of a 4-bit tiny FLUX.2 with 3 blocks per
+    class, compiled, each block placed as `weights` says ({block: RESIDENT or STREAMED}; None: no
+    memory plan), every block recomputed as the trainer's plan has them."""
+    block_compile, block_streaming, _, memory_plan, _ = toolkit
+    model, network, batch, target = tiny_flux2(flux2_src, toolkit, depth=3, single=3, qtype="int4_w4a8")
+    if weights:
+        blocks = [memory_plan.BlockPlan(name, where, memory_plan.RECOMPUTED) for name, where in weights.items()]
+        block_streaming.BlockStreamer(model, memory_plan.MemoryPlan(budget_bytes=0, blocks=blocks), "cpu")
+    torch._dynamo.reset()
+    classes = block_compile.compile_blocks(model, log=lambda line: None, backend="aot_eager")
+    for _ in range(2):
+        one_step(model, network, batch, target)
+    graphs = block_compile.compiled_graphs(classes)
+    block_compile.uncompile(classes)
+    return graphs
+
+
+def test_streamed_and_resident_blocks_of_a_class_share_its_graphs(flux2_src, toolkit):
+    S, R = toolkit[3].STREAMED, toolkit[3].RESIDENT
+    weights = {"double_blocks.0": R, "double_blocks.1": S, "double_blocks.2": R,
+               "single_blocks.0": S, "single_blocks.1": R, "single_blocks.2": S}
+    # per class, without grad and with grad (and on upstream, whose forward leaves the first block's
+    # input without a gradient, one more for that block); a streamed block's class once doubled them
+    resident = graphs_per_class(flux2_src, toolkit)
+    assert resident["SingleStreamBlock"] == 2 and resident["DoubleStreamBlock"] <= 3
+    assert graphs_per_class(flux2_src, toolkit, weights) == resident
+
+
 def test_streamed_blocks_compile_between_their_fetch_and_release(flux2_src, toolkit):
     block_compile, block_streaming, int4_linear, memory_plan, _ = toolkit
     want = one_step(*tiny_flux2(flux2_src, toolkit, depth=2, single=2, qtype="int4_w4a8"))
