@@ -5,6 +5,8 @@ streamed blocks, and the fallback when compiling fails. Inductor compiles in one
 minute on two cores); the others use the aot_eager backend, which traces the same graphs without
 generating kernels, so its results are the uncompiled ones bit for bit."""
 
+import re
+
 import pytest
 import torch
 from test_int4_trainer import make_network
@@ -64,7 +66,8 @@ def test_compiled_blocks_match_the_uncompiled_ones(flux2_src, toolkit, tmp_path,
     model, network, batch, target = tiny_flux2(flux2_src, toolkit)
     model.gradient_checkpointing = False  # one graph per class to generate (the other tests checkpoint)
     want = one_step(model, network, batch, target)
-    classes = block_compile.compile_blocks(model, log=lambda line: None)
+    lines = []
+    classes = block_compile.compile_blocks(model, log=lines.append)
     assert [cls.__name__ for cls in classes] == ["DoubleStreamBlock", "SingleStreamBlock"]
     for _ in range(2):  # the first step compiles, the second runs the compiled kernels
         got = one_step(model, network, batch, target)
@@ -72,6 +75,9 @@ def test_compiled_blocks_match_the_uncompiled_ones(flux2_src, toolkit, tmp_path,
         # fused kernels keep fp32 between ops the uncompiled blocks round to bf16 (measured 0.011-0.016)
         assert compiled.relative_difference(got, want) < 0.05
         assert all(bool(g.abs().sum() > 0) for g in got[1:])
+    # each class's forward and backward, each compiled into the empty cache
+    assert len(lines) == 4 and all("compiled in" in line and "(Inductor cache: compiled anew)" in line
+                                   for line in lines), lines
 
 
 def test_a_4bit_block_compiles_whole_around_its_4bit_matmuls(flux2_src, toolkit, monkeypatch):
@@ -196,6 +202,26 @@ def test_streamed_blocks_compile_between_their_fetch_and_release(flux2_src, tool
         assert all(torch.equal(a, b) for a, b in zip(got, want))
         assert {("fetch", "double_blocks.0"), ("recompute", "single_blocks.1")} <= set(streamer.stats.events)
     assert all(cls.forward.failure is None for cls in classes)
+
+
+def test_each_compile_gets_a_line_with_its_seconds_and_past_the_bound_none_is_compiled(flux2_src, toolkit,
+                                                                                    monkeypatch):
+    block_compile = toolkit[0]
+    model, network, batch, target = tiny_flux2(flux2_src, toolkit)
+    want = one_step(model, network, batch, target)
+    monkeypatch.setattr(block_compile, "COMPILE_BOUND_S", 0.0)  # the first compile passes it
+    lines = []
+    classes = block_compile.compile_blocks(model, log=lines.append, backend="aot_eager")
+    for _ in range(2):
+        got = one_step(model, network, batch, target)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    # the first graph (the double block without grad: reentrant checkpointing's first pass) stays in use
+    assert block_compile.compiled_graphs(classes) == {"DoubleStreamBlock": 1, "SingleStreamBlock": 0}
+    assert len(lines) == 2, lines
+    assert re.fullmatch(r"compile_blocks: DoubleStreamBlock forward without grad compiled in \d+\.\d s; "
+                        r"\d+\.\d s compiling DoubleStreamBlock so far", lines[0])
+    assert re.fullmatch(r"compile_blocks: \d+ s of compiling, past its bound of 0 s: the graphs compiled so far "
+                        r"stay in use, calls they do not fit run uncompiled from now on", lines[1])
 
 
 def test_a_block_class_that_cannot_compile_runs_uncompiled_after_one_line(flux2_src, toolkit):
