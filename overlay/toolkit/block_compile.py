@@ -215,6 +215,11 @@ def compiled_graphs(classes) -> dict:
     return {cls.__name__: len(_debug_get_cache_entry_list(getattr(cls.forward, _COMPILED_MARK))) for cls in classes}
 
 
+def compile_seconds() -> dict:
+    """The seconds each block class has spent compiling so far (forwards and backwards)."""
+    return dict(_clock.seconds)
+
+
 def compile_blocks(transformer: torch.nn.Module, log=print, backend: str = "inductor") -> list:
     """Compile the forward of every block class of `transformer`. Returns the classes. Idempotent."""
     # torch 2.11's AOTAutograd cache gives a cached segment's view outputs corrupt sizes (the
