@@ -35,6 +35,9 @@ CARRY_FILES = [
     Path("toolkit/qcache_format.py"),
     Path("toolkit/qcache_codecs.py"),
     Path("toolkit/qcache_rebuild.py"),
+    Path("toolkit/block_compile.py"),  # compiled blocks (bench/compile_time.py)
+    Path("toolkit/block_streaming.py"),  # streamed blocks (block_compile.py imports it)
+    Path("toolkit/memory_plan.py"),  # the plan block_streaming.py carries out
 ]
 
 

@@ -108,6 +108,13 @@ SCENARIOS = {s.name: s for s in [
              "compiled with Inductor: graph breaks, difference, time",
              ("bench.op_call", "--trainer", "{trainer}", "--out", "{out}/op_call.json"),
              "CPU or GPU", TRAINER_VENV + " (or the GPU machine's python3)", ("op_call",), ("op_call.json",)),
+    Scenario("compile_time", "seconds to compile each FLUX.2 block class at full width (8 double and 8 single "
+             "4-bit blocks with a LoRA, every other one streamed as a memory plan does), cold and warm, per qtype "
+             "(int4_w4a8 through torch._scaled_mm, int4_fused): graphs per class, recompile reasons, the compiled "
+             "step at 512 px against the uncompiled one",
+             ("bench.compile_time", "--trainer", "{trainer}", "--out", "{out}/compile_time.jsonl"),
+             "GPU (or `-- --tiny` on the CPU)", "the GPU machine's python3 (the trainer venv (W/venv) with --tiny)",
+             (), ("compile_time.jsonl",)),
     Scenario("w4a8_gpu", "one GPU call: the self-test's trainer side at 512 and 1024 px (kernel checks, tiny steps, "
              "block-Linear timings), w4a8_quality, and train_step at 512 px for int4_w4a8, bf16 and int4_fused "
              "(the trainer is .bench-carry/trainer)",

@@ -13,6 +13,11 @@ whose forward fetches and releases its tensors and whose `_apply` leaves them wh
 a later `transformer.to(device)` by the trainer moves only the resident part. Every streamed block
 is recomputed under gradient checkpointing, so the autograd graph never keeps a streamed block's
 device tensors beyond its own backward. The FLUX.2 forward reads `block.checkpointed` (patch).
+
+Where a plan streams any block, the resident blocks wear that subclass too (their calls go straight
+to the base class): a compiled block forward (toolkit/block_compile.py) guards on its block's type,
+and two types per block class compiled each of the class's graphs twice (CPU: 4 graphs per class
+instead of 2).
 """
 
 from __future__ import annotations
@@ -100,6 +105,11 @@ class BlockStreamer:
                 release_freed_memory(collect=False)
             else:
                 block.checkpointed = block_plan.activations != KEPT
+        if streamed:  # every planned block, streamed or not, of the one class (module docstring)
+            for block_plan in plan.blocks:
+                block = transformer.get_submodule(block_plan.name)
+                block.__class__ = streamed_class(type(block))
+                block._streamer, block._stream_name = self, block_plan.name
 
     # ---- setting up
 
@@ -116,8 +126,7 @@ class BlockStreamer:
         self.slots[name] = [HostSlot(module, kind, key, to_host(tensor)) for module, kind, key, tensor in frozen]
         for slot in self.slots[name]:
             slot.put(slot.host)
-        block.__class__ = streamed_class(type(block))
-        block._streamer, block._stream_name, block.checkpointed = self, name, True
+        block.checkpointed = True
 
     def streamed_bytes(self) -> int:
         return sum(slot.host.numel() * slot.host.element_size() for slots in self.slots.values() for slot in slots)
@@ -198,9 +207,12 @@ class BlockStreamer:
 
 
 class StreamedBlock:
-    """Mixed into a streamed block's own class (see streamed_class)."""
+    """Mixed into the own class of every block of a plan that streams (see streamed_class); a
+    resident block's calls go straight to its base class."""
 
     def forward(self, *args, **kwargs):
+        if self._stream_name not in self._streamer.slots:
+            return super().forward(*args, **kwargs)
         phase = self._streamer.enter(self._stream_name)
         try:
             output = super().forward(*args, **kwargs)
@@ -212,7 +224,7 @@ class StreamedBlock:
 
     def _apply(self, fn, recurse=True):
         """`.to()`, `.cuda()`, casts: the streamed tensors stay in host memory, the rest moves."""
-        slots = self._streamer.slots[self._stream_name]
+        slots = self._streamer.slots.get(self._stream_name, ())
         for slot in slots:
             getattr(slot.module, slot.kind)[slot.name] = None
         try:

@@ -1,9 +1,12 @@
 """The FLUX.2 blocks compiled (toolkit/block_compile.py, model_kwargs compile_blocks) on the CPU: the
 fused blocks against the unfused ones with the trainer's own LoRA network, a 4-bit block compiled
-whole around its 4-bit matmul operators, one compiled forward for every block of a class,
-streamed blocks, and the fallback when compiling fails. Inductor compiles in one test (about a
-minute on two cores); the others use the aot_eager backend, which traces the same graphs without
-generating kernels, so its results are the uncompiled ones bit for bit."""
+whole around its 4-bit matmul operators, one compiled forward for every block of a class (streamed
+or resident: the same graphs), streamed blocks, a line per compile with its seconds, the bound past
+which no graph is compiled, and the fallback when compiling fails. Inductor compiles in one test
+(about a minute on two cores); the others use the aot_eager backend, which traces the same graphs
+without generating kernels, so its results are the uncompiled ones bit for bit."""
+
+import re
 
 import pytest
 import torch
@@ -64,7 +67,8 @@ def test_compiled_blocks_match_the_uncompiled_ones(flux2_src, toolkit, tmp_path,
     model, network, batch, target = tiny_flux2(flux2_src, toolkit)
     model.gradient_checkpointing = False  # one graph per class to generate (the other tests checkpoint)
     want = one_step(model, network, batch, target)
-    classes = block_compile.compile_blocks(model, log=lambda line: None)
+    lines = []
+    classes = block_compile.compile_blocks(model, log=lines.append)
     assert [cls.__name__ for cls in classes] == ["DoubleStreamBlock", "SingleStreamBlock"]
     for _ in range(2):  # the first step compiles, the second runs the compiled kernels
         got = one_step(model, network, batch, target)
@@ -72,6 +76,9 @@ def test_compiled_blocks_match_the_uncompiled_ones(flux2_src, toolkit, tmp_path,
         # fused kernels keep fp32 between ops the uncompiled blocks round to bf16 (measured 0.011-0.016)
         assert compiled.relative_difference(got, want) < 0.05
         assert all(bool(g.abs().sum() > 0) for g in got[1:])
+    # each class's forward and backward, each compiled into the empty cache
+    assert len(lines) == 4 and all("compiled in" in line and "(Inductor cache: compiled anew)" in line
+                                   for line in lines), lines
 
 
 def test_a_4bit_block_compiles_whole_around_its_4bit_matmuls(flux2_src, toolkit, monkeypatch):
@@ -150,6 +157,35 @@ def test_one_compiled_forward_serves_every_block_of_a_class(flux2_src, toolkit):
     assert unique_graphs(flux2_src, toolkit, depth=2) == unique_graphs(flux2_src, toolkit, depth=5) <= 6
 
 
+def graphs_per_class(flux2_src, toolkit, weights=None) -> dict:
+    """Dynamo's graphs per block class after two steps of a 4-bit tiny FLUX.2 with 3 blocks per
+    class, compiled, each block placed as `weights` says ({block: RESIDENT or STREAMED}; None: no
+    memory plan), every block recomputed as the trainer's plan has them."""
+    block_compile, block_streaming, _, memory_plan, _ = toolkit
+    model, network, batch, target = tiny_flux2(flux2_src, toolkit, depth=3, single=3, qtype="int4_w4a8")
+    if weights:
+        blocks = [memory_plan.BlockPlan(name, where, memory_plan.RECOMPUTED) for name, where in weights.items()]
+        block_streaming.BlockStreamer(model, memory_plan.MemoryPlan(budget_bytes=0, blocks=blocks), "cpu")
+    torch._dynamo.reset()
+    classes = block_compile.compile_blocks(model, log=lambda line: None, backend="aot_eager")
+    for _ in range(2):
+        one_step(model, network, batch, target)
+    graphs = block_compile.compiled_graphs(classes)
+    block_compile.uncompile(classes)
+    return graphs
+
+
+def test_streamed_and_resident_blocks_of_a_class_share_its_graphs(flux2_src, toolkit):
+    S, R = toolkit[3].STREAMED, toolkit[3].RESIDENT
+    weights = {"double_blocks.0": R, "double_blocks.1": S, "double_blocks.2": R,
+               "single_blocks.0": S, "single_blocks.1": R, "single_blocks.2": S}
+    # per class, without grad and with grad (and on upstream, whose forward leaves the first block's
+    # input without a gradient, one more for that block); a streamed block's class once doubled them
+    resident = graphs_per_class(flux2_src, toolkit)
+    assert resident["SingleStreamBlock"] == 2 and resident["DoubleStreamBlock"] <= 3
+    assert graphs_per_class(flux2_src, toolkit, weights) == resident
+
+
 def test_streamed_blocks_compile_between_their_fetch_and_release(flux2_src, toolkit):
     block_compile, block_streaming, int4_linear, memory_plan, _ = toolkit
     want = one_step(*tiny_flux2(flux2_src, toolkit, depth=2, single=2, qtype="int4_w4a8"))
@@ -167,6 +203,26 @@ def test_streamed_blocks_compile_between_their_fetch_and_release(flux2_src, tool
         assert all(torch.equal(a, b) for a, b in zip(got, want))
         assert {("fetch", "double_blocks.0"), ("recompute", "single_blocks.1")} <= set(streamer.stats.events)
     assert all(cls.forward.failure is None for cls in classes)
+
+
+def test_each_compile_gets_a_line_with_its_seconds_and_past_the_bound_none_is_compiled(flux2_src, toolkit,
+                                                                                    monkeypatch):
+    block_compile = toolkit[0]
+    model, network, batch, target = tiny_flux2(flux2_src, toolkit)
+    want = one_step(model, network, batch, target)
+    monkeypatch.setattr(block_compile, "COMPILE_BOUND_S", 0.0)  # the first compile passes it
+    lines = []
+    classes = block_compile.compile_blocks(model, log=lines.append, backend="aot_eager")
+    for _ in range(2):
+        got = one_step(model, network, batch, target)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    # the first graph (the double block without grad: reentrant checkpointing's first pass) stays in use
+    assert block_compile.compiled_graphs(classes) == {"DoubleStreamBlock": 1, "SingleStreamBlock": 0}
+    assert len(lines) == 2, lines
+    assert re.fullmatch(r"compile_blocks: DoubleStreamBlock forward without grad compiled in \d+\.\d s; "
+                        r"\d+\.\d s compiling DoubleStreamBlock so far", lines[0])
+    assert re.fullmatch(r"compile_blocks: \d+ s of compiling, past its bound of 0 s: the graphs compiled so far "
+                        r"stay in use, calls they do not fit run uncompiled from now on", lines[1])
 
 
 def test_a_block_class_that_cannot_compile_runs_uncompiled_after_one_line(flux2_src, toolkit):
