@@ -115,12 +115,12 @@ fallback)
 first)
   PICK=("${W4A8[@]}" "${SCALED[@]}" --set model.model_kwargs.stream_mode overlapped)  # what selftest picks on NVIDIA
   [[ -e $R/done/first_16_512 ]] || rm -rf "$R/wd/cache/quantized" "$R/wd/cache/text"  # a new user's first launch
-  launch first_16_512 512 8 330 --cap-gib "$CAP16" "${PICK[@]}" "${EAGER[@]}"
-  launch relaunch_16_512 512 10 120 --cap-gib "$CAP16" "${PICK[@]}" "${EAGER[@]}"
-  launch relaunch_12_512 512 10 130 --cap-gib "$CAP12" "${PICK[@]}" "${EAGER[@]}"
+  launch first_16_512 512 8 300 --cap-gib "$CAP16" "${PICK[@]}" "${EAGER[@]}"
+  launch relaunch_16_512 512 10 100 --cap-gib "$CAP16" "${PICK[@]}" "${EAGER[@]}"
+  launch relaunch_12_512 512 10 100 --cap-gib "$CAP12" "${PICK[@]}" "${EAGER[@]}"
   [[ -e $R/done/compiled_cold_22_512 ]] || rm -rf "$R/wd/cache/inductor" "$R/wd/cache/triton"
-  launch compiled_cold_22_512 512 12 420 --cap-gib "$CAP22" "${PICK[@]}" "${COMPILED[@]}"
-  launch compiled_warm_22_512 512 12 150 --cap-gib "$CAP22" "${PICK[@]}" "${COMPILED[@]}"
-  launch relaunch_16_768 768 8 150 --cap-gib "$CAP16" "${PICK[@]}" "${EAGER[@]}"
-  launch relaunch_22_768 768 8 150 --cap-gib "$CAP22" "${PICK[@]}" "${EAGER[@]}" ;;
+  launch compiled_cold_22_512 512 12 360 --cap-gib "$CAP22" "${PICK[@]}" "${COMPILED[@]}"
+  launch compiled_warm_22_512 512 12 130 --cap-gib "$CAP22" "${PICK[@]}" "${COMPILED[@]}"
+  launch relaunch_16_768 768 8 120 --cap-gib "$CAP16" "${PICK[@]}" "${EAGER[@]}"
+  launch relaunch_22_768 768 8 120 --cap-gib "$CAP22" "${PICK[@]}" "${EAGER[@]}" ;;
 esac
