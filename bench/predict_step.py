@@ -39,7 +39,7 @@ CARDS = {  # name: (measured or scaled bf16 GEMM TFLOP/s, bandwidth GB/s, memory
     "RX 7900 XT": (77.0 * 103.0 / 122.8, 800.0, 20, "7900xt_512.yaml"),
     "RX 7800 XT": (77.0 * 74.6 / 122.8, 624.0, 16, "rx16gb_512.yaml"),
 }
-DESKTOP_GIB, PCIE_GBS, COPIES_PER_STEP = 1.5, 25.0, 2
+PCIE_GBS, COPIES_PER_STEP = 25.0, 2
 COMPILED_ELEMENTWISE = 469.3 / 881.2
 FUSED_EXTRA, UINT4_STEP_X = 0.37, 2.33
 PATHS = {  # path: (GEMM time factor at the bf16 rate, extra that is memory traffic, what it is)
@@ -76,6 +76,8 @@ def memory_plan():
 
 
 def streamed_gib(plan, memory_gib: int, px: int) -> float:
+    from launcher.runs.memory_plan import DESKTOP_GIB  # importable once memory_plan() put the repository on the path
+
     budget = int((memory_gib - DESKTOP_GIB - plan.DEFAULT_MARGIN_GIB) * plan.GIB)
     made = plan.make_plan(plan.flux2_inputs(plan.Flux2Shape(), budget, px, in_flight=1))
     return made.streamed_weight_bytes / plan.GIB

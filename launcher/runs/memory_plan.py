@@ -16,6 +16,10 @@ from pathlib import Path
 from launcher import trainer_rules
 from launcher.errors import LauncherError
 
+DESKTOP_GIB = 1.5
+"""What a desktop session keeps of a card's VRAM while it trains (one display): left out of the
+plan `run` predicts from a card's total VRAM (the trainer plans from what is really free)."""
+
 
 def plans(kwargs: dict) -> bool:
     """Whether a process's model_kwargs (resolved by `run`) ask for a memory plan."""
@@ -32,8 +36,25 @@ def budget_words(kwargs: dict) -> tuple[str, float]:
             f"{default} leaves {max(left, 0):g} GiB for the plan"), left
 
 
-def plan_for(process: dict):
-    """The trainer's plan for one process of a rendered config, from its preset budget and run shape."""
+def streams_on(process: dict, vram_gib: float | None) -> bool:
+    """Whether a process's memory plan may stream blocks on a card of `vram_gib` (total): its
+    preset budget, else the card's less a desktop's share, planned by the trainer's own rule; an
+    unknown card may stream, and so may a budget the trainer would refuse."""
+    kwargs = (process.get("model") or {}).get("model_kwargs") or {}
+    if not plans(kwargs):
+        return False
+    budget = kwargs.get("vram_budget_gib") or (vram_gib - DESKTOP_GIB if vram_gib else None)
+    if budget is None:
+        return True
+    try:
+        return bool(plan_for(process, float(budget)).streamed())
+    except trainer_rules.memory_plan().PlanError:
+        return True
+
+
+def plan_for(process: dict, budget_gib: float | None = None):
+    """The trainer's plan for one process of a rendered config, from its preset budget (or
+    `budget_gib`) and run shape."""
     model = process.get("model") or {}
     kwargs = model.get("model_kwargs") or {}
     read = trainer_rules.settings().read
@@ -42,8 +63,8 @@ def plan_for(process: dict):
         value = dataset.get("resolution", 512)
         resolutions += value if isinstance(value, list) else [value]
     return trainer_rules.memory_plan().plan_for_budget(
-        float(kwargs["vram_budget_gib"]), max(resolutions, default=1024), (process.get("train") or {}).get("batch_size", 1),
-        (process.get("network") or {}).get("linear", 32), 2 if read(kwargs, "stream_mode") == "overlapped" else 1,
+        budget_gib or float(kwargs["vram_budget_gib"]), max(resolutions, default=1024), (process.get("train") or {}).get("batch_size", 1),
+        (process.get("network") or {}).get("linear", 32), 2 if kwargs.get("stream_mode") == "overlapped" else 1,
         kwargs.get("flux2_params") or {}, float(read(kwargs, "vram_margin_gib")))
 
 

@@ -14,6 +14,7 @@ every FP8 card listed). `python -m launcher.selftest.cards` prints the table the
 from dataclasses import dataclass
 
 from launcher.in_trainer.selftest import compiled, kernels, runner
+from launcher.runs.memory_plan import streams_on
 from launcher.runs.presets import PRESETS_DIR, load_preset
 from launcher.runs.schema import AUTO
 from launcher.selftest import verdict
@@ -37,9 +38,10 @@ class Card:
         return self.preset_model["qtype"]
 
     @property
-    def plans(self) -> bool:
-        """The preset's memory plan may stream blocks, so `auto` takes only a streamable qtype."""
-        return (self.preset_model.get("model_kwargs") or {}).get("memory_plan") == AUTO
+    def streams(self) -> bool:
+        """The preset's memory plan may stream blocks on this card, so `auto` takes only a streamable qtype."""
+        preset = load_preset(str(PRESETS_DIR / self.preset)).config["config"]["process"][0]
+        return streams_on(preset, self.vram_gib)
 
     @property
     def hip(self) -> bool:
@@ -129,7 +131,7 @@ def outcome(card: Card, triton: bool, inductor: bool) -> Outcome:
     if card.preset_qtype != AUTO:
         named = card.preset_qtype if triton else f"{card.preset_qtype} (reference)"
         return Outcome(card.preset_qtype, named, mode, compile_blocks)
-    choice = verdict.qtype_from(report, streams=card.plans)
+    choice = verdict.qtype_from(report, streams=card.streams)
     reference = choice.kernel.get("int4_kernel") is False
     candidate = (report["fastest"] or {}).get("candidate") or (f"{choice.qtype} (reference)" if reference
                                                                else choice.qtype)

@@ -17,13 +17,15 @@ from dataclasses import dataclass, field
 
 from launcher import trainer_rules
 from launcher.envs.workdir import Workdir, read_state
+from launcher.runs.memory_plan import streams_on
 from launcher.runs.schema import AUTO
 
 QTYPES = trainer_rules.qtypes()
 FALLBACK_QTYPE = QTYPES.FALLBACK
 STREAMING_FALLBACK = "int4_fused"
-"""What `qtype: auto` becomes where nothing passed and a memory plan may stream: the table's bf16
-qtype, whose plain-PyTorch path runs on any device."""
+"""What `qtype: auto` becomes where nothing passed and the memory plan may stream blocks on the
+card (or the card is not known): the table's bf16 qtype, whose plain-PyTorch path runs on any
+device. Where every block stays resident it is uint4, the recipe's path."""
 HOW_TO_TEST = "`python -m launcher selftest` (a few minutes) tests the 4-bit kernels on this GPU"
 FALLBACK_COST = "uint4 steps 1.73x the int4_fused time, 2.04x bf16 (H200, full width; bench/RESULTS.md)"
 REFERENCE_COST = "the plain-PyTorch path steps 1.92x int4_fused's Triton time (H200, full width; bench/RESULTS.md)"
@@ -103,6 +105,12 @@ def qtype_from(result: dict, streams: bool = False) -> QtypeChoice:
                        f"{tested_on(result)}{speed}")
 
 
+def card_vram_gib(workdir: Workdir) -> float | None:
+    """The VRAM of the GPU the stored self-test ran on, or None when there is no usable result."""
+    result, _ = usable_result(workdir)
+    return ((result or {}).get("environment") or {}).get("gpu", {}).get("vram_gib") if result else None
+
+
 def kernel_for_w4a8(workdir: Workdir) -> tuple[dict, str]:
     """(model_kwargs, why) for an int4_w4a8 run whose preset leaves the kernel to `auto`: the
     self-test's int4_w4a8 candidate when it was the fastest, else FP8 where the self-test saw FP8
@@ -127,7 +135,7 @@ def resolve_config(config: dict, workdir: Workdir) -> list[str]:
             model["model_kwargs"] = {}
         kwargs = model["model_kwargs"]
         if model.get("qtype") == AUTO:
-            choice = resolve_qtype(AUTO, workdir, streams=kwargs.get("memory_plan") == AUTO)
+            choice = resolve_qtype(AUTO, workdir, streams=streams_on(process, card_vram_gib(workdir)))
             model["qtype"] = choice.qtype
             kwargs.update({key: value for key, value in choice.kernel.items() if kwargs.get(key, AUTO) == AUTO})
             lines.append(choice.line)
