@@ -11,7 +11,7 @@ from conftest import REPO_ROOT, write_png
 
 from launcher.cli import main
 from launcher.envs.workdir import Workdir, venv_python
-from launcher.patching.overlay import import_module as overlay_module
+from launcher.trainer_rules import import_module as overlay_module
 from launcher.runs import disk_budget
 from launcher.runs.folders import RunFolder
 from launcher.runs.presets import PRESETS_DIR, load_preset, read_preset, render

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from launcher.errors import LauncherError
-from launcher.patching.overlay import import_module as overlay_module
+from launcher.trainer_rules import import_module as overlay_module
 from launcher.runs.validate import safetensors_header
 
 

@@ -9,11 +9,7 @@ depends only on the base commit and the overlay's content.
 """
 
 import hashlib
-import importlib
-import importlib.machinery
-import importlib.util
 import os
-import sys
 import tempfile
 from pathlib import Path
 
@@ -130,20 +126,3 @@ def _hash_object(repo: git.Repo, content: bytes) -> str:
         return repo.git.execute(["git", "hash-object", "-w", "--no-filters", handle.name]).strip()
     finally:
         os.unlink(handle.name)
-
-
-def import_module(folder: Path, name: str):
-    """The overlay's `toolkit/<name>.py`, imported under the launcher's interpreter.
-
-    For the few stdlib-only overlay modules whose rules the launcher needs (which quantized-cache
-    file is valid for a run, the qtype table): it asks the trainer's own code instead of keeping a
-    copy that drifts. The overlay's `toolkit` folder is imported as a package of its own name, one
-    per folder, so the modules' relative imports resolve inside it and nothing named `toolkit`
-    enters the launcher's namespace."""
-    toolkit = Path(folder) / "toolkit"
-    package = "flux2_overlay_" + hashlib.sha256(str(toolkit.resolve()).encode()).hexdigest()[:12]
-    if package not in sys.modules:
-        spec = importlib.machinery.ModuleSpec(package, None, is_package=True)
-        spec.submodule_search_locations = [str(toolkit)]
-        sys.modules[package] = importlib.util.module_from_spec(spec)
-    return importlib.import_module(f"{package}.{name}")

@@ -14,7 +14,7 @@ from pathlib import Path
 from launcher.envs.hostinfo import free_disk_gib
 from launcher.errors import LauncherError
 from launcher.patching.lock import find_target
-from launcher.patching.overlay import import_module as overlay_module
+from launcher.trainer_rules import import_module as overlay_module
 from launcher.runs.dataset import IMAGE_SUFFIXES
 from launcher.runs.validate import TRANSFORMER_FILE
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from launcher.errors import LauncherError
 from launcher.patching.lock import find_target
-from launcher.patching.overlay import import_module as overlay_module
+from launcher.trainer_rules import import_module as overlay_module
 from launcher.progress import say
 from launcher.runs.files import TEXT_ENCODER_RECORD
 
