@@ -1,6 +1,7 @@
 """The layout's promises: modules run under the trainer's interpreter import only what it has."""
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -129,3 +130,13 @@ def test_overlay_modules_the_launcher_imports_are_stdlib_only(name):
     foreign = [module for module in top_level_imports(path)
                if module.split(".")[0] not in sys.stdlib_module_names and module != "__future__"]
     assert not foreign, f"{path.name} imports {foreign} at module level: the launcher imports it without torch"
+
+
+def test_the_presets_and_the_bridge_import_without_gitpython():
+    """bench/fullsize.py reads presets with a GPU machine's plain python3, which has no GitPython."""
+    code = ("import sys; sys.modules['git'] = None\n"
+            "from launcher.runs.presets import read_preset\n"
+            "from launcher.runs.memory_plan import streams_on\n"
+            "assert read_preset('rtx16gb_512').data['config']['name']")
+    result = subprocess.run([sys.executable, "-c", code], cwd=LAUNCHER.parent, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
