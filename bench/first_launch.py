@@ -2,10 +2,12 @@
 """The first launch and the relaunches of `bench/same_call.sh first` as one results table.
 
 Reads what that stage left in OUT (each launch's `<label>.json` from bench/fullsize.py, its
-`<label>.run.json` and `<label>.log`) and prints one row per launch: to the first step, the load
-phases, the compile seconds of each block class (the trainer's `compile_blocks:` lines), the
-peak host RSS and its parts, the bytes the memory plan streamed, s/it. With --write the rows go
-to results/first_launch.csv and the raw figures to archive/first_launch_<date>.jsonl.
+`<label>.run.json` and `<label>.log`) and prints one row per launch: seconds from `launcher run`'s
+start to the training loop's (bench/fullsize.py) and from the trainer's start to its first step
+done (run.json; it includes compiling the blocks), the load phases, the compile seconds of each
+block class (the trainer's `compile_blocks:` lines), the peak host RSS and its parts, the bytes
+the memory plan streamed, s/it. With --write the rows go to results/first_launch.csv and the raw
+figures to archive/first_launch_<date>.jsonl.
 
     python3 -m bench.first_launch OUT [--write --date YYYY-MM-DD]
 """
@@ -19,8 +21,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 CARDS = {18.8: "22 GiB card", 11.8: "16 GB card", 8.3: "12 GB card"}
 COMPILED = re.compile(r"compile_blocks: (\w+) (.+?) compiled in ([\d.]+) s")
-COLUMNS = ["launch", "cap:", "px:", "to first step:", "text phase:", "transformer:", "compile per class",
-           "peak RSS:", "anon:", "file:", "RAM disk:", "streamed:", "s/it:"]
+COLUMNS = ["launch", "cap:", "px:", "to training start:", "to first step:", "text phase:", "transformer:", "compile per class",
+           "peak RSS GiB:", "anon GiB:", "file GiB:", "RAM disk GiB:", "streamed GiB:", "s/it:"]
 
 
 def launch_figures(out: Path, label: str) -> dict:
@@ -42,19 +44,21 @@ def row(figures: dict) -> dict:
     for compiled in figures["compiles"]:
         per_class[compiled["class"]] = per_class.get(compiled["class"], 0.0) + compiled["seconds"]
     streamed = figures["memory_plan"].get("streamed_weight_bytes")
+    first_step = figures["load"].get("to_first_step_s")
     gib = lambda key: f"{figures[key]:.2f}" if figures.get(key) is not None else ""  # noqa: E731
     seconds = lambda phase: f"{phases[phase]['seconds']:.0f} s" if phase in phases else ""  # noqa: E731
     return {
         "launch": figures["label"],
         "cap:": f"{figures['cap_gib']} ({CARDS.get(figures['cap_gib'], 'uncapped')})",
         "px:": figures["label"].rsplit("_", 1)[-1],
-        "to first step:": f"{figures['to_first_step_s']:.0f} s" if figures.get("to_first_step_s") else "",
+        "to training start:": f"{figures['to_first_step_s']:.0f} s" if figures.get("to_first_step_s") else "",
+        "to first step:": f"{first_step:.0f} s" if first_step else "",
         "text phase:": seconds("text"),
         "transformer:": seconds("transformer"),
         "compile per class": ", ".join(f"{name} {total:.0f} s" for name, total in per_class.items()) or "-",
-        "peak RSS:": gib("trainer_peak_rss_gib"), "anon:": gib("trainer_peak_anon_gib"),
-        "file:": gib("trainer_peak_file_gib"), "RAM disk:": gib("trainer_peak_shmem_gib"),
-        "streamed:": f"{streamed / 2**30:.2f}" if streamed else "0",
+        "peak RSS GiB:": gib("trainer_peak_rss_gib"), "anon GiB:": gib("trainer_peak_anon_gib"),
+        "file GiB:": gib("trainer_peak_file_gib"), "RAM disk GiB:": gib("trainer_peak_shmem_gib"),
+        "streamed GiB:": "" if streamed is None else f"{streamed / 2**30:.2f}",
         "s/it:": f"{figures['s_per_it']:.3f}" if figures.get("s_per_it") else "",
     }
 

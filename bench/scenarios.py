@@ -163,4 +163,5 @@ ELSEWHERE = {
     "windows_wheels": "`python bench/windows_wheels.py`, which writes the table itself (PyPI downloads, no run)",
     "prediction": "`python bench/predict_step.py`, which writes the table itself (a model of the measured tables, no run)",
     "kernel_isa": "`python bench/kernel_isa.py`, which writes the table itself (Triton compiles on the CPU, no run)",
+    "first_launch": "`bash bench/same_call.sh first` on the GPU machine, then `python -m bench.first_launch OUT --write`",
 }
