@@ -17,7 +17,7 @@ from launcher import trainer_rules
 from launcher.errors import LauncherError
 
 DESKTOP_GIB = 1.5
-"""What a desktop session keeps of a card's VRAM while it trains (one display): left out of the
+"""What a desktop keeps of a card's VRAM while it trains (one display): left out of the
 plan `run` predicts from a card's total VRAM (the trainer plans from what is really free)."""
 
 
