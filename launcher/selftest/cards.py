@@ -12,6 +12,7 @@ every FP8 card listed). `python -m launcher.selftest.cards` prints the table the
 """
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from launcher.in_trainer.selftest import compiled, kernels, runner
 from launcher.runs.memory_plan import streams_on
@@ -28,20 +29,20 @@ class Card:
     preset: str
     """The shipped preset for the card's memory."""
 
-    @property
-    def preset_model(self) -> dict:
-        return load_preset(str(PRESETS_DIR / self.preset)).config["config"]["process"][0]["model"]
+    @cached_property
+    def preset_process(self) -> dict:
+        """The shipped preset's trainer process, read once."""
+        return load_preset(str(PRESETS_DIR / self.preset)).config["config"]["process"][0]
 
     @property
     def preset_qtype(self) -> str:
         """The qtype the shipped preset names: `auto`, or a qtype the memory plan can stream."""
-        return self.preset_model["qtype"]
+        return self.preset_process["model"]["qtype"]
 
     @property
     def streams(self) -> bool:
         """The preset's memory plan may stream blocks on this card, so `auto` takes only a streamable qtype."""
-        preset = load_preset(str(PRESETS_DIR / self.preset)).config["config"]["process"][0]
-        return streams_on(preset, self.vram_gib)
+        return streams_on(self.preset_process, self.vram_gib)
 
     @property
     def hip(self) -> bool:

@@ -22,10 +22,7 @@ from launcher.runs.schema import AUTO
 
 QTYPES = trainer_rules.qtypes()
 FALLBACK_QTYPE = QTYPES.FALLBACK
-STREAMING_FALLBACK = "int4_fused"
-"""What `qtype: auto` becomes where nothing passed and the memory plan may stream blocks on the
-card (or the card is not known): the table's bf16 qtype, whose plain-PyTorch path runs on any
-device. Where every block stays resident it is uint4, the recipe's path."""
+STREAMING_FALLBACK = QTYPES.STREAMING_FALLBACK
 HOW_TO_TEST = "`python -m launcher selftest` (a few minutes) tests the 4-bit kernels on this GPU"
 FALLBACK_COST = "uint4 steps 1.73x the int4_fused time, 2.04x bf16 (H200, full width; bench/RESULTS.md)"
 REFERENCE_COST = "the plain-PyTorch path steps 1.92x int4_fused's Triton time (H200, full width; bench/RESULTS.md)"

@@ -56,6 +56,9 @@ QTYPES = {
 STREAMABLE = tuple(QTYPES)
 """The qtypes whose blocks a memory plan can stream (plain tensors in an Int4Linear): `qtype: auto`
 picks among these, and the fastest the self-test passed, where the plan may stream."""
+STREAMING_FALLBACK = "int4_fused"
+"""What `qtype: auto` becomes where no kernel passed the self-test and a memory plan may stream
+blocks: the table's bf16 qtype, whose plain-PyTorch path runs on any device."""
 FALLBACK = "uint4"
 """The fork's own torchao 4-bit path: what `qtype: auto` becomes where no kernel of the table passed
 the self-test and nothing streams. Its 4-bit codes equal int4_fused's, so a run may change between
