@@ -24,7 +24,13 @@
 #            torch._scaled_mm with the preset's memory plan: the first launch at a 16 GB card's cap
 #            (text phase, quantization, cache write, blocks placed or pinned as they are built), its
 #            relaunch, a 12 GB card's relaunch, the 22 GiB card with compiled blocks on cold then
-#            warm Inductor and Triton caches, then 768 px on the 16 GB and 22 GiB caps
+#            warm Inductor and Triton caches, then 768 px on the 16 GB and 22 GiB caps; last, a new
+#            user's first launch with compiled blocks (every cache emptied: text, quantized,
+#            Inductor, Triton) at the 22 GiB cap and its relaunch
+#   fidelity the same LoRA trained 50 steps (seed 42, the same data) on the bf16 base and on each
+#            4-bit path, uncapped with the memory plan off and uncompiled, a telemetry row a step;
+#            the 4-bit path the self-test picks once more with seed 43 (the yardstick), then
+#            bench/lora_fidelity.py compares each LoRA with the bf16 one: $OUT/lora_fidelity.json
 #   R=RAMDISK/R M=DISK/m OUT=OUT bash bench/same_call.sh prepare   (then 512, then 1024)
 # Labels after the stage run only those launches of it, e.g. `... 1024 w4a8_scaled_mm_compiled_1024`;
 # `prepare none` prepares without its launch, and the 512 stage's first launch then quantizes and
@@ -75,7 +81,7 @@ launch() {  # label px steps seconds args...
   cp "$R/runs/$label"/*/*/run.json "$OUT/$label.run.json" 2>/dev/null
 }
 
-case ${1:?stage: prepare, 512, 1024, fallback or first} in
+case ${1:?stage: prepare, 512, 1024, fallback, first or fidelity} in
 prepare)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -m bench.fullsize prepare --carry .bench-carry --root "$R" --model-dir "$M" --single-blocks 36 \
@@ -122,5 +128,22 @@ first)
   launch compiled_cold_22_512 512 12 360 --cap-gib "$CAP22" "${PICK[@]}" "${COMPILED[@]}"
   launch compiled_warm_22_512 512 12 130 --cap-gib "$CAP22" "${PICK[@]}" "${COMPILED[@]}"
   launch relaunch_16_768 768 8 120 --cap-gib "$CAP16" "${PICK[@]}" "${EAGER[@]}"
-  launch relaunch_22_768 768 8 120 --cap-gib "$CAP22" "${PICK[@]}" "${EAGER[@]}" ;;
+  launch relaunch_22_768 768 8 120 --cap-gib "$CAP22" "${PICK[@]}" "${EAGER[@]}"
+  if [[ ! -e $R/done/first_compiled_22_512 && ( $ONLY == "  " || $ONLY == *" first_compiled_22_512 "* ) ]]; then
+    rm -rf "$R/wd/cache/quantized" "$R/wd/cache/text" "$R/wd/cache/inductor" "$R/wd/cache/triton"; fi
+  launch first_compiled_22_512 512 12 420 --cap-gib "$CAP22" "${PICK[@]}" "${COMPILED[@]}"
+  launch relaunch_compiled_22_512 512 12 130 --cap-gib "$CAP22" "${PICK[@]}" "${COMPILED[@]}" ;;
+fidelity)
+  STEPS=50
+  ROWS=(--launcher-set telemetry "{interval_s: 0.1}" "${OFF[@]}" "${EAGER[@]}")  # a row each step (~0.5 s)
+  launch fid_bf16 512 $STEPS 300 "${ROWS[@]}" "${BF16[@]}"
+  launch fid_w4a8_fp8 512 $STEPS 300 "${ROWS[@]}" "${W4A8[@]}" "${SCALED[@]}"
+  launch fid_int4_fused 512 $STEPS 150 "${ROWS[@]}" "${INT4[@]}"
+  launch fid_w4a8_fp8_seed43 512 $STEPS 150 "${ROWS[@]}" "${W4A8[@]}" "${SCALED[@]}" --set training_seed 43
+  launch fid_bf16_rerun 512 $STEPS 240 "${ROWS[@]}" "${BF16[@]}"  # bf16 twice: the GPU's own run-to-run spread
+  launch fid_uint4 512 $STEPS 330 "${ROWS[@]}" "${UINT4[@]}"
+  launch fid_w4a8_int8 512 $STEPS 150 "${ROWS[@]}" "${W4A8[@]}" "${INT8[@]}" "${TRITON[@]}"
+  python3 -m bench.lora_fidelity compare "$R/runs" fid_bf16:fid_w4a8_fp8 fid_bf16:fid_int4_fused fid_bf16:fid_uint4 \
+    fid_bf16:fid_w4a8_int8 fid_w4a8_fp8:fid_w4a8_fp8_seed43 fid_bf16:fid_w4a8_fp8_seed43 \
+    fid_bf16:fid_bf16_rerun --out "$OUT/lora_fidelity.json" ;;
 esac

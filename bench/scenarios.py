@@ -164,4 +164,9 @@ ELSEWHERE = {
     "prediction": "`python bench/predict_step.py`, which writes the table itself (a model of the measured tables, no run)",
     "kernel_isa": "`python bench/kernel_isa.py`, which writes the table itself (Triton compiles on the CPU, no run)",
     "first_launch": "`bash bench/same_call.sh first` on the GPU machine, then `python -m bench.first_launch OUT --write`",
+    "lora_fidelity": ("`bash bench/same_call.sh fidelity` on the GPU machine, then "
+                      "`python -m bench.lora_fidelity write OUT/lora_fidelity.json`"),
+    "lora_fidelity_loss": "the same, its loss curves",
+    "lora_fidelity_tiny": ("`python -m bench.lora_fidelity tiny` (CPU), then "
+                           "`... write OUT/lora_fidelity_tiny.json --name lora_fidelity_tiny`"),
 }

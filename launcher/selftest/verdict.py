@@ -108,13 +108,13 @@ def card_vram_gib(workdir: Workdir) -> float | None:
     return ((result or {}).get("environment") or {}).get("gpu", {}).get("vram_gib") if result else None
 
 
-def kernel_for_w4a8(workdir: Workdir) -> tuple[dict, str]:
-    """(model_kwargs, why) for an int4_w4a8 run whose preset leaves the kernel to `auto`: the
-    self-test's int4_w4a8 candidate when it was the fastest, else FP8 where the self-test saw FP8
-    units, else int8 through Triton, which runs on every GPU."""
+def eight_bit_kernel(workdir: Workdir) -> tuple[dict, str]:
+    """(model_kwargs, why) for a run of an 8-bit-activation qtype (int4_w4a8) whose preset leaves
+    the kernel to `auto`: the self-test's candidate of such a qtype when it was the fastest, else
+    FP8 where the self-test saw FP8 units, else int8 through Triton, which runs on every GPU."""
     result, unusable = usable_result(workdir)
     fastest = (result or {}).get("fastest") or {}
-    if fastest.get("qtype") == "int4_w4a8":
+    if QTYPES.has_eight_bit_kernel(fastest.get("qtype")):
         return dict(fastest.get("kernel") or {}), f"the self-test's fastest ({tested_on(result)})"
     if result is not None and (result.get("environment") or {}).get("gpu"):
         fmt = "fp8" if result["environment"].get("fp8_units") else "int8"
@@ -136,10 +136,11 @@ def resolve_config(config: dict, workdir: Workdir) -> list[str]:
             model["qtype"] = choice.qtype
             kwargs.update({key: value for key, value in choice.kernel.items() if kwargs.get(key, AUTO) == AUTO})
             lines.append(choice.line)
-        if model.get("qtype") == "int4_w4a8" and any(kwargs.get(key, AUTO) == AUTO for key in KERNEL_KEYS):
-            kernel, why = kernel_for_w4a8(workdir)
+        qtype = model.get("qtype")
+        if QTYPES.has_eight_bit_kernel(qtype) and any(kwargs.get(key, AUTO) == AUTO for key in KERNEL_KEYS):
+            kernel, why = eight_bit_kernel(workdir)
             kwargs.update({key: value for key, value in kernel.items() if kwargs.get(key, AUTO) == AUTO})
-            lines.append(f"int4_w4a8 kernel -> {kwargs.get('w4a8_activations')} {kwargs.get('w4a8_gemm')}: {why}")
+            lines.append(f"{qtype} kernel -> {kwargs.get('w4a8_activations')} {kwargs.get('w4a8_gemm')}: {why}")
     return lines
 
 

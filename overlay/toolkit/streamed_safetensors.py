@@ -197,12 +197,29 @@ def load_blockwise(
         tensors = st.read_many(rest)
         state = {k: _cast(v, dtype) for k, v in tensors.items()}
         del tensors
-        model.load_state_dict(state, assign=True, strict=False)
+        _load_into_owners(model, state)
         del state
         # blocks were checked as they loaded; on_block may have placed them on the meta device
         _check_loaded(model, st.path, "", skip=tuple(p + "." for p in prefixes))
         if on_rest is not None:
             on_rest(model)
+
+
+def _load_into_owners(model: torch.nn.Module, state: Dict[str, torch.Tensor]) -> None:
+    """Assign each tensor to the module that owns it, never through the whole model: a block
+    already quantized by optimum-quanto (qint8, qfloat8) would look for its packed weight in this
+    partial state dict and fail on the missing key. Each owner loads as `load_state_dict(...,
+    assign=True)` loads it, without recursing into its children."""
+    owners: Dict[str, Dict[str, torch.Tensor]] = {}
+    for key, tensor in state.items():
+        owner, _, name = key.rpartition(".")
+        owners.setdefault(owner, {})[name] = tensor
+    for owner, tensors in owners.items():
+        errors: List[str] = []
+        model.get_submodule(owner)._load_from_state_dict(
+            tensors, "", {"assign_to_params_buffers": True}, True, [], [], errors)
+        if errors:
+            raise ValueError(f"{owner or 'the model'}: {'; '.join(errors)}")
 
 
 def _check_loaded(module: torch.nn.Module, path, prefix: str, skip: Tuple[str, ...] = ()) -> None:

@@ -114,6 +114,23 @@ def test_streamed_build_matches_fork_quantization(trainer, tmp_path):
     assert torch.equal(forward(streamed, TINY), forward(reference, TINY))
 
 
+@pytest.mark.parametrize("qtype", ["qint8", "qfloat8"])
+def test_an_optimum_quanto_qtype_builds_streamed_as_the_fork_builds_it(trainer, tmp_path, qtype):
+    """The fork's own quanto qtypes (qfloat8 is its UI's default): the tensors outside the blocks
+    are loaded into the modules that own them, never through the whole model, whose quantized
+    block Linears would look for their packed weights in that partial state dict."""
+    path = tmp_path / "flux2-tiny.safetensors"
+    write_checkpoint(trainer, TINY, path)
+    reference = fork_path(trainer, loader_model(trainer.flux2, TINY, qtype=qtype), TINY, path)
+    streamed = streamed_path(trainer, loader_model(trainer.flux2, TINY, qtype=qtype), TINY, path)
+    ref_modules, new_modules = dict(reference.named_modules()), dict(streamed.named_modules())
+    quantized = [name for name, module in ref_modules.items() if isinstance(module, torch.nn.Linear) and is_quantized_linear(module)]
+    assert quantized and all(is_quantized_linear(new_modules[name]) for name in quantized)
+    for name in quantized:
+        assert torch.equal(dense_weight(new_modules[name]), dense_weight(ref_modules[name])), name
+    assert torch.equal(forward(streamed, TINY), forward(reference, TINY))
+
+
 def test_each_block_is_quantized_and_released_before_the_next_is_read(trainer, tmp_path, monkeypatch):
     path = tmp_path / "flux2-tiny.safetensors"
     write_checkpoint(trainer, TINY, path)  # fp32 on disk: what is read is never what the model keeps
