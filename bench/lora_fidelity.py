@@ -145,7 +145,7 @@ def compare(args) -> int:
 LOSS_TABLE_STEPS = (1, 2, 3, 5, 10, 15, 20, 25, 30, 35, 40, 45, 50)
 """The steps of the loss table; every step of every curve stays in the archived JSON."""
 TINY_GRID = {  # label: (qtype or None for the bf16 base, training seed)
-    "bf16": (None, 42), "bf16_rerun": (None, 42), "bf16_seed43": (None, 43), "float8": ("float8", 42),
+    "bf16": (None, 42), "bf16_rerun": (None, 42), "bf16_seed43": (None, 43), "float8": ("float8", 42), "qint8": ("qint8", 42),
     "uint6": ("uint6", 42), "int4_fused": ("int4_fused", 42), "uint4": ("uint4", 42), "uint3": ("uint3", 42),
     "uint2": ("uint2", 42)}
 

@@ -165,7 +165,17 @@ def load_blockwise(
     them, call on_block(prefix, block), release. Then the remaining tensors
     are assigned and on_rest(model) is called. The checkpoint must hold
     exactly the model's state dict keys.
+
+    torch's random generators are left as they were: optimum-quanto's quantize
+    draws from them, and a run's training_seed must give the same LoRA
+    initialisation, noise and timesteps whatever the qtype.
     """
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        _load_blockwise(model, path, block_lists, on_block, on_rest, dtype, log)
+
+
+def _load_blockwise(model, path, block_lists, on_block, on_rest, dtype, log) -> None:
     with StreamedSafetensors(path) as st:
         expected = set(model.state_dict().keys())
         present = set(st.keys())

@@ -131,6 +131,19 @@ def test_an_optimum_quanto_qtype_builds_streamed_as_the_fork_builds_it(trainer, 
     assert torch.equal(forward(streamed, TINY), forward(reference, TINY))
 
 
+@pytest.mark.parametrize("qtype", ["qint8", "uint4"])
+def test_the_streamed_build_leaves_the_random_generator_as_it_was(trainer, tmp_path, qtype):
+    """optimum-quanto's quantize draws random numbers; the training after the load must draw the
+    same ones whatever the qtype, so that one training_seed trains comparable LoRAs."""
+    path = tmp_path / "flux2-tiny.safetensors"
+    write_checkpoint(trainer, TINY, path)
+    torch.manual_seed(5)
+    expected = torch.rand(4)
+    torch.manual_seed(5)
+    streamed_path(trainer, loader_model(trainer.flux2, TINY, qtype=qtype), TINY, path)
+    assert torch.equal(torch.rand(4), expected)
+
+
 def test_each_block_is_quantized_and_released_before_the_next_is_read(trainer, tmp_path, monkeypatch):
     path = tmp_path / "flux2-tiny.safetensors"
     write_checkpoint(trainer, TINY, path)  # fp32 on disk: what is read is never what the model keeps
