@@ -7,7 +7,7 @@ start to the training loop's (bench/fullsize.py) and from the trainer's start to
 done (run.json; it includes compiling the blocks), the load phases, the compile seconds of each
 block class (the trainer's `compile_blocks:` lines), the peak host RSS and its parts, the bytes
 the memory plan streamed, s/it. With --write the rows go to results/first_launch.csv and the raw
-figures to archive/first_launch_<date>.jsonl.
+figures to archive/first_launch_<date>.jsonl, replacing the rows of the same launches only.
 
     python3 -m bench.first_launch OUT [--write --date YYYY-MM-DD]
 """
@@ -76,14 +76,27 @@ def main(argv=None) -> int:
     for item in rows:
         print(" | ".join(item.values()))
     if args.write:
-        archive = f"archive/first_launch_{args.date}.jsonl"
-        (HERE / archive).write_text("".join(json.dumps(figures) + "\n" for figures in raw), encoding="utf-8")
-        with (HERE / "results" / "first_launch.csv").open("w", newline="", encoding="utf-8") as handle:
-            writer = csv.writer(handle)
-            writer.writerow(COLUMNS + ["date", "source"])
-            for item in rows:
-                writer.writerow([*item.values(), args.date, archive])
+        write(raw, rows, args.date)
     return 0
+
+
+def write(raw: list[dict], rows: list[dict], date: str) -> None:
+    """The rows into results/first_launch.csv and the figures into the date's archive file, each
+    replacing the rows of the same launch label and keeping the others: a call that measures some
+    launches again adds to the table instead of wiping it."""
+    archive = HERE / f"archive/first_launch_{date}.jsonl"
+    kept = [line for line in (archive.read_text(encoding="utf-8").splitlines() if archive.is_file() else [])
+            if json.loads(line)["label"] not in {figures["label"] for figures in raw}]
+    archive.write_text("".join(line + "\n" for line in kept) + "".join(json.dumps(f) + "\n" for f in raw), encoding="utf-8")
+    table = HERE / "results" / "first_launch.csv"
+    old = list(csv.reader(table.read_text(encoding="utf-8").splitlines()))[1:] if table.is_file() else []
+    labels = {item["launch"] for item in rows}
+    with table.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(COLUMNS + ["date", "source"])
+        writer.writerows(row for row in old if row[0] not in labels)
+        for item in rows:
+            writer.writerow([*item.values(), date, archive.relative_to(HERE).as_posix()])
 
 
 if __name__ == "__main__":
