@@ -75,12 +75,12 @@ class Int4Kernel:
     use_kernel: Optional[bool] = None  # None: the GPU kernels where they run, else the reference
 
 
-
 def has_eight_bit_kernel(name: str) -> bool:
     """Whether qtype `name` multiplies 8-bit activations, whose kernel (`w4a8_activations`,
     `w4a8_gemm`) `run` picks per device where a preset leaves it to `auto`."""
     spec = QTYPES.get(name)
     return spec is not None and spec.activations == EIGHT_BIT
+
 
 def cache_qtype(name: str) -> str:
     """The qtype whose quantized cache `name` uses (itself for every qtype not in the table)."""
