@@ -12,11 +12,12 @@ apart two LoRAs are that nobody would call different in quality.
 
     python3 -m bench.lora_fidelity compare RUNS REF:OTHER [REF:OTHER ...] --out OUT/lora_fidelity.json
     python3 -m bench.lora_fidelity write OUT/lora_fidelity.json --date YYYY-MM-DD [--name lora_fidelity]
-    python -m bench.lora_fidelity tiny --workdir W --out OUT   (the CPU's grid, see TINY_GRID)
+    python -m bench.lora_fidelity tiny --workdir W --out OUT [--single-blocks N --gain G --only bf16 int4_fused]
 
 `tiny` runs the same comparison on the embedded tiny FLUX.2 on the CPU (presets/tiny.yaml, 50
 steps), over a grid of base precisions, from 2-bit to 8-bit: it says how the cosine follows the
-error of the base weights, which one full-width 4-bit run cannot.
+error of the base weights, which one full-width 4-bit run cannot; with --single-blocks and --gain
+on a deeper tiny model whose random matrices have the full-size random weights' gain.
 
 `compare` runs where the runs are (RUNS/<label>/, bench/fullsize.py's run folders; it needs torch
 and safetensors); `write` turns its JSON into results/lora_fidelity.csv (one row per pair) and
@@ -151,19 +152,42 @@ TINY_GRID = {  # label: (qtype or None for the bf16 base, training seed)
 
 
 def tiny(args) -> int:
-    """The tiny grid through `python -m launcher run`, each launch against the bf16 one."""
+    """The tiny grid through `python -m launcher run`, each launch against the bf16 one. With
+    --single-blocks or --gain the transformer is a variant of the tiny one (more single blocks,
+    matrices drawn at the given gain) in OUT/model, run as a model folder, and the labels say so."""
+    import shutil
     import subprocess
     import sys
 
     import yaml
 
     from launcher.envs.workdir import Workdir, venv_python
+    from launcher.runs import tiny as tiny_model
     from launcher.runs.presets import read_preset
 
+    workdir = Workdir(args.workdir.resolve())
+    trainer_python = venv_python(workdir.venv)  # torch and safetensors are there
+    manifest = tiny_model.ensure_assets(workdir.assets / "tiny", workdir.trainer, trainer_python)
+    variant = args.single_blocks is not None or args.gain is not None
+    suffix = f"_s{args.single_blocks or 1}_g{args.gain or 0:g}" if variant else ""
+    kwargs = dict(manifest["model_kwargs"])
+    places = []
+    if variant:
+        kwargs["flux2_params"] = {**kwargs["flux2_params"], "depth_single_blocks": args.single_blocks or 1}
+        model_dir = args.out / f"model{suffix}"
+        if not (model_dir / "ae.safetensors").is_file():
+            model_dir.mkdir(parents=True, exist_ok=True)
+            subprocess.run([str(trainer_python), "-m", "bench.lora_fidelity", "checkpoint", "--trainer", str(workdir.trainer),
+                            "--params", json.dumps(kwargs["flux2_params"]), "--gain", str(args.gain or 0),
+                            "--out", str(model_dir / "flux2-dev.safetensors")], check=True, cwd=HERE.parent)
+            shutil.copyfile(Path(manifest["name_or_path"]) / "ae.safetensors", model_dir / "ae.safetensors")
+        places = ["--model-dir", str(model_dir), "--text-encoder", kwargs.pop("text_encoder_path"),
+                  "--dataset", manifest["dataset"]]
     runs = args.out / "runs"
-    for label, (qtype, seed) in TINY_GRID.items():
-        if list((runs / label).glob("*/*/*.safetensors")):
-            print(f"=== {label}: trained in an earlier call", flush=True)
+    grid = {label: TINY_GRID[label] for label in (args.only or TINY_GRID)}
+    for label, (qtype, seed) in grid.items():
+        if list((runs / f"{label}{suffix}").glob("*/*/*.safetensors")):
+            print(f"=== {label}{suffix}: trained in an earlier call", flush=True)
             continue
         preset = read_preset(str(HERE.parent / "presets" / "tiny.yaml")).data
         process = preset["config"]["process"][0]
@@ -173,16 +197,41 @@ def tiny(args) -> int:
         model["quantize"] = qtype is not None
         model["qtype"] = qtype or model["qtype"]
         preset["launcher"]["telemetry"] = {"interval_s": 0.1}
-        path = args.out / "presets" / f"{label}.yaml"
+        if variant:
+            preset["launcher"]["tiny"] = False
+            model["model_kwargs"] = kwargs
+        path = args.out / "presets" / f"{label}{suffix}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(preset, sort_keys=False), encoding="utf-8")
-        print(f"=== {label}", flush=True)
+        print(f"=== {label}{suffix}", flush=True)
         subprocess.run([sys.executable, "-m", "launcher", "run", str(path), "--workdir", str(args.workdir),
-                        "--output", str(runs / label)], check=True, cwd=HERE.parent)
-    pairs = [f"bf16:{label}" for label in TINY_GRID if label != "bf16"]
-    trainer_python = venv_python(Workdir(args.workdir.resolve()).venv)  # torch and safetensors are there
+                        "--output", str(runs / f"{label}{suffix}"), *places], check=True, cwd=HERE.parent)
+    pairs = [f"bf16{suffix}:{label}{suffix}" for label in grid if label != "bf16"]
     return subprocess.run([str(trainer_python), "-m", "bench.lora_fidelity", "compare", str(runs), *pairs,
-                           "--out", str(args.out / "lora_fidelity_tiny.json")], cwd=HERE.parent).returncode
+                           "--out", str(args.out / f"lora_fidelity_tiny{suffix}.json")], cwd=HERE.parent).returncode
+
+
+def checkpoint(args) -> int:
+    """A FLUX.2 transformer file of the given shape (the fork's class, seed 0); with a gain, its
+    matrices drawn from N(0, gain^2 / fan_in), the gain each full-size random Linear has
+    (0.02 * sqrt(6144) = 1.57 for bench/fullsize.py's N(0, 0.02) at width 6144)."""
+    import math
+    import sys
+
+    import torch
+    from safetensors.torch import save_file
+
+    sys.path.insert(0, str(args.trainer))
+    from extensions_built_in.diffusion_models.flux2.src.model import Flux2, Flux2Params
+
+    torch.manual_seed(0)
+    state = Flux2(Flux2Params(**json.loads(args.params))).state_dict()
+    generator = torch.Generator().manual_seed(0)
+    for name, tensor in state.items():
+        if args.gain and tensor.dim() >= 2:
+            state[name] = torch.randn(tensor.shape, generator=generator) * (args.gain / math.sqrt(tensor.shape[1]))
+    save_file({name: tensor.to(torch.bfloat16).contiguous() for name, tensor in state.items()}, str(args.out))
+    return 0
 
 
 PAIR_COLUMNS = ["reference", "other", "steps:", "modules:", "cosine min:", "p10:", "median:", "mean:",
@@ -203,7 +252,11 @@ def pair_row(item: dict) -> list[str]:
 
 
 def write(args) -> int:
-    data = json.loads(args.json.read_text(encoding="utf-8"))
+    data = {"pairs": [], "losses": {}}
+    for path in args.json:  # several compare results make one table
+        part = json.loads(path.read_text(encoding="utf-8"))
+        data["pairs"] += part["pairs"]
+        data["losses"].update(part["losses"])
     archive = f"archive/{args.name}_{args.date}.json"
     (HERE / archive).write_text(json.dumps(data) + "\n", encoding="utf-8")
     with (HERE / "results" / f"{args.name}.csv").open("w", newline="", encoding="utf-8") as handle:
@@ -234,15 +287,23 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("pairs", nargs="+", metavar="REF:OTHER", help="two launch labels: the reference and the one compared")
     run.add_argument("--out", type=Path, required=True, help="the JSON to write")
     table = commands.add_parser("write", help="the results tables from compare's JSON")
-    table.add_argument("json", type=Path)
+    table.add_argument("json", type=Path, nargs="+", help="compare's JSON; several make one table")
     table.add_argument("--date", required=True, help="the measurement's date (YYYY-MM-DD)")
     table.add_argument("--name", default="lora_fidelity", help="the results' name: results/NAME.csv, results/NAME_loss.csv")
     grid = commands.add_parser("tiny", help="the grid of base precisions on the tiny FLUX.2, on the CPU")
     grid.add_argument("--workdir", type=Path, required=True, help="a workdir that `python -m launcher setup` made")
     grid.add_argument("--out", type=Path, required=True, help="a folder for the runs and lora_fidelity_tiny.json")
     grid.add_argument("--steps", type=int, default=50)
+    grid.add_argument("--only", nargs="+", choices=list(TINY_GRID), help="these launches of the grid (bf16 among them)")
+    grid.add_argument("--single-blocks", type=int, help="a transformer with this many single blocks (the tiny one has 1)")
+    grid.add_argument("--gain", type=float, help="matrices drawn at this gain (1.57: bench/fullsize.py's random weights)")
+    made = commands.add_parser("checkpoint", help="(under the trainer's python) a transformer file for `tiny`")
+    made.add_argument("--trainer", type=Path, required=True)
+    made.add_argument("--params", required=True, help="Flux2Params as JSON")
+    made.add_argument("--gain", type=float, default=0)
+    made.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    return {"compare": compare, "write": write, "tiny": tiny}[args.command](args)
+    return {"compare": compare, "write": write, "tiny": tiny, "checkpoint": checkpoint}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -111,3 +111,23 @@ def test_the_comparison_from_factors_under_the_trainers_torch(trained_tiny_run):
     assert figures["negated"]["cosine"] == pytest.approx(-1.0, abs=1e-5) and figures["negated"]["norm_ratio"] == pytest.approx(2.0)
     assert "different modules" in figures["refused"]
     assert figures["saved_modules"] >= 1 and figures["itself"] == pytest.approx(1.0, abs=1e-3)
+
+
+@pytest.mark.trainer
+def test_a_variant_transformer_has_the_shape_and_gain_asked_for(trainer_workdir, tmp_path):
+    """`lora_fidelity checkpoint`: more single blocks than the tiny model, matrices at the gain."""
+    from launcher.in_trainer.tiny_assets import FLUX2_PARAMS
+
+    params = {**FLUX2_PARAMS, "depth_single_blocks": 3}
+    out = tmp_path / "flux2-dev.safetensors"
+    python = str(venv_python(trainer_workdir.venv))
+    made = subprocess.run([python, "-m", "bench.lora_fidelity", "checkpoint", "--trainer", str(trainer_workdir.trainer),
+                           "--params", json.dumps(params), "--gain", "1.57", "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr[-3000:]
+    read = ("import json, sys; from safetensors.torch import load_file; t = load_file(sys.argv[1]); "
+            "print(json.dumps({'singles': len({k.split('.')[1] for k in t if k.startswith('single_blocks.')}), "
+            "'gain': float(t['single_blocks.2.linear1.weight'].float().std() * t['single_blocks.2.linear1.weight'].shape[1] ** 0.5)}))")
+    figures = json.loads(subprocess.run([python, "-c", read, str(out)], capture_output=True, text=True, timeout=300).stdout)
+    assert figures["singles"] == 3
+    assert figures["gain"] == pytest.approx(1.57, rel=0.05)
