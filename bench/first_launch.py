@@ -84,13 +84,13 @@ def write(raw: list[dict], rows: list[dict], date: str) -> None:
     """The rows into results/first_launch.csv and the figures into the date's archive file, each
     replacing the rows of the same launch label and keeping the others: a call that measures some
     launches again adds to the table instead of wiping it."""
+    labels = {figures["label"] for figures in raw}
     archive = HERE / f"archive/first_launch_{date}.jsonl"
     kept = [line for line in (archive.read_text(encoding="utf-8").splitlines() if archive.is_file() else [])
-            if json.loads(line)["label"] not in {figures["label"] for figures in raw}]
+            if json.loads(line)["label"] not in labels]
     archive.write_text("".join(line + "\n" for line in kept) + "".join(json.dumps(f) + "\n" for f in raw), encoding="utf-8")
     table = HERE / "results" / "first_launch.csv"
     old = list(csv.reader(table.read_text(encoding="utf-8").splitlines()))[1:] if table.is_file() else []
-    labels = {item["launch"] for item in rows}
     with table.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(COLUMNS + ["date", "source"])

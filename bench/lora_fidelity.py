@@ -45,7 +45,8 @@ def final_lora(run: Path) -> Path:
 
 
 def loss_curve(run: Path) -> dict[int, float]:
-    """Step -> loss from the trainer's telemetry (a row per step at `telemetry: {interval_s: 0}`)."""
+    """Step -> loss from the trainer's telemetry (a row per step where a step outlasts the
+    `telemetry: {interval_s: 0.1}` the fidelity launches set)."""
     curve = {}
     for path in run.glob("*/trainer-telemetry.jsonl"):
         for line in path.read_text(encoding="utf-8").splitlines():
@@ -154,7 +155,8 @@ TINY_GRID = {  # label: (qtype or None for the bf16 base, training seed)
 def tiny(args) -> int:
     """The tiny grid through `python -m launcher run`, each launch against the bf16 one. With
     --single-blocks or --gain the transformer is a variant of the tiny one (more single blocks,
-    matrices drawn at the given gain) in OUT/model, run as a model folder, and the labels say so."""
+    matrices drawn at the given gain) in OUT/model_s<N>_g<G>, run as a model folder, and the labels
+    end in the same _s<N>_g<G>."""
     import shutil
     import subprocess
     import sys
@@ -263,8 +265,9 @@ def write(args) -> int:
         writer = csv.writer(handle)
         writer.writerow(PAIR_COLUMNS + ["date", "source"])
         for item in data["pairs"]:
-            writer.writerow(pair_row(item) + [args.date, archive])
-            print(" | ".join(pair_row(item)))
+            cells = pair_row(item)
+            writer.writerow(cells + [args.date, archive])
+            print(" | ".join(cells))
     labels = sorted(data["losses"])
     steps = sorted({int(step) for curve in data["losses"].values() for step in curve} & set(LOSS_TABLE_STEPS))
     if not all(str(step) in curve for curve in data["losses"].values() for step in steps):
@@ -274,8 +277,7 @@ def write(args) -> int:
         writer = csv.writer(handle)
         writer.writerow(["step:", *(f"{label}:" for label in labels), "date", "source"])
         for step in steps:
-            writer.writerow([step, *(f"{data['losses'][label].get(str(step), ''):.4f}" if str(step) in data["losses"][label]
-                                     else "" for label in labels), args.date, archive])
+            writer.writerow([step, *(f"{data['losses'][label][str(step)]:.4f}" for label in labels), args.date, archive])
     return 0
 
 

@@ -90,11 +90,16 @@ def forward(transformer, params, seed=1):
         return transformer(x=x, x_ids=x_ids, timesteps=t, ctx=ctx, ctx_ids=ctx_ids, guidance=t * 8)
 
 
-def test_streamed_build_matches_fork_quantization(trainer, tmp_path):
+@pytest.mark.parametrize("qtype", ["uint4", "qint8", "qfloat8"])
+def test_streamed_build_matches_fork_quantization(trainer, tmp_path, qtype):
+    """torchao's uint4 and the fork's optimum-quanto qtypes (qfloat8 is its UI's default). For
+    quanto the tensors outside the blocks must load into the modules that own them, never through
+    the whole model, whose quantized block Linears would look for their packed weights in that
+    partial state dict."""
     path = tmp_path / "flux2-tiny.safetensors"
     write_checkpoint(trainer, TINY, path)
-    reference = fork_path(trainer, loader_model(trainer.flux2, TINY), TINY, path)
-    streamed = streamed_path(trainer, loader_model(trainer.flux2, TINY), TINY, path)
+    reference = fork_path(trainer, loader_model(trainer.flux2, TINY, qtype=qtype), TINY, path)
+    streamed = streamed_path(trainer, loader_model(trainer.flux2, TINY, qtype=qtype), TINY, path)
 
     ref_params = dict(reference.named_parameters())
     new_params = dict(streamed.named_parameters())
@@ -106,27 +111,10 @@ def test_streamed_build_matches_fork_quantization(trainer, tmp_path):
         assert torch.equal(dense(new), dense(ref)), name
     ref_modules, new_modules = dict(reference.named_modules()), dict(streamed.named_modules())
     linears = [name for name, m in ref_modules.items() if isinstance(m, torch.nn.Linear)]
-    assert linears and all(is_quantized_linear(ref_modules[n]) for n in linears)  # uint4 takes every Linear here
+    assert linears and all(is_quantized_linear(ref_modules[n]) for n in linears)  # each qtype takes every Linear here
     for name in linears:
         assert type(new_modules[name]) is type(ref_modules[name]), name
         assert is_quantized_linear(new_modules[name]), name
-        assert torch.equal(dense_weight(new_modules[name]), dense_weight(ref_modules[name])), name
-    assert torch.equal(forward(streamed, TINY), forward(reference, TINY))
-
-
-@pytest.mark.parametrize("qtype", ["qint8", "qfloat8"])
-def test_an_optimum_quanto_qtype_builds_streamed_as_the_fork_builds_it(trainer, tmp_path, qtype):
-    """The fork's own quanto qtypes (qfloat8 is its UI's default): the tensors outside the blocks
-    are loaded into the modules that own them, never through the whole model, whose quantized
-    block Linears would look for their packed weights in that partial state dict."""
-    path = tmp_path / "flux2-tiny.safetensors"
-    write_checkpoint(trainer, TINY, path)
-    reference = fork_path(trainer, loader_model(trainer.flux2, TINY, qtype=qtype), TINY, path)
-    streamed = streamed_path(trainer, loader_model(trainer.flux2, TINY, qtype=qtype), TINY, path)
-    ref_modules, new_modules = dict(reference.named_modules()), dict(streamed.named_modules())
-    quantized = [name for name, module in ref_modules.items() if isinstance(module, torch.nn.Linear) and is_quantized_linear(module)]
-    assert quantized and all(is_quantized_linear(new_modules[name]) for name in quantized)
-    for name in quantized:
         assert torch.equal(dense_weight(new_modules[name]), dense_weight(ref_modules[name])), name
     assert torch.equal(forward(streamed, TINY), forward(reference, TINY))
 
