@@ -81,23 +81,28 @@ def main(argv=None) -> int:
 
 
 def write(raw: list[dict], rows: list[dict], date: str) -> None:
-    """The rows into results/first_launch.csv and the figures into the date's archive file, each
-    replacing the rows of the same launch label and keeping the others: a call that measures some
-    launches again adds to the table instead of wiping it."""
-    labels = {figures["label"] for figures in raw}
+    """The rows into results/first_launch.csv and the figures into the date's archive file. A launch
+    measured again replaces its row where it stood, a new one goes last, and the others stay: a call
+    that measures some launches again adds to the table instead of wiping it."""
     archive = HERE / f"archive/first_launch_{date}.jsonl"
-    kept = [line for line in (archive.read_text(encoding="utf-8").splitlines() if archive.is_file() else [])
-            if json.loads(line)["label"] not in labels]
-    archive.write_text("".join(line + "\n" for line in kept) + "".join(json.dumps(f) + "\n" for f in raw), encoding="utf-8")
+    lines = archive.read_text(encoding="utf-8").splitlines() if archive.is_file() else []
+    figures = merged([json.loads(line) for line in lines], raw, lambda item: item["label"])
+    archive.write_text("".join(json.dumps(item) + "\n" for item in figures), encoding="utf-8")
     table = HERE / "results" / "first_launch.csv"
     old = list(csv.reader(table.read_text(encoding="utf-8").splitlines()))[1:] if table.is_file() else []
+    source = archive.relative_to(HERE).as_posix()
     with table.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(COLUMNS + ["date", "source"])
-        writer.writerows(row for row in old if row[0] not in labels)
-        for item in rows:
-            writer.writerow([*item.values(), date, archive.relative_to(HERE).as_posix()])
+        writer.writerows(merged(old, [[*item.values(), date, source] for item in rows], lambda item: item[0]))
 
+
+def merged(old: list, new: list, label) -> list:
+    """`old` with each item whose label is in `new` replaced by that one, in its place; the rest of
+    `new` after it."""
+    fresh = {label(item): item for item in new}
+    kept = [fresh.pop(label(item), item) for item in old]
+    return kept + list(fresh.values())
 
 if __name__ == "__main__":
     raise SystemExit(main())

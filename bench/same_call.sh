@@ -125,7 +125,7 @@ first)
   [[ -e $R/done/first_16_512 ]] || rm -rf "$R/wd/cache/quantized" "$R/wd/cache/text"  # a new user's first launch
   launch first_16_512 512 8 300 --cap-gib "$CAP16" "${PICK[@]}" "${EAGER[@]}"
   launch relaunch_16_512 512 10 100 --cap-gib "$CAP16" "${PICK[@]}" "${EAGER[@]}"
-  launch relaunch_12_512 512 10 100 --cap-gib "$CAP12" "${PICK[@]}" "${EAGER[@]}"
+  launch relaunch_12_512 512 10 160 --cap-gib "$CAP12" "${PICK[@]}" "${EAGER[@]}"
   launch relaunch_22_512 512 10 100 --cap-gib "$CAP22" "${PICK[@]}" "${EAGER[@]}"  # the step the 16 and 12 GB ones are held to
   [[ -e $R/done/compiled_cold_22_512 ]] || rm -rf "$R/wd/cache/inductor" "$R/wd/cache/triton"
   launch compiled_cold_22_512 512 12 360 --cap-gib "$CAP22" "${PICK[@]}" "${COMPILED[@]}"

@@ -1,4 +1,5 @@
-"""bench/first_launch.py: a call that measures some launches again replaces their rows only."""
+"""bench/first_launch.py: a call that measures some launches again replaces their rows only, each
+where it stood."""
 
 import csv
 import json
@@ -37,4 +38,8 @@ def test_write_replaces_the_rows_of_the_launches_measured_again(tmp_path, monkey
     launch(second, "relaunch_16_512", 11.8, 0.83)
     assert first_launch.main([str(second), "--write", "--date", "2026-01-02"]) == 0
     archived = [json.loads(line)["label"] for line in (tmp_path / "archive" / "first_launch_2026-01-02.jsonl").read_text().splitlines()]
-    assert sorted(archived) == ["relaunch_12_512", "relaunch_16_512"]  # the date's file holds each launch once
+    assert archived == ["relaunch_12_512", "relaunch_16_512"]  # the date's file holds each launch once
+    assert list(table(tmp_path)) == ["relaunch_16_512", "relaunch_12_512"]  # each row where it stood
+    launch(second, "relaunch_22_512", 18.8, 0.72)
+    assert first_launch.main([str(second), "--write", "--date", "2026-01-02"]) == 0
+    assert list(table(tmp_path)) == ["relaunch_16_512", "relaunch_12_512", "relaunch_22_512"]

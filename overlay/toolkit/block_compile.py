@@ -24,7 +24,9 @@ per Linear) while its Triton kernels and torch._scaled_mm run as they do uncompi
 A graph's forward compiles on the first call that needs it, its backward on the first backward
 through it. Each compile gets one line once it is over (at the next compiled call, for a
 backward): the seconds it took, and whether Inductor found it in its FX graph cache (later
-launches do). Past COMPILE_BOUND_S of compiling, no new graph is compiled: the ones compiled by
+launches do). A compile still under way after STALL_LINE_S gets a
+line of its own, and the stacks of every thread go to stderr once: where it waits. Past
+COMPILE_BOUND_S of compiling, no new graph is compiled: the ones compiled by
 then stay in use, the calls they do not fit run uncompiled. If compiling fails (no Triton, no C
 compiler, an Inductor error), the class runs uncompiled for the rest of the run, after one line
 that says why. A failure while compiling the backward is not caught: `python -m launcher
@@ -35,7 +37,10 @@ uncompiled one; `compile_blocks: auto` in a preset compiles only where that chec
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import functools
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -55,6 +60,10 @@ Compiled blocks save 0.17-0.23 s a step at 512 px (bench/RESULTS.md: 0.482 s/it 
 a 2000-step preset; compiling longer costs the run more than it gives back. A compile under way
 runs to its end (nothing cuts into Inductor from another thread): the bound is checked as each
 compile ends, and holds from the next call on."""
+STALL_LINE_S = 60.0
+"""A compile under way this long gets a line, and one more each further STALL_LINE_S. A class
+compiles in 8-30 s cold at full width (bench/RESULTS.md), but a first launch once went silent for
+minutes inside one compile: the line says so while it lasts, and the stacks under it say where."""
 
 
 def compile_errors() -> tuple:
@@ -103,6 +112,7 @@ class Compile:
     hits: int
     misses: int
     seconds: float = 0.0
+    over: threading.Event = field(default_factory=threading.Event)
 
     def cache(self) -> str:
         hits, misses = _cache_counts()
@@ -136,11 +146,24 @@ class CompileClock:
         what = ("backward" if trigger == "LAZY_BACKWARD" else
                 "forward with grad" if torch.is_grad_enabled() else "forward without grad")
         self.under_way = Compile(name, what, time.perf_counter(), *_cache_counts())
+        threading.Thread(target=self.watch, args=(self.under_way,), name="compile_blocks watch", daemon=True).start()
+
+    def watch(self, compiling: Compile) -> None:
+        """Lines while one compile lasts past STALL_LINE_S; under the first, every thread's stack."""
+        stacks_written = False
+        while not compiling.over.wait(STALL_LINE_S):
+            self.log(f"compile_blocks: {compiling.name} {compiling.what} still compiling after "
+                     f"{time.perf_counter() - compiling.began:.0f} s" +
+                     ("" if stacks_written else "; the stacks of every thread follow on stderr, for a bug report"))
+            if not stacks_written:
+                faulthandler.dump_traceback(sys.__stderr__, all_threads=True)
+                stacks_written = True
 
     def end(self, args) -> None:
         done, self.under_way = self.under_way, None
         if done is None:
             return
+        done.over.set()
         done.seconds = time.perf_counter() - done.began
         self.seconds[done.name] = self.seconds.get(done.name, 0.0) + done.seconds
         self.ended.append((done, done.cache()))

@@ -1,12 +1,14 @@
 """The FLUX.2 blocks compiled (toolkit/block_compile.py, model_kwargs compile_blocks) on the CPU: the
 fused blocks against the unfused ones with the trainer's own LoRA network, a 4-bit block compiled
 whole around its 4-bit matmul operators, one compiled forward for every block of a class (streamed
-or resident: the same graphs), streamed blocks, a line per compile with its seconds, the bound past
-which no graph is compiled, and the fallback when compiling fails. Inductor compiles in one test
+or resident: the same graphs), streamed blocks, a line per compile with its seconds, lines while one
+lasts, the bound past which no graph is compiled, and the fallback when compiling fails. Inductor compiles in one test
 (about a minute on two cores); the others use the aot_eager backend, which traces the same graphs
 without generating kernels, so its results are the uncompiled ones bit for bit."""
 
 import re
+import threading
+import time
 
 import pytest
 import torch
@@ -226,6 +228,38 @@ def test_each_compile_gets_a_line_with_its_seconds_and_past_the_bound_none_is_co
                         r"stay in use, calls they do not fit run uncompiled from now on", lines[1]), lines
     assert all(re.match(r"compile_blocks: DoubleStreamBlock backward compiled in", line) for line in lines[2:]), lines
     assert len(lines) <= 3, lines
+
+
+def test_a_compile_that_lasts_gets_lines_while_it_lasts_and_the_stacks_once(flux2_src, toolkit, monkeypatch,
+                                                                           capfd):
+    block_compile = toolkit[0]
+    model, network, batch, target = tiny_flux2(flux2_src, toolkit)
+    want = one_step(model, network, batch, target)
+    monkeypatch.setattr(block_compile, "STALL_LINE_S", 0.1)
+
+    def slow_compiler_here(graph, example_inputs):
+        time.sleep(1.0)
+        return graph.forward
+
+    lines = []
+    block_compile.compile_blocks(model, log=lines.append, backend=slow_compiler_here)
+    got = one_step(model, network, batch, target)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    stalled = [line for line in lines if "still compiling after" in line]
+    assert all(re.fullmatch(r"compile_blocks: (Double|Single)StreamBlock forward with(out)? grad still compiling "
+                            r"after \d+ s(; the stacks of every thread follow on stderr, for a bug report)?", line)
+               for line in stalled), lines
+    with_stacks = [line.split(" still compiling")[0] for line in stalled if "stacks" in line]
+    compiled = [line.split(" compiled in")[0] for line in lines if " compiled in " in line]
+    assert len(compiled) >= 2 and set(compiled) <= set(with_stacks), lines  # each compile, one stacks line
+    assert len(stalled) > len(with_stacks) == len(set(with_stacks)), lines  # then lines without them
+    stderr = capfd.readouterr().err
+    assert stderr.count("Current thread") == len(with_stacks), stderr
+    assert "torch/_dynamo/" in stderr.replace("\\", "/")  # where the compile is
+    after_step = len(lines)
+    time.sleep(0.3)
+    assert len(lines) == after_step, lines[after_step:]  # no line once the compiles are over
+    assert not any(thread.name == "compile_blocks watch" for thread in threading.enumerate())
 
 
 def test_a_block_class_that_cannot_compile_runs_uncompiled_after_one_line(flux2_src, toolkit):
