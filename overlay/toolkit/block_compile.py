@@ -24,14 +24,14 @@ per Linear) while its Triton kernels and torch._scaled_mm run as they do uncompi
 A graph's forward compiles on the first call that needs it, its backward on the first backward
 through it. Each compile gets one line once it is over (at the next compiled call, for a
 backward): the seconds it took, and whether Inductor found it in its FX graph cache (later
-launches do). A compile still under way after STALL_LINE_S gets a
-line of its own, and the stacks of every thread go to stderr once: where it waits. Past
-COMPILE_BOUND_S of compiling, no new graph is compiled: the ones compiled by
-then stay in use, the calls they do not fit run uncompiled. If compiling fails (no Triton, no C
-compiler, an Inductor error), the class runs uncompiled for the rest of the run, after one line
-that says why. A failure while compiling the backward is not caught: `python -m launcher
-selftest` compiles a small FLUX.2 on the GPU, forward and backward, and compares it with the
-uncompiled one; `compile_blocks: auto` in a preset compiles only where that check passed.
+launches do). A compile still under way after STALL_LINE_S gets a line every STALL_LINE_S, and the
+stacks of every thread go to stderr once: where it waits. Past COMPILE_BOUND_S of compiling, no
+new graph is compiled: the ones compiled by then stay in use, the calls they do not fit run
+uncompiled. If compiling fails (no Triton, no C compiler, an Inductor error), the class runs
+uncompiled for the rest of the run, after one line that says why. A failure while compiling the
+backward is not caught: `python -m launcher selftest` compiles a small FLUX.2 on the GPU, forward
+and backward, and compares it with the uncompiled one; `compile_blocks: auto` in a preset
+compiles only where that check passed.
 """
 
 from __future__ import annotations
