@@ -58,6 +58,11 @@ def trainable(model, params, int4_linear, qtype=None):
     return model, network, batch, target
 
 
+def compiles_over(lines):
+    """The log lines but those of a compile still under way (a busy machine gets them past a minute)."""
+    return [line for line in lines if "still compiling after" not in line]
+
+
 def one_step(model, network, batch, target):
     loss, grads = compiled.step(torch, model, list(network.parameters()), batch, target)
     return [loss, *grads]
@@ -79,8 +84,9 @@ def test_compiled_blocks_match_the_uncompiled_ones(flux2_src, toolkit, tmp_path,
         assert compiled.relative_difference(got, want) < 0.05
         assert all(bool(g.abs().sum() > 0) for g in got[1:])
     # each class's forward and backward, each compiled into the empty cache
-    assert len(lines) == 4 and all("compiled in" in line and "(Inductor cache: compiled anew)" in line
-                                   for line in lines), lines
+    done = compiles_over(lines)
+    assert len(done) == 4 and all("compiled in" in line and "(Inductor cache: compiled anew)" in line
+                                  for line in done), lines
 
 
 def test_a_4bit_block_compiles_whole_around_its_4bit_matmuls(flux2_src, toolkit, monkeypatch):
@@ -214,11 +220,12 @@ def test_each_compile_gets_a_line_with_its_seconds_and_past_the_bound_none_is_co
     model, network, batch, target = tiny_flux2(flux2_src, toolkit)
     want = one_step(model, network, batch, target)
     monkeypatch.setattr(block_compile, "COMPILE_BOUND_S", 0.0)  # the first compile passes it
-    lines = []
-    classes = block_compile.compile_blocks(model, log=lines.append, backend="aot_eager")
+    logged = []
+    classes = block_compile.compile_blocks(model, log=logged.append, backend="aot_eager")
     for _ in range(2):
         got = one_step(model, network, batch, target)
         assert all(torch.equal(a, b) for a, b in zip(got, want))
+    lines = compiles_over(logged)
     # the first graph (the double block's first forward: without grad under reentrant checkpointing,
     # with grad otherwise) stays in use, and so does its backward
     assert block_compile.compiled_graphs(classes) == {"DoubleStreamBlock": 1, "SingleStreamBlock": 0}
@@ -238,7 +245,7 @@ def test_a_compile_that_lasts_gets_lines_while_it_lasts_and_the_stacks_once(flux
     monkeypatch.setattr(block_compile, "STALL_LINE_S", 0.1)
 
     def slow_compiler_here(graph, example_inputs):
-        time.sleep(1.0)
+        time.sleep(2.0)  # 20 intervals: lines come even on a busy machine
         return graph.forward
 
     lines = []
