@@ -104,5 +104,6 @@ def merged(old: list, new: list, label) -> list:
     kept = [fresh.pop(label(item), item) for item in old]
     return kept + list(fresh.values())
 
+
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -2,9 +2,10 @@
 fused blocks against the unfused ones with the trainer's own LoRA network, a 4-bit block compiled
 whole around its 4-bit matmul operators, one compiled forward for every block of a class (streamed
 or resident: the same graphs), streamed blocks, a line per compile with its seconds, lines while one
-lasts, the bound past which no graph is compiled, and the fallback when compiling fails. Inductor compiles in one test
-(about a minute on two cores); the others use the aot_eager backend, which traces the same graphs
-without generating kernels, so its results are the uncompiled ones bit for bit."""
+lasts, the bound past which no graph is compiled, and the fallback when compiling fails. Inductor
+compiles in one test (about a minute on two cores); the others use the aot_eager backend, which
+traces the same graphs without generating kernels, so its results are the uncompiled ones bit for
+bit."""
 
 import re
 import threading
