@@ -19,7 +19,8 @@ import re
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-CARDS = {18.8: "22 GiB card", 11.8: "16 GB card", 8.3: "12 GB card"}
+CARDS = {18.8: "22 GiB card", 11.8: "16 GB card", 8.3: "12 GB card",  # same_call.sh's caps
+         12.8: "16 GB card, plan matched", 9.55: "12 GB card, plan matched", 6.3: "8 GB card, plan matched"}
 COMPILED = re.compile(r"compile_blocks: (\w+) (.+?) compiled in ([\d.]+) s")
 COLUMNS = ["launch", "cap:", "px:", "to training start:", "to first step:", "text phase:", "transformer:", "compile per class",
            "peak RSS GiB:", "anon GiB:", "file GiB:", "RAM disk GiB:", "streamed GiB:", "s/it:"]

@@ -109,7 +109,7 @@ def pack(args) -> int:
     if not args.trainer_only:
         pack_site(workdir, args.image_freeze, args.out)
     pack_trainer(workdir, args.out)
-    for name in ("site.tar.xz", "trainer.tar.xz"):
+    for name in ("trainer.tar.xz",) if args.trainer_only else ("site.tar.xz", "trainer.tar.xz"):
         print(f"{args.out / name}: {(args.out / name).stat().st_size / 2**20:.1f} MiB", flush=True)
     return 0
 

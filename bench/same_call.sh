@@ -23,7 +23,8 @@
 #   first    the first launch and the relaunches as a new user meets them, int4_w4a8 through
 #            torch._scaled_mm with the preset's memory plan: the first launch at a 16 GB card's cap
 #            (text phase, quantization, cache write, blocks placed or pinned as they are built), its
-#            relaunch, a 12 GB card's and a 22 GiB card's relaunch, the 22 GiB card with compiled blocks on cold then
+#            relaunch, a 12 GB card's and a 22 GiB card's relaunch, the 12, 8 and 16 GB cards' at the
+#            caps of bench/card_cap.py, the 22 GiB card with compiled blocks on cold then
 #            warm Inductor and Triton caches, then 768 px on the 16 GB and 22 GiB caps; last, a new
 #            user's first launch with compiled blocks (every cache emptied: text, quantized,
 #            Inductor, Triton) at the 22 GiB cap, in a call of its own (its limit, 540 s, leaves
@@ -68,6 +69,11 @@ BF16=(--set model.quantize false --set model.qtype uint4 --set model.model_kwarg
 CAP22=18.8  # a 22 GiB card's cap less the 12 of 56 blocks this run leaves out (as in RESULTS.md)
 CAP16=11.8  # a 16 GB card's (~15 GiB free), the same way
 CAP12=8.3   # a 12 GB card's (~11 GiB free)
+# Caps at which the 44-block model plans as the full model does on the card (bench/card_cap.py):
+# the rule above takes the left-out blocks' bytes off twice where the full model would stream them
+CAP16M=12.8  # python -m bench.card_cap --free-gib 15
+CAP12M=9.55  # --free-gib 11
+CAP8M=6.3    # --free-gib 7: an 8 GB card (RTX 4060 / 3070, RX 7600)
 
 ONLY=" ${*:2} "
 launch() {  # label px steps seconds args...
@@ -128,6 +134,9 @@ first)
   launch relaunch_16_512 512 10 100 --cap-gib "$CAP16" "${PICK[@]}" "${EAGER[@]}"
   launch relaunch_12_512 512 10 160 --cap-gib "$CAP12" "${PICK[@]}" "${EAGER[@]}"
   launch relaunch_22_512 512 10 100 --cap-gib "$CAP22" "${PICK[@]}" "${EAGER[@]}"  # the step the 16 and 12 GB ones are held to
+  launch relaunch_12_matched_512 512 10 160 --cap-gib "$CAP12M" "${PICK[@]}" "${EAGER[@]}"
+  launch relaunch_8_matched_512 512 10 160 --cap-gib "$CAP8M" "${PICK[@]}" "${EAGER[@]}"
+  launch relaunch_16_matched_512 512 10 100 --cap-gib "$CAP16M" "${PICK[@]}" "${EAGER[@]}"
   [[ -e $R/done/compiled_cold_22_512 ]] || rm -rf "$R/wd/cache/inductor" "$R/wd/cache/triton"
   launch compiled_cold_22_512 512 12 360 --cap-gib "$CAP22" "${PICK[@]}" "${COMPILED[@]}"
   launch compiled_warm_22_512 512 12 130 --cap-gib "$CAP22" "${PICK[@]}" "${COMPILED[@]}"

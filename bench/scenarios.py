@@ -145,6 +145,9 @@ SCENARIOS = {s.name: s for s in [
              ".bench-carry (then carry it along)",
              ("bench.fullsize", "pack", "--workdir", "{workdir}"), "here", ANY + " with the launcher installed",
              needs="--image-freeze FREEZE.txt (the GPU image's `pip freeze`)"),
+    Scenario("card_cap", "the VRAM cap at which the 44-block full-width model plans as the whole FLUX.2 does on a "
+             "card (same share of block weights resident, then of activations kept): same_call.sh's matched caps",
+             ("bench.card_cap",), "here", ANY + " with the launcher installed", needs="--free-gib G (the card's free VRAM)"),
     Scenario("fullsize_prepare", "on the GPU machine: a venv from the carried packages and random-weight assets "
              "(transformer, Mistral3 text encoder, captioned images) under {dir}",
              ("bench.fullsize", "prepare", "--carry", ".bench-carry", "--root", "{dir}"), "GPU", "the GPU machine's python3",
