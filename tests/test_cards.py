@@ -28,6 +28,8 @@ EXPECTED = {
     "RTX 5070 Ti": (FP8_SCALED, FUSED_REF, OVL),
     "RTX 3060 12 GB": (FUSED, FUSED_REF, OVL),
     "RTX 4070": (FP8_SCALED, FUSED_REF, OVL),
+    "RTX 3070": (FUSED, FUSED_REF, OVL),
+    "RTX 4060": (FP8_SCALED, FUSED_REF, OVL),
 }
 STATES = [(True, True), (True, False), (False, False)]
 

@@ -112,6 +112,17 @@ def test_the_12gb_preset_has_the_16gb_memory_plan():
     assert model["qtype"] == "auto" and model["model_kwargs"]["memory_plan"] == "auto"
 
 
+def test_the_8gb_preset_plans_the_full_model_on_an_8gb_card():
+    """What an 8 GB card leaves free under a desktop holds the plan's minimum, streaming nearly
+    every block: the trainer's own planner, as `run --dry-run` asks it."""
+    from launcher.runs import memory_plan
+
+    preset = load_preset("rtx8gb_512")
+    assert preset.files[1] == PRESETS_DIR / "rtx12gb_512.yaml"
+    plan = memory_plan.plan_for(preset.config["config"]["process"][0], 8 - memory_plan.DESKTOP_GIB)
+    assert len(plan.blocks) == 56 and len(plan.streamed()) >= 50
+
+
 PARENT = """job: extension
 config:
   name: parent

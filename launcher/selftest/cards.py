@@ -67,6 +67,8 @@ CARDS = [
     Card("RTX 5070 Ti", "sm_120", 16, "rtx16gb_512.yaml"),
     Card("RTX 3060 12 GB", "sm_86", 12, "rtx12gb_512.yaml"),
     Card("RTX 4070", "sm_89", 12, "rtx12gb_512.yaml"),
+    Card("RTX 3070", "sm_86", 8, "rtx8gb_512.yaml"),
+    Card("RTX 4060", "sm_89", 8, "rtx8gb_512.yaml"),
 ]
 
 PAPER_FACTS = {
