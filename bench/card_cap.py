@@ -19,14 +19,11 @@ activations are kept. Both plans come from the trainer's own planner (overlay
 
 import argparse
 import json
+import sys
+
+from launcher import trainer_rules
 
 STEP_GIB = 0.05
-
-
-def planner():
-    from launcher import trainer_rules
-
-    return trainer_rules.memory_plan()
 
 
 def shares(plan) -> tuple[float, float]:
@@ -38,7 +35,7 @@ def shares(plan) -> tuple[float, float]:
 def emulated_cap(free_gib: float, resolution: int = 512, single_blocks: int = 36) -> dict:
     """The cap for a model of `single_blocks` single-stream blocks that plans like the full FLUX.2
     [dev] on a card with `free_gib` free, and both plans' figures."""
-    memory_plan = planner()
+    memory_plan = trainer_rules.memory_plan()
     full = memory_plan.plan_for_budget(free_gib, resolution)
     wanted = shares(full)
     params = {"depth_single_blocks": single_blocks}
@@ -69,7 +66,11 @@ def main(argv=None) -> int:
     parser.add_argument("--resolution", type=int, default=512)
     parser.add_argument("--single-blocks", type=int, default=36, help="the benchmark model's single-stream blocks")
     args = parser.parse_args(argv)
-    print(json.dumps(emulated_cap(args.free_gib, args.resolution, args.single_blocks)))
+    try:
+        print(json.dumps(emulated_cap(args.free_gib, args.resolution, args.single_blocks)))
+    except ValueError as error:  # the planner's PlanError included: the full model does not fit
+        print(f"bench.card_cap: the full FLUX.2 has no plan with {args.free_gib} GiB free: {error}", file=sys.stderr)
+        return 2
     return 0
 
 
