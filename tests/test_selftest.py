@@ -90,9 +90,9 @@ def test_dry_run_renders_the_chosen_qtype_and_its_kernel(places, tmp_path, capsy
         assert line in out, line
 
 
-@pytest.mark.parametrize("preset", ["rtx16gb_512.yaml", "rtx12gb_512.yaml", "rx16gb_512.yaml"])
+@pytest.mark.parametrize("preset", ["rtx16gb_512.yaml", "rtx12gb_512.yaml", "rtx8gb_512.yaml", "rx16gb_512.yaml"])
 def test_auto_on_a_card_whose_plan_may_stream_is_a_streamable_qtype(places, tmp_path, capsys, monkeypatch, preset):
-    """The 12-20 GB presets say `qtype: auto`: the self-test's pick (every one of them streams), and
+    """The 8-20 GB presets say `qtype: auto`: the self-test's pick (every one of them streams), and
     without one int4_fused on its plain-PyTorch path, never uint4, which a plan cannot stream."""
     monkeypatch.setattr(disk_budget, "free_disk_gib", lambda path: 100.0)
     for result, qtype, kwargs in ((GPU_RESULT, "int4_w4a8", {"w4a8_activations": "fp8", "w4a8_gemm": "scaled_mm"}),
