@@ -5,9 +5,15 @@ No AMD card has run the project yet. This scales the H200's measured step breakd
 uncompiled bf16 step of the same-call runs, results/step_profile.csv, 44 of 56 blocks) to the
 RDNA3 cards part by part, by what bounds each part:
 - block GEMMs and attention: compute; scaled by the measured bf16 GEMM rates: the H200's block
-  Linears at 776 TFLOP/s (results/block_linear_time.csv), the 7900 XTX's 6144x6144 @ 6144x18432
-  burst at ~77 TFLOP/s (the recipe's write-up: github.com/drhawktopus/flux2-32b-qlora-rocm-windows);
-  the other RDNA3 cards by their published FP16 peak relative to the 7900 XTX's (AMD product pages);
+  Linears at 776 TFLOP/s (results/block_linear_time.csv). The 7900 XTX's rate through hipBLAS at
+  FLUX.2's block shapes is the named assumption, taken as a range (RATES): 46.3 TFLOP/s low (the
+  lowest published bf16 2048^2 figure, torch 2.10 + ROCm 7.10: github.com/zzc0721/
+  torch-performance-test-data/issues/103), 77 central (the 6144x6144 @ 6144x18432 burst of the
+  recipe's write-up: github.com/drhawktopus/flux2-32b-qlora-rocm-windows), 99.4 high (the highest
+  published bf16 4096^2 figure, torch 2.7.1 + ROCm 6.3: the same repository's issue 58); the other
+  RDNA3 cards by their published FP16 peak relative to the 7900 XTX's (AMD product pages). A
+  measured step gives the rate back (`launcher/step_prediction.py`, in the report): the first owner's s/it confirms the range or
+  says by how much the GEMMs miss it;
 - elementwise chains, LoRA matmuls, the optimizer and copies: memory bandwidth (H200 4.8 TB/s;
   7900 XTX 960 GB/s, 7900 XT 800, 7800 XT 624: AMD product pages);
 - GPU idle time (the host launching kernels): unchanged;
@@ -20,7 +26,8 @@ RDNA3 cards part by part, by what bounds each part:
 - streamed blocks (serialized: the copy is never hidden): the memory plan's streamed bytes,
   copied twice per step (forward; recompute + backward), at 25 GB/s (PCIe 4.0 x16, 31.5 GB/s
   raw), the plan's budget the card's memory less 1.5 GiB for the desktop.
-All figures scale by 56/44 to the full model. The recipe reports ~20 s/step at 512 px (9-10 s/it
+All figures scale by 56/44 to the full model. Each row keeps its compute-bound seconds at the
+central rate and the rest apart, so s/it = compute * 77 / R + rest for any rate R. The recipe reports ~20 s/step at 512 px (9-10 s/it
 with its stall watchdog) on uint4.
 
     python bench/predict_step.py     # writes results/prediction.csv; then python bench/report.py
@@ -34,10 +41,11 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 FULL = 56 / 44
 H200 = {"gemm_tflops": 776.0, "bandwidth_gbs": 4800.0}
-CARDS = {  # name: (measured or scaled bf16 GEMM TFLOP/s, bandwidth GB/s, memory GiB, preset)
-    "RX 7900 XTX": (77.0, 960.0, 24, "7900xtx_512.yaml"),
-    "RX 7900 XT": (77.0 * 103.0 / 122.8, 800.0, 20, "7900xt_512.yaml"),
-    "RX 7800 XT": (77.0 * 74.6 / 122.8, 624.0, 16, "rx16gb_512.yaml"),
+RATES = {"low": 46.3, "central": 77.0, "high": 99.4}  # the 7900 XTX's bf16 GEMM TFLOP/s at block shapes (docstring)
+CARDS = {  # name: (bf16 GEMM rate relative to the 7900 XTX's, bandwidth GB/s, memory GiB, preset)
+    "RX 7900 XTX": (1.0, 960.0, 24, "7900xtx_512.yaml"),
+    "RX 7900 XT": (103.0 / 122.8, 800.0, 20, "7900xt_512.yaml"),
+    "RX 7800 XT": (74.6 / 122.8, 624.0, 16, "rx16gb_512.yaml"),
 }
 PCIE_GBS, COPIES_PER_STEP = 25.0, 2
 COMPILED_ELEMENTWISE = 469.3 / 881.2
@@ -84,27 +92,35 @@ def streamed_gib(plan, memory_gib: int, px: int) -> float:
 
 
 def predict(card: str, path: str, px: int, compiled: bool, plan) -> dict:
-    gemm_tflops, bandwidth, memory_gib, preset = CARDS[card]
-    compute = H200["gemm_tflops"] / gemm_tflops
+    relative_rate, bandwidth, memory_gib, preset = CARDS[card]
+    compute = H200["gemm_tflops"] / (RATES["central"] * relative_rate)
     memory = H200["bandwidth_gbs"] / bandwidth
     h = h200_breakdown(px)
     factor, extra, _ = PATHS[path]
     gemm = h["gemm"] * compute * factor
     if extra == "fused":
-        gemm += h["gemm"] * FUSED_EXTRA * memory
+        overhead = h["gemm"] * FUSED_EXTRA * memory
     elif extra == "uint4":
-        gemm += sum(h.values()) * (UINT4_STEP_X - 1) * memory
+        overhead = sum(h.values()) * (UINT4_STEP_X - 1) * memory
     else:
-        gemm += h["requant"] * memory
+        overhead = h["requant"] * memory
     elementwise = h["elementwise"] * memory * (COMPILED_ELEMENTWISE if compiled else 1.0)
     other = (h["lora"] + h["optimizer"] + h["copies"]) * memory + h["idle"]
     streamed = streamed_gib(plan, memory_gib, px)
     stream = streamed * plan.GIB / 1e9 * COPIES_PER_STEP / PCIE_GBS
-    total = gemm + h["attention"] * compute + elementwise + other + stream
+    bound = gemm + h["attention"] * compute
+    rest = overhead + elementwise + other + stream
+    at = {name: step_at(bound, rest, rate) for name, rate in RATES.items()}
     return {"card": card, "preset": preset, "path": path, "px:": px, "compiled": "yes" if compiled else "no",
-            "block GEMMs s:": f"{gemm:.2f}", "attention s:": f"{h['attention'] * compute:.2f}",
+            "GEMMs + attention s at 77:": f"{bound:.2f}", "4-bit overhead s:": f"{overhead:.2f}",
             "elementwise s:": f"{elementwise:.2f}", "LoRA + optimizer + idle s:": f"{other:.2f}",
-            "streamed GiB:": f"{streamed:.1f}", "copies s:": f"{stream:.2f}", "s/it:": f"**{total:.1f}**"}
+            "streamed GiB:": f"{streamed:.1f}", "copies s:": f"{stream:.2f}", "rest s:": f"{rest:.2f}",
+            "s/it at 99.4:": f"{at['high']:.1f}", "s/it at 77:": f"**{at['central']:.1f}**", "s/it at 46.3:": f"{at['low']:.1f}"}
+
+
+def step_at(bound: float, rest: float, rate: float) -> float:
+    """The step at another GEMM rate (TFLOP/s, the 7900 XTX's scale): only the compute-bound part moves."""
+    return bound * RATES["central"] / rate + rest
 
 
 def main() -> int:
@@ -119,7 +135,7 @@ def main() -> int:
         writer = csv.DictWriter(handle, [*rows[0], "date", "source"])
         writer.writeheader()
         for row in rows:
-            writer.writerow({**row, "date": "2026-12-03", "source": ""})
+            writer.writerow({**row, "date": "2026-12-04", "source": ""})
     print(f"wrote {RESULTS / 'prediction.csv'} ({len(rows)} rows)")
     return 0
 

@@ -51,6 +51,31 @@ def test_an_existing_file_is_never_overwritten(tmp_path, capsys):
     assert "never overwrites" in capsys.readouterr().err
 
 
+def test_a_radeon_run_is_placed_against_the_predicted_range(tmp_path, capsys, monkeypatch):
+    """On a card the prediction covers, the zip carries the predicted ranges and the run's s/it against its row."""
+    import launcher.commands.report as report_command
+    from launcher.commands.doctor import collect
+
+    def doctor_on_a_7900xtx(workdir):
+        found = collect(workdir)
+        found["torch"] = {"torch": "2.13.0+rocm10.0.0", "hip": "7.2", "gpus": [{"name": "AMD Radeon RX 7900 XTX"}]}
+        return found
+
+    monkeypatch.setattr(report_command, "collect", doctor_on_a_7900xtx)
+    root = fake_run(tmp_path / "wd" / "runs", "xtx", "step 1\n")
+    process = {"model": {"qtype": "int4_fused", "model_kwargs": {"compile_blocks": True}}, "datasets": [{"resolution": [512]}]}
+    (root / "config.yaml").write_text(json.dumps({"config": {"name": "xtx", "process": [process]}}), encoding="utf-8")
+    (root / "trainer-telemetry.jsonl").write_text(json.dumps({"step": 3, "s_per_it": 7.0}) + "\n", encoding="utf-8")
+    out = tmp_path / "report.zip"
+    assert main(["report", "--workdir", str(tmp_path / "wd"), "--no-selftest", "--out", str(out)]) == 0
+    prediction = json.loads(read_zip(out)["prediction.json"])
+    assert {"path": "int4_fused", "px": 512, "compiled": True} in [
+        {key: row[key] for key in ("path", "px", "compiled")} for row in prediction["predicted"]]
+    verdict = prediction["runs"][0]["verdict"]
+    assert verdict.startswith("7.00 s/it: inside the predicted") and "TFLOP/s" in verdict
+    assert f"xtx: {verdict}" in capsys.readouterr().out
+
+
 def test_a_short_user_name_does_not_scrub_words():
     scrub = Scrubber({"/home/al": "<home>", "al": "<user>"})
     assert scrub("/home/al/x and al, but also alpha and total") == "<home>/x and <user>, but also alpha and total"

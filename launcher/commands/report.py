@@ -13,6 +13,7 @@ from launcher.errors import LauncherError
 from launcher.field_report import Bundle, Scrubber, add_run, recent_runs
 from launcher.progress import say, step
 from launcher.selftest.verdict import load_result
+from launcher.step_prediction import report as step_report
 
 EXAMPLES = """examples:
   python -m launcher report                  # doctor, selftest, 2 timed steps of the tiny model, recent runs
@@ -56,7 +57,8 @@ def run_report(args) -> int:
 def gather(bundle: Bundle, workdir: Workdir, args) -> None:
     launcher = [sys.executable, "-m", "launcher"]
     with step("doctor"):
-        bundle.add_json("doctor.json", collect(workdir))
+        doctor = collect(workdir)
+        bundle.add_json("doctor.json", doctor)
     has_trainer = venv_python(workdir.venv).is_file() and (workdir.trainer / "run.py").is_file()
     if has_trainer and not args.no_selftest:
         record(bundle, "selftest", [*launcher, "selftest", "--workdir", str(workdir.root)], "a few minutes")
@@ -74,8 +76,21 @@ def gather(bundle: Bundle, workdir: Workdir, args) -> None:
                   for part in (f"--{flag.replace('_', '-')}", getattr(args, flag))]
         record(bundle, "preset-dry-run", [*launcher, "run", args.preset, "--workdir", str(workdir.root), "--dry-run",
                                           *places], "seconds")
-    for index, run in enumerate(recent_runs(workdir.runs)):
+    runs = recent_runs(workdir.runs)
+    for index, run in enumerate(runs):
         add_run(bundle, run, f"runs/{index}-{run.root.name}")
+    add_prediction(bundle, doctor, runs)
+
+
+def add_prediction(bundle: Bundle, doctor: dict, runs: list) -> None:
+    """The card's predicted step range (bench/RESULTS.md) and each recent run's s/it against it, said here too."""
+    names = [gpu["name"] for gpu in doctor["torch"].get("gpus") or []]
+    found = step_report(names, runs)
+    if found["predicted"]:
+        bundle.add_json("prediction.json", found)
+        for run in found["runs"]:
+            if run["verdict"]:
+                say(f"{run['run']}: {run['verdict']}")
 
 
 def record(bundle: Bundle, name: str, command: list[str], how_long: str) -> None:

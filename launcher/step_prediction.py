@@ -1,0 +1,111 @@
+"""The predicted step of an AMD card against the step a run measured, for the field report.
+
+`bench/predict_step.py` predicts the RDNA3 cards' s/it from the H200's measured step, with the
+card's bf16 GEMM rate through hipBLAS as the one named assumption (a range, bench/RESULTS.md "The
+RX 7900 XTX, predicted"). Each row of its table keeps the compute-bound seconds at the central
+rate apart from the rest, so a measured step gives the rate back: the first owner's s/it either
+lands inside the range (and says which rate it implies) or misses it by a stated amount.
+"""
+
+import csv
+import re
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.errors import LauncherError
+from launcher.runs.folders import RunFolder
+from launcher.runs.telemetry import last_rows
+from launcher.runs.yaml_files import load_yaml
+
+TABLE = Path(__file__).resolve().parent.parent / "bench" / "results" / "prediction.csv"
+CENTRAL_RATE = 77.0  # TFLOP/s: the rate the table's compute-bound column is given at
+RATE_RANGE = (46.3, 99.4)  # the low and high published bf16 GEMM rates of the RX 7900 XTX
+PATHS_OF_QTYPES = {"int4_fused": "int4_fused", "uint4": "uint4"}  # qtypes the table predicts
+
+
+@dataclass(frozen=True)
+class Prediction:
+    card: str
+    path: str
+    px: int
+    compiled: bool
+    bound_s: float  # GEMMs + attention at the central rate
+    rest_s: float
+
+    def step_at(self, rate: float) -> float:
+        return self.bound_s * CENTRAL_RATE / rate + self.rest_s
+
+    @property
+    def range_s(self) -> tuple[float, float]:
+        return self.step_at(RATE_RANGE[1]), self.step_at(RATE_RANGE[0])
+
+    def implied_rate(self, s_per_it: float) -> float | None:
+        """The GEMM rate (TFLOP/s) that makes this row's step equal `s_per_it`; None when the rest alone is slower."""
+        spare = s_per_it - self.rest_s
+        return self.bound_s * CENTRAL_RATE / spare if spare > 0 else None
+
+    def verdict(self, s_per_it: float) -> str:
+        low, high = self.range_s
+        rate = self.implied_rate(s_per_it)
+        implied = f"a bf16 GEMM rate of {rate:.0f} TFLOP/s" if rate else "slower than the GEMMs alone can explain"
+        if s_per_it < low:
+            where = f"faster than the predicted {low:.1f}-{high:.1f} s/it"
+        elif s_per_it <= high:
+            where = f"inside the predicted {low:.1f}-{high:.1f} s/it"
+        else:
+            where = f"{s_per_it / high:.2f}x the slow end of the predicted {low:.1f}-{high:.1f} s/it"
+        return f"{s_per_it:.2f} s/it: {where} ({implied}; assumed {RATE_RANGE[0]}-{RATE_RANGE[1]})"
+
+
+def load_table(path: Path = TABLE) -> list[Prediction]:
+    """The prediction table's rows; empty where this install carries no bench/ folder."""
+    if not path.is_file():
+        return []
+    with path.open(newline="", encoding="utf-8") as handle:
+        return [Prediction(row["card"], row["path"], int(row["px:"]), row["compiled"] == "yes",
+                           float(row["GEMMs + attention s at 77:"]), float(row["rest s:"]))
+                for row in csv.DictReader(handle)]
+
+
+def rows_for_gpu(table: list[Prediction], gpu_name: str) -> list[Prediction]:
+    """The rows of the card `gpu_name` names ("AMD Radeon RX 7900 XTX"), matched as whole words."""
+    return [row for row in table if re.search(r"(?<!\w)" + re.escape(row.card) + r"(?!\w)", gpu_name, re.IGNORECASE)]
+
+
+def run_shape(run: RunFolder) -> tuple[str, int, bool] | None:
+    """(table path, px, compiled) of a run's rendered config; None where the table has no such row."""
+    try:
+        process = load_yaml(run.config)["config"]["process"][0]
+        model = process["model"]
+        kwargs = model.get("model_kwargs") or {}
+        resolution = process["datasets"][0]["resolution"]
+        px = max(resolution) if isinstance(resolution, list) else int(resolution)
+    except (LauncherError, OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None
+    path = PATHS_OF_QTYPES.get(str(model.get("qtype")))
+    return (path, px, kwargs.get("compile_blocks") is True) if path else None
+
+
+def measured_step(run: RunFolder) -> float | None:
+    """The median s/it of the trainer's rows (a run's own timing, load and first step left out)."""
+    speeds = [row["s_per_it"] for row in last_rows(run.trainer_telemetry)
+              if isinstance(row.get("s_per_it"), (int, float)) and row["s_per_it"] > 0]
+    return statistics.median(speeds) if speeds else None
+
+
+def report(gpu_names: list[str], runs: list[RunFolder], table: list[Prediction] | None = None) -> dict:
+    """What the field report carries: the card's predicted ranges, and each recent run against its row."""
+    table = load_table() if table is None else table
+    rows = [row for name in gpu_names for row in rows_for_gpu(table, name)]
+    found = {"assumption": f"the card's bf16 GEMM rate through hipBLAS at FLUX.2 block shapes, "
+                           f"{RATE_RANGE[0]}-{RATE_RANGE[1]} TFLOP/s (central {CENTRAL_RATE})",
+             "predicted": [{"path": r.path, "px": r.px, "compiled": r.compiled,
+                            "s_per_it": [round(s, 2) for s in r.range_s]} for r in rows],
+             "runs": []}
+    for run in runs:
+        shape, step = run_shape(run), measured_step(run)
+        match = next((r for r in rows if (r.path, r.px, r.compiled) == shape), None)
+        found["runs"].append({"run": run.root.name, "s_per_it": step,
+                              "verdict": match.verdict(step) if match and step else None})
+    return found

@@ -1,0 +1,91 @@
+"""The predicted AMD step against a measured one: the table, its inverse, and the report's use of it."""
+
+import json
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from launcher.runs.folders import RunFolder
+from launcher.step_prediction import RATE_RANGE, Prediction, load_table, measured_step, report, rows_for_gpu, run_shape
+
+TABLE = load_table()
+
+
+def test_the_shipped_table_is_the_launchers_model_of_it():
+    """Every s/it column of bench/results/prediction.csv is what the launcher's inverse model computes
+    (within the table's rounding: s/it to 0.1, its two parts to 0.01 each)."""
+    import csv
+
+    from launcher.step_prediction import TABLE as PATH
+
+    assert TABLE, "bench/results/prediction.csv is missing or empty"
+    with PATH.open(newline="", encoding="utf-8") as handle:
+        for row, prediction in zip(csv.DictReader(handle), TABLE):
+            for column, rate in (("s/it at 99.4:", 99.4), ("s/it at 77:", 77.0), ("s/it at 46.3:", 46.3)):
+                shown = float(row[column].strip("*"))
+                assert prediction.step_at(rate) == pytest.approx(shown, abs=0.07), (row["card"], row["path"], column)
+
+
+@settings(max_examples=200, deadline=None)
+@given(bound=st.floats(0.1, 50), rest=st.floats(0, 50), rate=st.floats(5, 500))
+def test_a_measured_step_gives_its_gemm_rate_back(bound, rest, rate):
+    row = Prediction("RX 7900 XTX", "int4_fused", 512, True, bound, rest)
+    assert row.implied_rate(row.step_at(rate)) == pytest.approx(rate, rel=1e-9)
+
+
+def test_a_step_slower_than_the_rest_alone_implies_no_rate():
+    row = Prediction("RX 7900 XTX", "int4_fused", 512, True, 3.0, 2.0)
+    assert row.implied_rate(1.5) is None
+    assert "slower than the GEMMs alone can explain" in row.verdict(1.5)
+
+
+def test_the_verdict_places_a_step_against_the_range():
+    row = Prediction("RX 7900 XTX", "int4_fused", 512, True, 3.43, 2.22)
+    low, high = row.range_s
+    assert low == pytest.approx(row.step_at(RATE_RANGE[1])) and high == pytest.approx(row.step_at(RATE_RANGE[0]))
+    assert "inside the predicted" in row.verdict((low + high) / 2)
+    assert "faster than the predicted" in row.verdict(low * 0.9)
+    assert "1.50x the slow end" in row.verdict(high * 1.5)
+
+
+def test_a_card_is_matched_as_whole_words():
+    xtx = {row.card for row in rows_for_gpu(TABLE, "AMD Radeon RX 7900 XTX")}
+    xt = {row.card for row in rows_for_gpu(TABLE, "AMD Radeon RX 7900 XT")}
+    assert xtx == {"RX 7900 XTX"} and xt == {"RX 7900 XT"}
+    assert rows_for_gpu(TABLE, "NVIDIA GeForce RTX 4090") == []
+
+
+def write_run(root, qtype="int4_fused", compiled=True, resolution=(512,), speeds=(6.0, 6.2, 6.1)):
+    root.mkdir()
+    process = {"model": {"qtype": qtype, "model_kwargs": {"compile_blocks": compiled}},
+               "datasets": [{"resolution": list(resolution)}]}
+    (root / "config.yaml").write_text(yaml.safe_dump({"job": "extension", "config": {"process": [process]}}),
+                                      encoding="utf-8")
+    rows = [{"step": i, "s_per_it": None, "event": "first_step"} if i == 0 else {"step": i, "s_per_it": s}
+            for i, s in enumerate((None, *speeds))]
+    (root / "trainer-telemetry.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return RunFolder(root, root.name)
+
+
+def test_a_run_is_placed_against_its_own_row(tmp_path):
+    run = write_run(tmp_path / "r1")
+    assert run_shape(run) == ("int4_fused", 512, True)
+    assert measured_step(run) == pytest.approx(6.1)
+    found = report(["AMD Radeon RX 7900 XTX"], [run], TABLE)
+    assert {(p["path"], p["px"], p["compiled"]) for p in found["predicted"]} >= {("int4_fused", 512, True)}
+    row = next(r for r in TABLE if (r.card, r.path, r.px, r.compiled) == ("RX 7900 XTX", "int4_fused", 512, True))
+    assert found["runs"] == [{"run": "r1", "s_per_it": pytest.approx(6.1), "verdict": row.verdict(6.1)}]
+
+
+@pytest.mark.parametrize("config", ["process: 5\n", "[]\n", "config: {process: [{}]}\n", "config: {process: []}\n"])
+def test_a_damaged_config_is_no_row(tmp_path, config):
+    run = write_run(tmp_path / "r")
+    run.config.write_text(config, encoding="utf-8")
+    assert run_shape(run) is None
+    assert report(["AMD Radeon RX 7900 XTX"], [run], TABLE)["runs"][0]["verdict"] is None
+
+
+def test_a_qtype_the_table_does_not_predict_is_no_row(tmp_path):
+    assert run_shape(write_run(tmp_path / "r", qtype="int4_w4a8")) is None
