@@ -17,7 +17,8 @@ NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 BINARY = getattr(os, "O_BINARY", 0)  # Windows: no newline translation
 
 
-def _is_link(path: Path) -> bool:
+def is_link(path: Path) -> bool:
+    """A symbolic link, or on Windows a junction (which is_symlink does not report)."""
     is_junction = getattr(path, "is_junction", None)  # Python 3.12+, Windows junctions
     return path.is_symlink() or bool(is_junction and is_junction())
 
@@ -36,7 +37,7 @@ def refuse_links(root: Path, path: Path) -> Path:
     current = root
     for part in path.relative_to(root).parts:
         current = current / part
-        if _is_link(current):
+        if is_link(current):
             raise link_error(current)
     return path
 
@@ -46,7 +47,7 @@ def _open(root: Path, path: Path, flags: int, what: str) -> int:
     try:
         return os.open(path, flags | NOFOLLOW | BINARY, 0o666)
     except OSError as error:
-        if _is_link(path):  # ELOOP from O_NOFOLLOW, EEXIST from O_EXCL
+        if is_link(path):  # ELOOP from O_NOFOLLOW, EEXIST from O_EXCL
             raise link_error(path) from None
         raise LauncherError(f"cannot {what} {path} ({error.strerror or error}); check that its folder is "
                             "writable and the disk is not full") from None
@@ -64,6 +65,14 @@ def create_new(root: Path, path: Path, mode: str = "wb"):
     path.unlink(missing_ok=True)  # removes a link itself, never its target
     descriptor = _open(root, path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, "create")
     return os.fdopen(descriptor, mode, **({"encoding": "utf-8", "newline": "\n"} if "b" not in mode else {}))
+
+
+def create_exclusive(root: Path, path: Path):
+    """A new binary file at `path` (inside `root`); whatever stands there, a file or a link, makes it fail
+    with a LauncherError, and nothing is removed."""
+    if path.exists() or is_link(path):
+        raise LauncherError(f"{path} exists; it is never overwritten: give another name")
+    return os.fdopen(_open(root, path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, "create"), "wb")
 
 
 def touch(root: Path, path: Path) -> Path:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, write_png
 from test_run import places  # noqa: F401 (fixture)
 
 from launcher.cli import main
@@ -84,6 +84,8 @@ def fake_run(tmp_path):
     data.mkdir()
     (data / "b.txt").write_text("a second caption", encoding="utf-8")
     (data / "a.txt").write_text(CAPTION, encoding="utf-8")
+    for stem in ("a", "b"):  # a caption is the one beside its image, as the trainer pairs them
+        write_png(data / f"{stem}.png", 64, 64)
     write_safetensors(tmp_path / "model" / "flux2-dev.safetensors", BASE)
     config = {"job": "extension", "config": {"name": NAME, "process": [{
         "type": "sd_trainer", "trigger_word": "sks", "training_folder": str(root),

@@ -2,7 +2,9 @@
 caption UTF-8 text.
 
 The trainer walks the dataset folder (subfolders included, `_controls` left out) for .jpg,
-.jpeg, .png and .webp files and reads `<image>.<caption_ext>` as UTF-8. A file it cannot use
+.jpeg, .png and .webp files and reads `<image>.<caption_ext>` as UTF-8. Both are read here through
+launcher/user_files.py: regular files only, a size cap, and UTF-8 only (a caption saved as UTF-16,
+with or without its byte-order mark, or holding NUL bytes would reach the text encoder as noise). A file it cannot use
 today either crashes it after minutes of loading, or is dropped without a word. Here each bad
 file is named with the reason. With `launcher: {skip_bad_images: true}` the run trains on the
 good files only: they are listed in a dataset file in the run folder (the trainer's
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from launcher.errors import LauncherError
 from launcher.runs.images import PIL_MAX_PIXELS, BadImage, image_size
+from launcher.user_files import UserFileError, read_text
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")  # the trainer's image_extensions
 DEFAULT_BUCKET_TOLERANCE = 64  # DatasetConfig's default: buckets are multiples of this
@@ -33,6 +36,8 @@ class DatasetCheck:
     bad: list[tuple[Path, str]] = field(default_factory=list)
     long_captions: list[tuple[Path, int]] = field(default_factory=list)
     """Captions likely longer than the text encoder reads: (caption file, characters)."""
+    empty_captions: list[Path] = field(default_factory=list)
+    """Caption files with no text: those images train without a prompt."""
 
     def skipped(self) -> list[dict]:
         return [{"file": str(path), "reason": reason} for path, reason in self.bad]
@@ -52,6 +57,11 @@ def caption_path(image: Path, caption_ext: str) -> Path:
     return image.with_name(image.stem + "." + caption_ext.lstrip("."))
 
 
+def read_caption(image: Path, caption_ext: str) -> str:
+    """The caption of an image as the trainer reads it; UserFileError naming the caption when it cannot."""
+    return read_text(caption_path(image, caption_ext), "caption")
+
+
 def problem_with(image: Path, caption_ext: str, minimum: int) -> str | None:
     """Why the trainer cannot use this image and its caption, or None."""
     try:
@@ -66,14 +76,11 @@ def problem_with(image: Path, caption_ext: str, minimum: int) -> str | None:
                 f"(the dataset's bucket_tolerance) to fit a training bucket")
     caption = caption_path(image, caption_ext)
     try:
-        caption.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        return f"has no caption file {caption.name}"
-    except OSError as error:
-        return f"has a caption {caption.name} that cannot be read ({error.strerror or error})"
-    except UnicodeDecodeError as error:
-        return (f"has a caption {caption.name} that is not UTF-8 text (byte {error.start}); "
-                "save it as UTF-8")
+        read_caption(image, caption_ext)
+    except UserFileError as error:
+        if not (caption.exists() or caption.is_symlink()):
+            return f"has no caption file {caption.name}"
+        return f"has a caption {caption.name} that {error.reason}"
     return None
 
 
@@ -93,9 +100,11 @@ def check_dataset(folder: Path, caption_ext: str = "txt", minimum: int = DEFAULT
         if reason is None:
             result.good.append(image)
             caption = caption_path(image, caption_ext)
-            length = len(caption.read_bytes().decode("utf-8"))
-            if length > LONG_CAPTION_CHARS:
-                result.long_captions.append((caption, length))
+            text = read_caption(image, caption_ext)
+            if len(text) > LONG_CAPTION_CHARS:
+                result.long_captions.append((caption, len(text)))
+            if not text.strip():
+                result.empty_captions.append(caption)
         else:
             result.bad.append((image, reason))
     if result.bad and (not skip_bad or not result.good):
@@ -104,10 +113,16 @@ def check_dataset(folder: Path, caption_ext: str = "txt", minimum: int = DEFAULT
 
 
 def long_caption_warnings(result: DatasetCheck) -> list[str]:
-    """One line per caption the text encoder probably cuts off."""
-    return [f"{path} is {length:,} characters (about {length // CHARS_PER_TOKEN} tokens); the text encoder reads "
-            f"at most {CAPTION_TOKENS} tokens with its prompt template, so the end of it is cut off"
-            for path, length in result.long_captions]
+    """One line per caption the text encoder probably cuts off, and one for the empty captions."""
+    lines = [f"{path} is {length:,} characters (about {length // CHARS_PER_TOKEN} tokens); the text encoder reads "
+             f"at most {CAPTION_TOKENS} tokens with its prompt template, so the end of it is cut off"
+             for path, length in result.long_captions]
+    if result.empty_captions:
+        shown = ", ".join(str(path) for path in result.empty_captions[:3])
+        more = f" and {len(result.empty_captions) - 3} more" if len(result.empty_captions) > 3 else ""
+        lines.append(f"{len(result.empty_captions)} caption file(s) are empty ({shown}{more}): those images train "
+                     "without a prompt; write a caption into each, or leave them empty on purpose")
+    return lines
 
 
 def bad_files_message(result: DatasetCheck, skip_bad: bool) -> str:

@@ -15,6 +15,8 @@ import struct
 import zlib
 from pathlib import Path
 
+from launcher.user_files import UserFileError, read_bytes
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # JPEG start-of-frame markers (C4 DHT, C8 JPG and CC DAC share the range but are not frames)
 JPEG_FRAMES = set(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
@@ -31,9 +33,9 @@ class BadImage(ValueError):
 def image_size(path: Path) -> tuple[int, int]:
     """(width, height) of a PNG, JPEG or WebP file; BadImage when it is not one or is damaged."""
     try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise BadImage(f"cannot be read ({error.strerror or error})") from None
+        data = read_bytes(path, "image")  # a regular file only, and not without bound
+    except UserFileError as error:
+        raise BadImage(error.reason) from None
     if data.startswith(PNG_SIGNATURE):
         return _png_size(data)
     if data.startswith(b"\xff\xd8"):

@@ -3,9 +3,12 @@
 YAML anchors and aliases share one object, so ten nested aliases of ten items each load in
 microseconds and stand for 10^10 values; whatever walks the result (the schema check, an error
 message's repr, yaml.safe_dump of the rendered config, the trainer) then expands it and runs
-out of memory. A preset needs neither megabytes nor millions of values: the composed node graph
-is measured (each node counted as often as aliases reach it, memoized, so measuring costs only
-the distinct nodes) and refused over the budget, before any value is built.
+out of memory. A string aliased a thousand times is one node per alias but stands for a thousand
+copies of its text, which the dry run prints. A preset needs neither megabytes of text nor millions
+of values: the composed node graph is measured (each node counted as often as aliases reach it,
+with the characters of its text, memoized, so measuring costs only the distinct nodes) and refused
+over either budget, before any value is built. The file itself is read by launcher/user_files.py
+(regular files only, a size cap, UTF-8 only).
 
 PyYAML also reads some text differently from how it looks, silently: a key given twice keeps the
 last value (`lr: 0.0001` then `lr: 0.5` trains at 0.5), and YAML 1.1 integers read `017` as 15
@@ -19,10 +22,13 @@ from pathlib import Path
 import yaml
 
 from launcher.errors import LauncherError
+from launcher.user_files import KINDS, decode, read_bytes
 
-MAX_BYTES = 1 * 2**20
+MAX_BYTES = KINDS["preset"][0]
 MAX_NODES = 100_000
 """Values after alias expansion; the largest shipped preset has about 150."""
+MAX_EXPANDED_CHARS = 4 * MAX_BYTES
+"""Characters of text after alias expansion: a few times what the file itself may hold."""
 
 
 class _Budget(Exception):
@@ -115,7 +121,8 @@ def _record_lines(node, path: str, lines: dict[str, int]) -> None:
             _record_lines(item, where, lines)
 
 
-def _expanded_size(node, sizes: dict, open_nodes: set) -> int:
+def _expanded_size(node, sizes: dict, open_nodes: set) -> tuple[int, int]:
+    """(values, characters of text) that `node` stands for once its aliases are expanded."""
     key = id(node)
     if key in sizes:
         return sizes[key]
@@ -124,12 +131,17 @@ def _expanded_size(node, sizes: dict, open_nodes: set) -> int:
     open_nodes.add(key)
     children = node.value if isinstance(node, yaml.SequenceNode) else (
         [part for pair in node.value for part in pair] if isinstance(node, yaml.MappingNode) else [])
-    size = 1 + sum(_expanded_size(child, sizes, open_nodes) for child in children)
+    values, chars = 1, len(node.value) if isinstance(node, yaml.ScalarNode) else 0
+    for child in children:
+        more = _expanded_size(child, sizes, open_nodes)
+        values, chars = values + more[0], chars + more[1]
     open_nodes.discard(key)
-    if size > MAX_NODES:
+    if values > MAX_NODES:
         raise _Budget(f"more than {MAX_NODES:,} values once its aliases (*name) are expanded")
-    sizes[key] = size
-    return size
+    if chars > MAX_EXPANDED_CHARS:
+        raise _Budget(f"more than {MAX_EXPANDED_CHARS:,} characters of text once its aliases (*name) are expanded")
+    sizes[key] = (values, chars)
+    return values, chars
 
 
 def load_yaml(path: Path):
@@ -140,25 +152,18 @@ def load_yaml(path: Path):
 
 def load_yaml_lines(path: Path) -> tuple[object, dict[str, int]]:
     """`load_yaml`, and the line of each key path (`config.process[0].train.lr`: 42)."""
+    text = decode(path, read_bytes(path, "preset"))
     try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise LauncherError(f"{path} is {size:,} bytes; a preset or run config is a few kB (at most "
-                                f"{MAX_BYTES:,} bytes are read): is it the right file?")
-        with path.open("rb") as handle:
-            text = handle.read(MAX_BYTES + 1).decode("utf-8")
         loader = BoundedLoader(text)
         try:
             return loader.get_single_data(), getattr(loader, "key_lines", {})
         finally:
             loader.dispose()
-    except OSError as error:
-        raise LauncherError(f"{path} cannot be read ({error.strerror or error})") from None
     except _Refused as error:
         raise LauncherError(f"{path}, line {error.line}: {error.message}") from None
     except _Budget as error:
         raise LauncherError(f"{path} is refused: it holds {error}; write the values out instead") from None
-    except (yaml.YAMLError, ValueError, RecursionError) as error:  # ValueError: bad UTF-8, a 5000-digit int
+    except (yaml.YAMLError, ValueError, RecursionError) as error:  # ValueError: a 5000-digit int
         raise LauncherError(f"{path} is not valid YAML: {type(error).__name__}: {_cut(str(error))}") from None
 
 
