@@ -16,7 +16,7 @@ from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir
 from launcher.errors import LauncherError
 from launcher.nofollow import refuse_links
 from launcher.progress import say, warn
-from launcher.runs.folders import RunFolder, find_run, read_run_config
+from launcher.runs.folders import RunFolder, find_run, read_run_process
 from launcher.runs.prompts import caption_prompt
 
 EXAMPLES = """examples:
@@ -46,7 +46,7 @@ def register(subparsers) -> None:
 
 def handle(args) -> int:
     run = find_run(Workdir(args.workdir.resolve()).runs, args.run)
-    config = read_run_config(run.root)
+    config, process = read_run_process(run.root)
     lora = run.saved_lora(args.checkpoint)
     refuse_links(run.root, run.comfyui)  # before anything is written, here or in ComfyUI's models/loras
     if run.comfyui.exists() and not run.comfyui.is_dir():
@@ -58,7 +58,7 @@ def handle(args) -> int:
     prompt = args.prompt or caption_prompt(config)
     if not prompt:
         raise LauncherError(f"no caption found in the dataset named by {run.config}; pass --prompt \"...\"")
-    base = lora_check.base_checkpoint(config["config"]["process"][0]["model"]["name_or_path"])
+    base = lora_check.base_checkpoint(process["model"]["name_or_path"])
     summary = lora_check.check_lora(lora, base)
     say(f"LoRA check: {lora.name}: {summary.modules} Linear modules, {summary.tensors} tensors, rank "
         f"{'/'.join(map(str, summary.ranks))}; every tensor is one ComfyUI's FLUX.2 loader matches")

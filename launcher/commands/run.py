@@ -90,7 +90,8 @@ def handle(args) -> int:
     workdir.check_is_folder()
     preset = load_preset(args.preset, trainer_vocabulary(workdir, keep=not args.dry_run))
     places = locations(args)
-    run = RunFolder.inside(places.get("output") or workdir.runs, preset.name)
+    run = RunFolder.inside(places.get("output") or workdir.runs, preset.name,
+                           workdir=None if "output" in places else workdir.root)
     run.refuse_foreign()
     if preset.tiny:
         manifest = tiny.ensure_assets(workdir.assets / "tiny", workdir.trainer, checked_python(workdir))

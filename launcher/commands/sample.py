@@ -19,7 +19,7 @@ from launcher.errors import LauncherError
 from launcher.nofollow import refuse_links
 from launcher.progress import say
 from launcher.runs import files, samples
-from launcher.runs.folders import find_run, read_run_config
+from launcher.runs.folders import find_run, read_run_process
 
 EXAMPLES = """examples:
   python -m launcher sample                                   # the latest run's newest LoRA, strengths 0 and 1
@@ -49,12 +49,11 @@ def register(subparsers) -> None:
 def handle(args) -> int:
     workdir = Workdir(args.workdir.resolve())
     run = find_run(workdir.runs, args.run)
-    config = read_run_config(run.root)
-    process = config["config"]["process"][0]
+    config, process = read_run_process(run.root)
     prompts = samples.check_prompts(args.prompt if args.prompt else samples.default_prompts(config),
                                     "--prompt" if args.prompt else f"{run.config} (sample.prompts)")
     strengths = samples.parse_strengths(args.strength)
-    size = samples.check_size(args.size or int((process.get("sample") or {}).get("width") or 512))
+    size = samples.check_size(args.size if args.size is not None else (process.get("sample") or {}).get("width") or 512)
     if args.steps < 1:
         raise LauncherError(f"--steps {args.steps}: give at least 1 denoising step (20 is the FLUX.2 [dev] default)")
     lora = run.saved_lora(args.checkpoint)

@@ -24,7 +24,8 @@ from launcher.errors import LauncherError
 from launcher.nofollow import refuse_links
 from launcher.runs.files import CHECKPOINT_MANIFEST, PROFILE_DIR, SAVE_NOW, STOP_NOW
 from launcher.runs.run_lock import LOCK_FILE
-from launcher.runs.schema import PlainName
+from launcher.nofollow import is_link
+from launcher.runs.schema import RESOLUTION, Anything, Block, Extension, ListOf, Nullable, PlainName, Text, Vocabulary
 from launcher.runs.yaml_files import load_yaml
 
 WORKDIR_MARKER = "setup-state.json"
@@ -39,8 +40,11 @@ class RunFolder:
     name: str
 
     @classmethod
-    def inside(cls, output: Path, name: str) -> "RunFolder":
-        """`output/name`, refused unless it resolves to a folder directly inside `output`."""
+    def inside(cls, output: Path, name: str, workdir: Path | None = None) -> "RunFolder":
+        """`output/name`, refused unless it resolves to a folder directly inside `output` and is no link;
+        with `workdir` (the default output, <workdir>/runs), no link between the workdir and it either."""
+        if workdir is not None:
+            check_runs_folder(workdir, output)
         if output.exists() and not output.is_dir():
             raise LauncherError(f"--output {output} is a file; give a folder (it is created when missing)")
         root = (output / name).resolve()
@@ -49,6 +53,8 @@ class RunFolder:
                 f"the run name {name!r} (config.name) would put the run at {root}, not in {output}; "
                 "use a plain folder name, and no link in its place"
             )
+        if is_link(output / name):  # a link to another folder of `output`: that run's files would be overwritten
+            raise run_link_error(output / name)
         if root.exists() and not root.is_dir():
             raise LauncherError(f"{root} is a file; the run folder must be a folder: move it or rename the run")
         installed = _installed_tree(root)
@@ -120,9 +126,15 @@ class RunFolder:
         anything) may hold only the job folder that `stop` or `save` make: anything else is the
         user's, and the rendered config and the logs would overwrite it. A link is named as one."""
         self.refuse_links()
+        if self.job_dir.exists() and not self.job_dir.is_dir():
+            raise LauncherError(f"{self.job_dir} is a file where the trainer keeps the run's job folder (its LoRA "
+                                "files, run.json): move it aside, or give --output a folder of its own")
         if not self.root.is_dir() or (self.root / LOCK_FILE).exists():
             return
         foreign = sorted(path.name for path in self.root.iterdir() if path.name != self.name)
+        if self.job_dir.is_dir():  # `stop` and `save` may have made it, with their flag files only
+            foreign += sorted(f"{self.name}/{path.name}" for path in self.job_dir.iterdir()
+                              if path.name not in (SAVE_NOW, STOP_NOW))
         if foreign:
             shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
             raise LauncherError(f"{self.root} holds files no launch wrote ({shown}); a run there would overwrite them: "
@@ -197,26 +209,53 @@ def _saved_step(path: Path, name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def check_runs_folder(workdir: Path, runs_dir: Path) -> None:
+    """No link between the workdir and its runs folder, as setup refuses one: every run would be
+    written wherever it leads."""
+    current = workdir
+    for part in runs_dir.relative_to(workdir).parts:
+        current = current / part
+        if is_link(current):
+            raise LauncherError(
+                f"{current} leads out of the workdir (to {current.resolve()}); the launcher only writes inside "
+                f"{workdir}. Replace the link by a real folder, or give --output the folder it led to")
+
+
+def run_link_error(path: Path) -> LauncherError:
+    return LauncherError(f"the run folder {path} is a link (to {path.resolve()}); the launcher writes into no run "
+                         "folder through a link: give the real folder's path, or move the run itself here")
+
+
+def _found(root: Path) -> "RunFolder":
+    if is_link(root):
+        raise run_link_error(root)
+    return RunFolder(root, _job_name(root))
+
+
 def find_run(runs_dir: Path, spec: str | None) -> RunFolder:
-    """A run folder from a path, a name under `runs_dir`, or the most recent one."""
+    """A run folder from a path, a name under `runs_dir`, or the most recent one; never through a link
+    at the run folder or at `runs_dir` (the workdir's runs folder)."""
     if spec:
         for candidate in (Path(spec), runs_dir / spec):
+            if candidate != Path(spec):
+                check_runs_folder(runs_dir.parent, runs_dir)
             if (candidate / "config.yaml").is_file():
-                return RunFolder(candidate, _job_name(candidate))
+                return _found(candidate)
             inside = sorted(p for p in candidate.glob("*") if (p / "config.yaml").is_file()) if candidate.is_dir() else []
             if len(inside) == 1:  # the folder given to `run --output`
-                return RunFolder(inside[0], _job_name(inside[0]))
+                return _found(inside[0])
             if inside:
                 raise LauncherError(f"{candidate} holds {len(inside)} runs ({', '.join(p.name for p in inside)}); "
                                     "name one of them")
         raise LauncherError(f"no run {spec!r}: give a run folder or a run name under {runs_dir}")
+    check_runs_folder(runs_dir.parent, runs_dir)
     runs = sorted(
         (p for p in runs_dir.glob("*") if (p / "config.yaml").is_file()),
         key=lambda p: (p / "config.yaml").stat().st_mtime,
     )
     if not runs:
         raise LauncherError(f"no runs in {runs_dir}; start one with `python -m launcher run PRESET`")
-    return RunFolder(runs[-1], _job_name(runs[-1]))
+    return _found(runs[-1])
 
 
 def read_run_config(root: Path) -> dict:
@@ -234,6 +273,29 @@ def read_run_config(root: Path) -> dict:
             f"outside {root}; set it back to the name of the folder beside config.yaml that holds the run's LoRA"
         )
     return data
+
+
+RUN_PROCESS = Block({
+    # what `sample` and `comfy` read of a rendered config's first process: a damaged one is named, not a traceback
+    "model": Block({"name_or_path": Text()}, extra=Anything(), required=("name_or_path",)),
+    "datasets": ListOf(Block({"folder_path": Text(), "caption_ext": Extension()}, extra=Anything(),
+                             required=("folder_path",))),
+    "sample": Nullable(Block({"width": RESOLUTION, "prompts": ListOf(Anything())}, extra=Anything())),
+    "trigger_word": Nullable(Text()),
+}, extra=Anything(), required=("model",))
+
+
+def read_run_process(root: Path) -> tuple[dict, dict]:
+    """A run folder's rendered config and its first process, checked for what `sample` and `comfy` read."""
+    data = read_run_config(root)
+    process = data["config"].get("process")
+    found = list(ListOf(Anything(), min_items=1).check(process, "config.process", Vocabulary()))
+    if not found:
+        found = list(RUN_PROCESS.check(process[0], "config.process[0]", Vocabulary()))
+    if found:
+        raise LauncherError(f"{root / 'config.yaml'}: {found[0]}; the run config was damaged: restore it from a "
+                            "backup, or write it again by resuming with the run's preset")
+    return data, process[0]
 
 
 def _job_name(root: Path) -> str:
