@@ -32,11 +32,10 @@ KINDS = {
     "notes": (1 * MIB, "a notes or version file is a few kB"),
     "image": (1024 * MIB, "the trainer opens no image larger than PIL's 179 Mpx limit"),
     "log": (256 * 1024, "only the end of a log is read"),
-    "report": (1 * MIB, "a report carries a few kB of each file"),
 }
-"""`log` and `report` are tails: larger files are read from their end, never refused."""
+"""`log` is a tail: a larger file is read from its end, never refused."""
 BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))
-TAILS = ("log", "report")
+TAILS = ("log",)
 NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # POSIX: opening a FIFO returns at once
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 BINARY = getattr(os, "O_BINARY", 0)

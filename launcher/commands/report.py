@@ -1,6 +1,7 @@
 """`report`: one zip for a bug report from a new card: doctor, self-test, timed tiny steps, recent runs."""
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -40,8 +41,11 @@ def register(subparsers) -> None:
 def run_report(args) -> int:
     workdir = Workdir(args.workdir.resolve())
     workdir.check_is_folder()
-    out = (args.out or Path(f"flux2-report-{time.strftime('%Y%m%d-%H%M%S')}.zip")).resolve()
-    if out.exists() or out.is_symlink():
+    out = (args.out or Path(f"flux2-report-{time.strftime('%Y%m%d-%H%M%S')}.zip")).absolute()  # a link stays one
+    if out.is_symlink():
+        raise LauncherError(f"{out} is a link (to {os.readlink(out)}); the report writes through no link: give "
+                            "another --out")
+    if out.exists():
         raise LauncherError(f"{out} exists; the report never overwrites a file: give another --out")
     if not out.parent.is_dir():
         raise LauncherError(f"the folder of --out {out} does not exist; create it or give another --out")

@@ -15,7 +15,7 @@ from launcher.envs.hostinfo import free_disk_gib
 from launcher.errors import LauncherError
 from launcher.patching.lock import find_target
 from launcher.trainer_rules import import_module as overlay_module
-from launcher.runs.dataset import IMAGE_SUFFIXES
+from launcher.runs.dataset import dataset_images
 from launcher.runs.validate import TRANSFORMER_FILE
 
 GIB = 2**30
@@ -53,7 +53,7 @@ def valid_quantized_cache(cache_dir: Path, checkpoint: Path, qtype: str) -> Path
 
 def _dataset_needs(dataset: dict, text_embeddings: bool) -> list[Need]:
     folder = Path(dataset["folder_path"])
-    images = [p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES] if folder.is_dir() else []
+    images = dataset_images(folder) if folder.is_dir() else []  # subfolders too, as the trainer walks them
     needs = []
     parts = []
     if dataset.get("cache_latents_to_disk"):
@@ -62,7 +62,7 @@ def _dataset_needs(dataset: dict, text_embeddings: bool) -> list[Need]:
     if text_embeddings:
         parts.append(("text-embedding cache", "_t_e_cache", TEXT_EMBEDDING_BYTES))
     for what, subfolder, per_image in parts:
-        cached = sum(1 for image in images if any((folder / subfolder).glob(f"{image.stem}_*.safetensors")))
+        cached = sum(1 for image in images if any((image.parent / subfolder).glob(f"{image.stem}_*.safetensors")))
         missing = len(images) - cached
         needs.append(Need(what, folder, missing * per_image / GIB,
                           f"{cached} of {len(images)} images cached" if cached else ""))

@@ -87,17 +87,23 @@ class Boolean(Spec):
 class Integer(Spec):
     minimum: int | None = None
     multiple_of: int | None = None
+    maximum: int | None = None
+    """What a human would still mean: a bound far above any real value, so a typo's extra digits are
+    refused here, before the disk and memory arithmetic multiplies them."""
 
     @property
     def allowed(self) -> str:
         words = "an integer" if self.minimum is None else f"an integer >= {self.minimum}"
-        return words + (f", a multiple of {self.multiple_of}" if self.multiple_of else "")
+        return (words + (f", a multiple of {self.multiple_of}" if self.multiple_of else "")
+                + (f", at most {self.maximum:,}" if self.maximum is not None else ""))
 
     def check(self, value, path, vocab):
         if isinstance(value, bool) or not isinstance(value, int):
             yield problem(path, value, "not an integer", self.allowed)
         elif self.minimum is not None and value < self.minimum:
             yield problem(path, value, "too small", self.allowed)
+        elif self.maximum is not None and value > self.maximum:
+            yield problem(path, value, "too large", self.allowed)
         elif self.multiple_of and value % self.multiple_of:
             below = value // self.multiple_of * self.multiple_of
             yield problem(path, value, f"not a multiple of {self.multiple_of} (use {below} or "
@@ -411,7 +417,14 @@ def watchdog_block() -> Block:
     return Block(keys)
 
 
-RESOLUTION = Integer(minimum=16, multiple_of=16)
+MAX_STEPS = 10_000_000
+"""Steps, save and sample cadences: a month of training at a step every quarter second."""
+MAX_RANK = 1024
+"""LoRA rank: far above the 16-128 LoRAs train at; beyond it an adapter of FLUX.2's 3072-wide Linears is
+no longer low-rank, and its checkpoints would be tens of GB each."""
+MAX_SHAPE = 65536
+"""A size in flux2_params: ten times FLUX.2 [dev]'s widest (hidden_size 6144, context_in_dim 15360)."""
+RESOLUTION = Integer(minimum=16, multiple_of=16, maximum=4096)
 QTYPE = Text(lambda v: v.qtypes)
 AUTO = "auto"
 """The launcher's own qtype: `run` turns it into a qtype from the self-test (launcher/selftest/verdict.py)
@@ -438,9 +451,10 @@ def launcher_block() -> Block:
 
 FLUX2_PARAMS = Block({
     # the trainer's Flux2Params (extensions_built_in/diffusion_models/flux2/src/model.py): the transformer's shape
-    **{name: Integer(minimum=1) for name in ("in_channels", "context_in_dim", "hidden_size", "num_heads", "depth",
-                                             "depth_single_blocks", "theta")},
-    "axes_dim": ListOf(Integer(minimum=1), min_items=1),
+    **{name: Integer(minimum=1, maximum=MAX_SHAPE) for name in ("in_channels", "context_in_dim", "hidden_size",
+                                                                "num_heads", "depth", "depth_single_blocks")},
+    "theta": Integer(minimum=1, maximum=10**9),
+    "axes_dim": ListOf(Integer(minimum=1, maximum=MAX_SHAPE), min_items=1),
     "mlp_ratio": Number(positive=True, maximum=64),
 })
 MAX_PROMPT_CHARS = 128 * 1024
@@ -453,25 +467,26 @@ MODEL_KWARGS = Block(catalogued(MODEL_KWARGS_BLOCK, {"flux2_params": FLUX2_PARAM
 
 PROCESS = Block({
     "type": Text(),
-    "training_seed": Integer(minimum=0),
+    "training_seed": Integer(minimum=0, maximum=2**32 - 1),
     "training_folder": Text(),
     "trigger_word": Nullable(Text(max_chars=MAX_TRIGGER_CHARS)),
     "network": Block({
         "type": Text(lambda v: v.network_types, fold_case=True),
-        "linear": Integer(minimum=1), "linear_alpha": Number(positive=True),
-        "conv": Integer(minimum=1), "conv_alpha": Number(positive=True),
+        "linear": Integer(minimum=1, maximum=MAX_RANK), "linear_alpha": Number(positive=True, maximum=65536),
+        "conv": Integer(minimum=1, maximum=MAX_RANK), "conv_alpha": Number(positive=True, maximum=65536),
     }, extra="network"),
-    "save": Block({"dtype": DTYPE, "save_every": Integer(minimum=1),
-                   "max_step_saves_to_keep": Integer(minimum=1)}, extra="save"),
+    "save": Block({"dtype": DTYPE, "save_every": Integer(minimum=1, maximum=MAX_STEPS),
+                   "max_step_saves_to_keep": Integer(minimum=1, maximum=1000)}, extra="save"),
     "datasets": ListOf(Block({
         "folder_path": Text(), "caption_ext": Extension(), "cache_latents_to_disk": Boolean(),
         "caption_dropout_rate": Number(minimum=0, maximum=1), "resolution": OneOrList(RESOLUTION),
-        "bucket_tolerance": Integer(minimum=1),
+        "bucket_tolerance": Integer(minimum=1, maximum=1024),
     }, extra="datasets"), min_items=1),
     "train": Block({
-        "batch_size": Integer(minimum=1), "steps": Integer(minimum=1),
-        "gradient_accumulation": Integer(minimum=1), "gradient_accumulation_steps": Integer(minimum=1),
-        "lr": Number(positive=True), "dtype": DTYPE,
+        "batch_size": Integer(minimum=1, maximum=1024), "steps": Integer(minimum=1, maximum=MAX_STEPS),
+        "gradient_accumulation": Integer(minimum=1, maximum=1024),
+        "gradient_accumulation_steps": Integer(minimum=1, maximum=1024),
+        "lr": Number(positive=True, maximum=10), "dtype": DTYPE,
         "optimizer": Text(lambda v: v.optimizers, lambda v: v.optimizer_prefixes, fold_case=True),
         **{flag: Boolean() for flag in ("train_unet", "train_text_encoder", "gradient_checkpointing",
                                         "cache_text_embeddings", "disable_sampling")},
@@ -481,7 +496,7 @@ PROCESS = Block({
         **{flag: Boolean() for flag in ("quantize", "quantize_te", "low_vram", "layer_offloading")},
         "model_kwargs": MODEL_KWARGS,
     }, extra="model"),
-    "sample": Block({"sample_every": Integer(minimum=1), "sample_steps": Integer(minimum=1),
+    "sample": Block({"sample_every": Integer(minimum=1, maximum=MAX_STEPS), "sample_steps": Integer(minimum=1, maximum=1000),
                      "width": RESOLUTION, "height": RESOLUTION,
                      "prompts": ListOf(Text(max_chars=MAX_PROMPT_CHARS))}, extra="sample"),
     "logging": Block(extra="logging"),

@@ -50,7 +50,8 @@ class Setting:
         """The concrete values: what the trainer may be handed."""
         return {
             "bool": "true or false",
-            "int": "a whole number" + (f" >= {self.minimum:g}" if self.minimum is not None else ""),
+            "int": "a whole number" + (f" >= {self.minimum:g}" if self.minimum is not None else "")
+            + (f", at most {self.maximum:,}" if self.maximum is not None else ""),
             "number": "a number" + (f" >= {self.minimum:g}" if self.minimum is not None else "")
             + (f" > {self.above:g}" if self.above is not None else "")
             + (f", at most {self.maximum:g}" if self.maximum is not None else ""),
@@ -107,7 +108,8 @@ CATALOGUE: Dict[str, Setting] = _settings(
     # walls 3-4: the text phase
     _kw("streamed_text_encoder", "bool", True, "walls 3-4: embed every prompt first, the encoder streamed layer "
         "by layer, before the transformer loads"),
-    _kw("text_phase_budget_mib", "int", 1024, "host RAM one pass of the streamed encoder may hold", minimum=1),
+    _kw("text_phase_budget_mib", "int", 1024, "host RAM one pass of the streamed encoder may hold", minimum=1,
+        maximum=4 * 2**20),
     _kw("text_embedding_cache_dir", "text", None, "the prompt embedding cache; unset: $AITK_TEXT_CACHE_DIR (`run` sets "
         "it to the workdir's), else beside the run folder"),
     # walls 1, 2, 8, 9: loading
@@ -119,7 +121,7 @@ CATALOGUE: Dict[str, Setting] = _settings(
     _kw("quantized_cache_dir", "text", None, "the quantized cache; unset: $AITK_QUANT_CACHE_DIR (`run` sets it to "
         "the workdir's), else beside the run folder"),
     _kw("cache_staging_mib", "int", 256, "host RAM of the staging buffers a cache read to the GPU uses",
-        minimum=4),
+        minimum=4, maximum=65536),
     _kw("pinned_staging", "bool", True, "pin the staging buffers (faster copies to the GPU)"),
     _kw("resident_after_te_cache", "bool", True, "wall 9: the transformer goes to the GPU once the text "
         "embeddings are cached, and stays"),
@@ -146,7 +148,7 @@ CATALOGUE: Dict[str, Setting] = _settings(
     _kw("w4a8_gemm", "choice", "triton", "int4_w4a8's GEMM: Triton, or torch._scaled_mm (FP8 on NVIDIA)",
         choices=("triton", "scaled_mm"), auto=RUN),
     _kw("int4_chunk_mib", "int", None, "MiB of weight one sliced 4-bit matmul dequantizes at a time; unset: "
-        "the qtype's own (64 int4_fused, 256 int4_w4a8)", minimum=1),
+        "the qtype's own (64 int4_fused, 256 int4_w4a8)", minimum=1, maximum=65536),
     _kw("int4_kernel", "bool", True, "false: the plain-PyTorch reference of the 4-bit Linears even on a GPU "
         "(debugging)"),
     # the launcher's own block
