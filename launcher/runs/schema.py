@@ -420,8 +420,8 @@ def watchdog_block() -> Block:
 MAX_STEPS = 10_000_000
 """Steps, save and sample cadences: a month of training at a step every quarter second."""
 MAX_RANK = 1024
-"""LoRA rank: far above the 16-128 LoRAs train at; beyond it an adapter of FLUX.2's 3072-wide Linears is
-no longer low-rank, and its checkpoints would be tens of GB each."""
+"""LoRA rank: far above the 16-128 LoRAs train at; at 1024 one LoRA of FLUX.2 [dev] is already about
+12 GB (disk_budget.LORA_PARAMS_PER_RANK, bf16)."""
 MAX_SHAPE = 65536
 """A size in flux2_params: ten times FLUX.2 [dev]'s widest (hidden_size 6144, context_in_dim 15360)."""
 RESOLUTION = Integer(minimum=16, multiple_of=16, maximum=4096)
