@@ -11,6 +11,7 @@ from launcher.commands.run import ALLOCATOR_VARIABLES as SET_BY_RUN
 from launcher.commands.run import EXPANDABLE
 from launcher.envs.hostinfo import free_disk_gib, memory_gib
 from launcher.envs.probe import probe_with
+from launcher.envs.rocm_windows_toolchain import ENV_FILE, INTEGRATED_ARCHS, Host, doctor_facts
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, venv_python
 from launcher.selftest.verdict import load_result, staleness, summary_line
 
@@ -57,6 +58,8 @@ def collect(workdir: Workdir) -> dict:
         "free_disk_gib": free_disk_gib(workdir.root),
         "selftest": selftest_state(workdir),
     }
+    if torch_info.get("hip") and report["platform"]["system"] == "Windows":
+        report["rocm_windows"] = doctor_facts(workdir.venv, Host.this())
     report["warnings"] = known_problems(report)
     return report
 
@@ -93,6 +96,7 @@ def known_problems(report: dict) -> list[str]:
             "`run` sets it for wall 7, so set `launcher: {allocator: default}` in the preset or use another ROCm release"
             + (" (it is set in this shell now)" if "expandable_segments:True" in allocator else "")
         )
+    problems += rocm_windows_problems(report)
     if report["torch"].get("torch") and not report["torch"].get("gpu_available"):
         problems.append("torch sees no GPU: training will run on the CPU (only the tiny preset is meant for that)")
     if report["selftest"]["stale"]:
@@ -109,6 +113,35 @@ def known_problems(report: dict) -> list[str]:
             "RAM + swap/pagefile is under 48 GiB: loading the 24B text encoder may run out of host memory; "
             "grow the pagefile/swap"
         )
+    return problems
+
+
+def rocm_windows_problems(report: dict) -> list[str]:
+    """One line per Windows ROCm pitfall of Triton (docs/amd.md), each with its fix."""
+    facts = report.get("rocm_windows")
+    if not facts:
+        return []
+    problems = []
+    if not facts["build_tools"][0]:
+        problems.append(facts["build_tools"][1])
+    if not facts["stored_env"]:
+        problems.append(f"no {ENV_FILE} in the trainer venv: Triton gets no ROCM_HOME, clang-cl or GPU pick; "
+                        "run `python -m launcher setup` again")
+    elif facts["missing_folders"]:
+        problems.append(f"the stored ROCm toolchain names folders that are gone ({', '.join(facts['missing_folders'])}); "
+                        "run `python -m launcher setup` again")
+    if facts["startup_triton"]:
+        problems.append(f"{', '.join(facts['startup_triton'])} imports triton at every Python start, before torch "
+                        "(TheRock's ROCm then fails to load torch's HIP DLLs, triton-windows#35): remove that line")
+    integrated = [gpu for gpu in report["torch"].get("gpus") or [] if str(gpu.get("arch", "")).split(":")[0]
+                  in INTEGRATED_ARCHS]
+    if integrated:
+        how = (f"{', '.join(f'{k}={v}' for k, v in facts['user_devices'].items())} in this shell still shows it: "
+               "set it to the discrete card's index" if facts["user_devices"]
+               else "run `python -m launcher setup` again (it sets HIP_VISIBLE_DEVICES) or set HIP_VISIBLE_DEVICES "
+                    "to the discrete card's index")
+        problems.append(f"the integrated GPU {integrated[0]['name']} is visible to the trainer (its kernels fail "
+                        f"with hipErrorInvalidImage when it is device 0, ROCm/TheRock#5543): {how}")
     return problems
 
 

@@ -19,6 +19,7 @@ import yaml
 from launcher import __version__
 from launcher.atomic import write_text_atomic
 from launcher.envs.probe import probe_with
+from launcher.envs.rocm_windows_toolchain import trainer_env as toolchain_env
 from launcher.envs.torchenv import NO_BYTECODE, clean_env
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, read_state, venv_python
 from launcher.errors import LauncherError
@@ -287,8 +288,9 @@ def launch_env(run: RunFolder, workdir: Workdir, profile_steps: int | None) -> d
 
 
 def env_changes(preset: Preset, run: RunFolder, workdir: Workdir, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """What `run` adds to the trainer's environment: allocator (wall 7), telemetry, `extra` (Triton's
-    and Inductor's caches, the profiler), and last the preset's own env."""
+    """What `run` adds to the trainer's environment: allocator (wall 7), telemetry, the ROCm toolchain
+    setup stored for Windows (CC, ROCM_HOME, PATH, the GPU pick), `extra` (Triton's and Inductor's
+    caches, the profiler), and last the preset's own env."""
     changes = {
         files.ENV_TELEMETRY: str(run.trainer_telemetry),
         files.ENV_TELEMETRY_INTERVAL: str(preset.telemetry["interval_s"]),
@@ -300,7 +302,7 @@ def env_changes(preset: Preset, run: RunFolder, workdir: Workdir, extra: dict[st
     }
     if preset.allocator == "expandable_segments":
         changes.update(dict.fromkeys(ALLOCATOR_VARIABLES, EXPANDABLE))
-    return {**changes, **(extra or {}), **preset.env}
+    return {**changes, **toolchain_env(workdir.venv), **(extra or {}), **preset.env}
 
 
 def trainer_env(preset: Preset, run: RunFolder, workdir: Workdir, extra: dict[str, str] | None = None) -> dict[str, str]:

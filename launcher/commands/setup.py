@@ -3,7 +3,9 @@
 import argparse
 from pathlib import Path
 
+from launcher.envs import rocm_windows_install
 from launcher.envs.install import install
+from launcher.envs.rocm_windows_toolchain import Host, applies, require_build_tools
 from launcher.envs.amdgpu import TARGET_CHOICES
 from launcher.envs.torchenv import CHANNEL_CHOICES, default_python, install_plan, resolve_channel
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, read_state
@@ -37,13 +39,16 @@ def register(subparsers) -> None:
                              "(default: read from the display adapter name)")
     parser.add_argument("--no-install", action="store_true", help="only the checkout, no venv")
     parser.add_argument("--dry-run", action="store_true",
-                        help="print the torch pins, index and Triton pin that would be installed; change nothing")
+                        help="print the torch pins, index, Triton pin and (rocm-windows) the ROCm SDK wheels, "
+                             "toolchain verdict and GPU pick; change nothing")
     parser.set_defaults(handler=run_setup)
 
 
 def run_setup(args) -> int:
     if args.dry_run:
-        print(install_plan(resolve_channel(args.torch_channel, args.amd_arch)), end="", flush=True)
+        channel = resolve_channel(args.torch_channel, args.amd_arch)
+        lines = rocm_windows_install.plan_lines(channel, Host.this())
+        print(install_plan(channel) + "".join(f"{line}\n" for line in lines), end="", flush=True)
         return 0
     gitops.require_git()
     workdir = Workdir(args.workdir.resolve())
@@ -57,6 +62,7 @@ def run_setup(args) -> int:
             "Use another --workdir for this target."
         )
     channel = None if args.no_install else resolve_channel(args.torch_channel, args.amd_arch)
+    check_toolchain(channel, Host.this())
     if _has_checkout(workdir):
         drift = checkout.problems(workdir.trainer, target, patches)
         if drift:
@@ -80,6 +86,12 @@ def run_setup(args) -> int:
     if channel is not None:
         install(workdir, channel, args.python or default_python(), target.requirements)
     return 0
+
+
+def check_toolchain(channel, host: Host) -> None:
+    """Windows ROCm: refuse before anything is downloaded when Triton's clang-cl would find no C headers."""
+    if channel is not None and applies(channel) and host.system == "Windows":
+        say(require_build_tools(host))
 
 
 def _has_checkout(workdir: Workdir) -> bool:

@@ -10,6 +10,8 @@ import platform
 import re
 import subprocess
 
+from launcher.errors import LauncherError
+
 FAMILIES = {
     "gfx1100": "gfx110X", "gfx1101": "gfx110X", "gfx1102": "gfx110X",
     "gfx1200": "gfx120X", "gfx1201": "gfx120X",
@@ -38,12 +40,18 @@ def target_of(name: str) -> str | None:
 
 def pick_target(choice: str, names: list[str]) -> tuple[str, str]:
     """The target to install kernels for and the reason; `choice` is a target or "auto"."""
+    known = {name: target_of(name) for name in names if target_of(name)}
     if choice != "auto":
+        if known and choice not in known.values():
+            cards = ", ".join(f"{name} is {target}" for name, target in known.items())
+            raise LauncherError(f"--amd-arch {choice} matches no AMD card of this machine ({cards}): its kernels would "
+                                f"fail with hipErrorInvalidImage; use --amd-arch {next(iter(known.values()))} or leave it auto")
         return choice, f"{FAMILIES[choice]}, set with --amd-arch"
-    for name in names:
-        target = target_of(name)
-        if target:
-            return target, f"{name} is {target} ({FAMILIES[target]})"
+    if known:
+        name, target = next(iter(known.items()))
+        others = [f"{other} ({t})" for other, t in known.items() if t != target]
+        second = (f"; {', '.join(others)} gets no kernels (set --amd-arch to train on it instead)" if others else "")
+        return target, f"{name} is {target} ({FAMILIES[target]}){second}"
     seen = ", ".join(names) if names else "no display adapter names"
     return DEFAULT_TARGET, (
         f"no RX 7000/9000 card recognised ({seen}): choosing {DEFAULT_TARGET} (RX 7900 XTX kernels); "

@@ -6,6 +6,8 @@ import subprocess
 from pathlib import Path
 
 from launcher.atomic import write_text_atomic
+from launcher.envs import rocm_windows_install
+from launcher.envs.rocm_windows_toolchain import sdk_install_args
 from launcher.envs.torchenv import (
     TRIO,
     Channel,
@@ -83,8 +85,9 @@ def install(workdir: Workdir, channel: Channel, base_python: Path, requirements_
                 f"{', '.join(missing)}; install them there or pick another channel"
             )
     else:
+        rocm_windows_install.check_before_download(python, channel)
         with step(f"installing torch, torchvision, torchaudio ({channel.name}: {channel.note})"):
-            _pip(python, ["install", *trio_install_args(channel)], unserved=channel)
+            _pip(python, ["install", *trio_install_args(channel), *sdk_install_args(channel)], unserved=channel)
         if channel.triton:
             with step(f"installing {', '.join(triton_install_args(channel))}"):
                 _pip(python, ["install", *triton_install_args(channel)])
@@ -98,10 +101,12 @@ def install(workdir: Workdir, channel: Channel, base_python: Path, requirements_
     after = installed_versions(python, tuple(versions))
     if after != versions:
         raise LauncherError(f"pip changed the held packages from {versions} to {after}; report this with the log")
+    rocm_windows_install.finish_install(workdir.venv, python, channel)
     write_text_atomic(workdir.venv / MARKER, json.dumps(spec, indent=2) + "\n")
 
 
 TRITON_AMD_PROBE = (
+    "import torch  # first: TheRock's ROCm fails when triton loads before torch (triton-windows#35)\n"
     "from triton.backends import backends\n"
     "assert 'amd' in backends, f'no amd backend among {sorted(backends)}'\n"
     "assert backends['amd'].driver.is_active(), 'the amd driver is not active (torch.version.hip unset)'\n"

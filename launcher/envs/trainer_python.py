@@ -10,6 +10,7 @@ installing it.
 import subprocess
 from pathlib import Path
 
+from launcher.envs.rocm_windows_toolchain import trainer_env as toolchain_env
 from launcher.envs.torchenv import NO_BYTECODE, clean_env
 
 LAUNCHER_ROOT = Path(__file__).resolve().parents[2]
@@ -22,19 +23,21 @@ def module_command(python: Path, module: str, *args: str) -> list[str]:
     return [str(python), "-m", f"launcher.in_trainer.{module}", *args]
 
 
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    return {**clean_env(), **(extra or {}), "PYTHONPATH": str(LAUNCHER_ROOT), **NO_BYTECODE}
+def child_env(extra: dict[str, str] | None = None, python: Path | None = None) -> dict[str, str]:
+    """`python`'s venv adds the ROCm toolchain setup stored there (Windows ROCm; nothing elsewhere)."""
+    toolchain = toolchain_env(python.parent.parent) if python else {}
+    return {**clean_env(), **toolchain, **(extra or {}), "PYTHONPATH": str(LAUNCHER_ROOT), **NO_BYTECODE}
 
 
 def run_module(python: Path, module: str, *args: str, capture: bool = False,
                timeout: float | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run an in-trainer module to completion; its output is captured as text when asked; `env` adds variables."""
-    return subprocess.run(module_command(python, module, *args), cwd=LAUNCHER_ROOT, env=child_env(env),
+    return subprocess.run(module_command(python, module, *args), cwd=LAUNCHER_ROOT, env=child_env(env, python),
                           capture_output=capture, text=capture or None, timeout=timeout)
 
 
 def start_module(python: Path, module: str, *args: str, env: dict[str, str] | None = None,
                  **popen_kwargs) -> subprocess.Popen:
     """Start an in-trainer module and return at once (the watchdog's bursts); `env` adds variables."""
-    return subprocess.Popen(module_command(python, module, *args), cwd=LAUNCHER_ROOT, env=child_env(env),
+    return subprocess.Popen(module_command(python, module, *args), cwd=LAUNCHER_ROOT, env=child_env(env, python),
                             **popen_kwargs)
