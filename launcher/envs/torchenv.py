@@ -50,6 +50,12 @@ CHANNELS = {
     # per `[device-gfxNNNN]` extra; Windows gets torch 2.13 only there. See the AMD docs "Install
     # PyTorch" (ai-ecosystem), rocm-ver 10.0.0. Triton 3.7 is the Triton of torch 2.13 (triton-windows'
     # PyTorch/Triton table); 3.7.1.post27 ships the AMD backend.
+    # ROCm 10.0.0, not 10.1.0: on Windows, 10.1 builds returned hipErrorInvalidValue and zero SDPA
+    # output from AOTriton where 7.15 worked (ROCm/aotriton#210, 2026-08), and no public report of
+    # triton-windows 3.7 on 10.1 was found; torch stays 2.13 (triton-windows' table: 2.13 -> 3.7).
+    # 10.0.0's open kernel-launch crash is reported on gfx1200 (ROCm/TheRock#7727), not on gfx1100.
+    # Revisit with the first 7900 XTX report. The SDK wheels follow this pin
+    # (rocm[libraries,devel]==10.0.0, launcher/envs/rocm_windows_toolchain.py).
     "rocm-windows": Channel(
         "rocm-windows",
         {"torch": "2.13.0+rocm10.0.0", "torchvision": "0.28.0+rocm10.0.0", "torchaudio": "2.11.0.2+rocm10.0.0"},
