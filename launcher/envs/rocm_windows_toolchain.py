@@ -192,7 +192,7 @@ def check_sdk_served(python: Path, channel, run: Callable[[list[str]], tuple[int
             raise LauncherError(
                 f"{channel.index_url} serves no {package} {version} for this Python (found: {listed.strip() or 'none'}); "
                 f"Triton's AMD backend needs rocm[{SDK_EXTRAS}]=={version}, the ROCm of torch {channel.versions['torch']}. "
-                "Nothing was installed; try again later or use a Python the index serves (3.11-3.13)"
+                "Nothing was installed; try again later or use a Python version the index serves"
             )
 
 
