@@ -126,6 +126,13 @@ def _plain_file(path: Path) -> bool:
     return not is_link(path) and path.is_file()
 
 
+def with_plain_telemetry(runs: list[RunFolder]) -> list[RunFolder]:
+    """The runs whose trainer telemetry is missing or a plain file: the step prediction reads it with
+    its own reader, which a FIFO or a link planted there would block or lead elsewhere."""
+    return [run for run in runs if not (run.trainer_telemetry.exists() or is_link(run.trainer_telemetry))
+            or _plain_file(run.trainer_telemetry)]
+
+
 def add_run(bundle: Bundle, run: RunFolder, label: str) -> None:
     """A run's metadata, config, the last lines of its log and telemetry, its watchdog events."""
     within = run.root.parent

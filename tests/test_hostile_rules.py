@@ -335,3 +335,29 @@ def test_the_reader_follows_no_link_below_its_folder(tmp_path):
     assert read_text(tmp_path / "run" / "linked.txt", "caption") == "text"
     with pytest.raises(LauncherError, match="linked.txt is a link; the launcher follows no link here"):
         read_text(tmp_path / "run" / "linked.txt", "caption", within=tmp_path)
+
+
+# -- found by tests/test_fuzz_rules.py ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["stop", "save"])
+def test_stop_and_save_name_a_file_where_the_job_folder_goes(fake_run, capsys, command):  # noqa: F811
+    workdir, root = fake_run
+    job = root / NAME
+    for path in sorted(job.iterdir()):
+        path.unlink()
+    job.rmdir()
+    job.write_text("a user's file")
+    assert main([command, str(root), "--workdir", str(workdir)]) == 2
+    assert f"{job} is a file where the trainer keeps the run's job folder" in error_line(capsys)
+    assert job.read_text() == "a user's file"
+
+
+@posix
+def test_report_does_not_block_on_a_fifo_at_the_trainer_telemetry(tmp_path):
+    root = a_run(tmp_path / "wd" / "runs", "piped")
+    os.mkfifo(root / "trainer-telemetry.jsonl")
+    os.mkfifo(root / "telemetry.jsonl")
+    assert report(tmp_path / "wd", tmp_path / "out.zip") == 0
+    manifest = read_zip(tmp_path / "out.zip")["MANIFEST.txt"].decode()
+    assert "left out: runs/0-piped/telemetry.jsonl.tail: is a FIFO (named pipe), not a regular file" in manifest

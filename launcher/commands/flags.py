@@ -37,6 +37,7 @@ def write_flag(args, flag: str) -> int:
     run = find_run(Workdir(args.workdir.resolve()).runs, args.run)
     path = run.flag(flag)
     refuse_links(run.root, path.parent)  # a linked job folder: mkdir would follow it
+    run.refuse_job_file()
     path.parent.mkdir(exist_ok=True)
     touch(run.root, path)
     say(f"wrote {path}; the trainer acts on it at its next step (see {run.log})")

@@ -121,14 +121,18 @@ class RunFolder:
                      self.watchdog_events, self.comfyui, self.samples, self.root / PROFILE_DIR, self.metadata):
             refuse_links(self.root, path)
 
+    def refuse_job_file(self) -> None:
+        """A file where the job folder goes: nothing may be written beside it or into it."""
+        if self.job_dir.exists() and not self.job_dir.is_dir():
+            raise LauncherError(f"{self.job_dir} is a file where the trainer keeps the run's job folder (its LoRA "
+                                "files, run.json): move it aside, or give --output a folder of its own")
+
     def refuse_foreign(self) -> None:
         """A folder no launch has run in (it has no run.lock, which a launch makes before it writes
         anything) may hold only the job folder that `stop` or `save` make: anything else is the
         user's, and the rendered config and the logs would overwrite it. A link is named as one."""
         self.refuse_links()
-        if self.job_dir.exists() and not self.job_dir.is_dir():
-            raise LauncherError(f"{self.job_dir} is a file where the trainer keeps the run's job folder (its LoRA "
-                                "files, run.json): move it aside, or give --output a folder of its own")
+        self.refuse_job_file()
         if not self.root.is_dir() or (self.root / LOCK_FILE).exists():
             return
         foreign = sorted(path.name for path in self.root.iterdir() if path.name != self.name)
