@@ -9,6 +9,7 @@ from pathlib import Path
 from launcher.errors import LauncherError
 from launcher.nofollow import create_new
 from launcher.progress import warn
+from launcher.user_files import UserFileError, read_text
 
 MODEL_FOLDERS = {
     # the folder a template names -> the folders ComfyUI searches for it (the older names too)
@@ -46,8 +47,8 @@ def version_note(folder: Path) -> str | None:
     """A warning when the ComfyUI folder's comfyui_version.py says a release too old for the template."""
     wanted = ".".join(map(str, MIN_VERSION))
     try:
-        found = VERSION_LINE.search((folder / "comfyui_version.py").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError):
+        found = VERSION_LINE.search(read_text(folder / "comfyui_version.py", "notes"))
+    except UserFileError:  # missing, not a plain file, not UTF-8: said below
         found = None
     if found is None:
         return (f"cannot tell the ComfyUI version ({folder / 'comfyui_version.py'} is missing or unreadable); the "

@@ -36,6 +36,7 @@ from launcher.runs.schema import Vocabulary, short
 from launcher.runs.telemetry import TelemetryRecorder
 from launcher.runs.vocabulary import read_vocabulary
 from launcher.selftest.verdict import load_result, summary_line
+from launcher.user_files import read_text
 from launcher.watchdog.loop import watch_run
 from launcher.watchdog.policy import load_config
 
@@ -337,8 +338,8 @@ def write_metadata(run: RunFolder, preset: Preset, workdir: Workdir, python: Pat
 
 def previous_resume_changes(run: RunFolder) -> list:
     try:
-        earlier = json.loads(run.metadata.read_text(encoding="utf-8")).get("resume_changes")
-    except (OSError, ValueError, AttributeError):
+        earlier = json.loads(read_text(run.metadata, "metadata")).get("resume_changes")
+    except (LauncherError, ValueError, AttributeError):  # missing, not a plain file, damaged: none kept
         return []
     return earlier if isinstance(earlier, list) else []
 
