@@ -8,7 +8,7 @@ stop, save, sample, comfy, report), and for every draw:
   memory bound (a caption linked to /dev/zero or a string alias bomb would break both);
 - no private text (the user's name in any case, a file behind a link) reaches a report.
 
-Seeded (derandomized), FUZZ_EXAMPLES draws per property (default 12, which keeps the whole file
+Seeded (derandomized), FUZZ_EXAMPLES draws per property (default 40, which keeps the whole file
 within a minute on two busy cores); FUZZ_EXAMPLES=500 for a longer search. A failure found here
 becomes a named test in tests/test_hostile_rules.py.
 """
@@ -38,7 +38,7 @@ from launcher.runs.presets import PRESETS_DIR
 
 pytestmark = pytest.mark.skipif(os.name == "nt", reason="links, FIFOs and alarms as a POSIX user makes them")
 
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "40"))
 FUZZ = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 SECONDS_PER_COMMAND = 60
