@@ -26,7 +26,6 @@ MIB = 2**20
 KINDS = {
     # kind: (the most bytes read, what such a file is, in words)
     "preset": (1 * MIB, "a preset or run config is a few kB"),
-    "config": (1 * MIB, "a preset or run config is a few kB"),
     "metadata": (1 * MIB, "a run's run.json is a few kB"),
     "caption": (1 * MIB, "a caption is a few hundred bytes"),
     "notes": (1 * MIB, "a notes or version file is a few kB"),
