@@ -293,9 +293,7 @@ def read_run_process(root: Path) -> tuple[dict, dict]:
     """A run folder's rendered config and its first process, checked for what `sample` and `comfy` read."""
     data = read_run_config(root)
     process = data["config"].get("process")
-    found = list(ListOf(Anything(), min_items=1).check(process, "config.process", Vocabulary()))
-    if not found:
-        found = list(RUN_PROCESS.check(process[0], "config.process[0]", Vocabulary()))
+    found = list(ListOf(RUN_PROCESS, min_items=1).check(process, "config.process", Vocabulary()))
     if found:
         raise LauncherError(f"{root / 'config.yaml'}: {found[0]}; the run config was damaged: restore it from a "
                             "backup, or write it again by resuming with the run's preset")
