@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 from launcher.atomic import write_text_atomic
-from launcher.envs import rocm_windows_install
+from launcher.envs import requirement_overrides, rocm_windows_install
 from launcher.envs.rocm_windows_toolchain import sdk_install_args
 from launcher.envs.torchenv import (
     TRIO,
@@ -37,6 +37,8 @@ def install_spec(channel: Channel, requirements: Path) -> dict:
         "device": channel.device,
         "triton": channel.triton,
         "requirements_sha256": digest.hexdigest(),
+        # only where a channel has overrides, so the markers of the venvs of other channels stay valid
+        **({"requirement_overrides": channel.requirement_overrides} if channel.requirement_overrides else {}),
     }
 
 
@@ -96,6 +98,11 @@ def install(workdir: Workdir, channel: Channel, base_python: Path, requirements_
     constraints = workdir.root / "constraints.txt"
     write_text_atomic(constraints, constraints_text(versions))
     say(f"holding {', '.join(f'{k} {v}' for k, v in sorted(versions.items()))} with {constraints}")
+    if channel.requirement_overrides:
+        requirements = requirement_overrides.write_adjusted(
+            requirements, channel.requirement_overrides, workdir.root / f"requirements-{channel.name}.txt")
+        say(f"{requirements}: the trainer's requirements with {channel.name}'s overrides "
+            + ", ".join(f"{k}=={v}" for k, v in sorted(channel.requirement_overrides.items())))
     with step(f"installing the trainer's requirements from {requirements}"):
         _pip(python, ["install", "-r", str(requirements), "-c", str(constraints)])
     after = installed_versions(python, tuple(versions))

@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from launcher.envs import requirement_overrides
 from launcher.envs.amdgpu import pick_target, windows_adapter_names
 from launcher.errors import LauncherError
 from launcher.progress import say
@@ -31,6 +32,8 @@ class Channel:
     note: str
     triton: dict[str, str] = field(default_factory=dict)  # package -> exact version, from PyPI after the trio
     device: str | None = None  # AMD multi-arch wheels: the gfx target whose kernels torch/torchvision pull in
+    # package -> exact version that replaces the trainer requirements' own pin (requirement_overrides.py)
+    requirement_overrides: dict[str, str] = field(default_factory=dict)
 
 
 CHANNELS = {
@@ -62,6 +65,17 @@ CHANNELS = {
         "https://stable.repo.amd.com/rocm/whl-next/",
         "AMD's stable multi-arch ROCm 10.0.0 wheels for RX 7000 (gfx110X) and RX 9000 (gfx120X)",
         triton={"triton-windows": "3.7.1.post27"},
+        requirement_overrides={
+            # torch 2.13.0 requires setuptools>=77.0.3: the fork's setuptools==69.5.1 makes pip's
+            # resolution impossible. 80.9.0 keeps pkg_resources (removed in 82.0.0), which clip
+            # (`from pkg_resources import packaging`) and pytorch_wavelets still import.
+            "setuptools": "80.9.0",
+            # 0.2.4 builds its CUDA extension wherever torch.cuda.is_available() (ROCm too: a hipcc JIT
+            # build retried on every qint2/qint4 unpack, then the Python fallback) and reads
+            # torch.version.cuda (None on ROCm) for bf16 qint4 weights; 0.2.7 builds it on Linux only
+            # (huggingface/optimum-quanto#365) and checks torch.version.cuda first. docs/testing.md.
+            "optimum-quanto": "0.2.7",
+        },
     ),
     "cpu": Channel(
         "cpu",
@@ -135,6 +149,8 @@ def install_plan(channel: Channel) -> str:
     lines.append("pip install " + " ".join(trio_install_args(channel)))
     if channel.triton:
         lines.append("pip install " + " ".join(triton_install_args(channel)) + "   (PyPI)")
+    if channel.requirement_overrides:
+        lines.append(requirement_overrides.plan_line(channel.requirement_overrides))
     if channel.versions:
         pins = constraints_text({**channel.versions, **channel.triton}).splitlines()[1:]
         lines.append("constraints: " + ", ".join(pins))
