@@ -13,7 +13,7 @@ from launcher.envs.hostinfo import free_disk_gib, memory_gib
 from launcher.envs.probe import probe_with
 from launcher.envs.rocm_windows_toolchain import ENV_FILE, INTEGRATED_ARCHS, Host, doctor_facts
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, venv_python
-from launcher.selftest.verdict import load_result, staleness, summary_line
+from launcher.selftest.verdict import load_result, rocm_runtime, staleness, summary_line
 
 ALLOCATOR_VARIABLES = ("PYTORCH_HIP_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 # HIP runtimes on which Tensor.to() hangs in hsaKmtMemoryVaMap with expandable segments
@@ -68,7 +68,7 @@ def selftest_state(workdir: Workdir) -> dict:
     """The stored self-test in one line, and whether it still describes this workdir."""
     result = load_result(workdir)
     return {"summary": summary_line(result), "stale": staleness(result, workdir) if result else None,
-            "fastest": (result or {}).get("fastest")}
+            "fastest": (result or {}).get("fastest"), **rocm_runtime(result)}
 
 
 def probe_torch(workdir: Workdir) -> dict:
@@ -102,6 +102,9 @@ def known_problems(report: dict) -> list[str]:
     if report["selftest"]["stale"]:
         problems.append(f"selftest.json is stale ({report['selftest']['stale']}): `qtype: auto` presets train on "
                         "uint4 until `python -m launcher selftest` runs again")
+    if report["selftest"].get("convolution_failed"):
+        problems.append("the self-test's VAE-sized convolution failed in MIOpen/cuDNN (ROCm/ROCm#5941 on Windows): "
+                        "the first launch's VAE encode retries without it, slower, and says so in one line")
     if report["free_disk_gib"] < MIN_FREE_DISK_GIB:
         problems.append(
             f"only {report['free_disk_gib']} GiB free at {report['workdir']}; a full FLUX.2 run needs about "
@@ -169,5 +172,9 @@ def print_report(report: dict) -> None:
                  f"{memory['swap_total']} GiB swap/pagefile")
     lines.append(f"free disk       {report['free_disk_gib']} GiB")
     lines.append(f"selftest        {report['selftest']['summary']}")
+    if report["selftest"].get("blas"):
+        lines.append(f"  rocm_blas     {report['selftest']['blas']}")
+    if report["selftest"].get("convolution"):
+        lines.append(f"  VAE conv      {report['selftest']['convolution']}")
     lines += [f"warning         {problem}" for problem in report["warnings"]] or ["warnings        none"]
     print("\n".join(lines), flush=True)

@@ -1,6 +1,6 @@
 """What `python -m launcher selftest` prints: one section per part of the report (machine, kernels,
-quality gate, tiny steps, timings, sampling, streaming, compiled blocks) and the verdict `qtype: auto`
-follows."""
+quality gate, tiny steps, timings, BLAS library, VAE convolution, sampling, streaming, compiled blocks)
+and the verdict `qtype: auto` follows."""
 
 from pathlib import Path
 
@@ -25,6 +25,8 @@ def format_report(report: dict, path: Path) -> list[str]:
                  "   model_kwargs w4a8_activations still uses it)")
     lines += training_lines(report, on_gpu=env.get("gpu") is not None)
     lines += timing_lines(report)
+    lines += blas_lines(report.get("blas"))
+    lines += convolution_lines(report.get("convolution"))
     lines += sampling_lines(report)
     lines += streaming_lines(report.get("streaming"))
     lines += compile_lines(report.get("compile"))
@@ -58,6 +60,29 @@ def training_lines(report: dict, on_gpu: bool) -> list[str]:
         detail = f"loss {losses[0]:.4f} -> {losses[-1]:.4f}" if losses else row.get("error", "")
         lines.append(f"  {row['candidate']:<34} {'pass' if row['passed'] else 'FAIL'}  {detail}")
     return lines
+
+
+def blas_lines(check: dict | None) -> list[str]:
+    lines = ["", "BLAS library of the bf16 GEMMs (ROCm: hipBLAS against hipBLASLt; `rocm_blas: auto` follows)"]
+    if not check:
+        return lines + ["  not run by this self-test"]
+    if not check.get("ran"):
+        return lines + [f"  not timed: {check.get('reason')}"]
+    for name, ms in (check.get("step_ms") or {}).items():
+        lines.append(f"  {name:<34} " + (f"{ms:8.1f} ms per step" if ms else (check.get("notes") or {}).get(name, "")))
+    return lines + [f"  chosen: {check.get('library')} ({check.get('reason')})"]
+
+
+def convolution_lines(check: dict | None) -> list[str]:
+    lines = ["", "a VAE-sized convolution (128 channels, 512x512, bf16) through MIOpen / cuDNN"]
+    if not check:
+        return lines + ["  not run by this self-test"]
+    if not check.get("ran"):
+        return lines + [f"  not run: {check.get('reason')}"]
+    if check.get("passed"):
+        return lines + [f"  pass  {check['library']}, {check['seconds']} s, difference {check['max_relative_difference']:.1e}"]
+    return lines + [f"  FAIL  {check.get('error')}",
+                    "  the first launch's VAE encode then retries without it, slower, and says so (docs/selftest.md)"]
 
 
 def sampling_lines(report: dict) -> list[str]:

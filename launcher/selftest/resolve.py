@@ -1,10 +1,10 @@
 """Every setting of a rendered config resolved once, before the trainer starts.
 
 `run` turns each `auto` into a value (the qtype and its kernel, the stream mode, compiling the
-blocks, in-training sampling: launcher/selftest/verdict.py decides them from the self-test), then
-writes every model_kwargs setting of the catalogue (overlay/toolkit/settings.py) as a concrete
-value into the run's config.yaml. The trainer reads them back through the same catalogue, never
-an `auto` and never an environment variable.
+blocks, the ROCm BLAS library, in-training sampling: launcher/selftest/verdict.py decides them
+from the self-test), then writes every model_kwargs setting of the catalogue
+(overlay/toolkit/settings.py) as a concrete value into the run's config.yaml. The trainer reads
+them back through the same catalogue, never an `auto` and never an environment variable.
 """
 
 from launcher import trainer_rules
@@ -15,7 +15,8 @@ from launcher.selftest import verdict
 def resolve_all(config: dict, workdir: Workdir, sampling: str) -> list[str]:
     """Resolve the rendered config in place; returns the lines `run` prints about each choice."""
     lines = [*verdict.resolve_config(config, workdir), verdict.resolve_sampling(config, workdir, sampling),
-             verdict.resolve_stream_mode(config, workdir), verdict.resolve_compile_blocks(config, workdir)]
+             verdict.resolve_stream_mode(config, workdir), verdict.resolve_compile_blocks(config, workdir),
+             verdict.resolve_rocm_blas(config, workdir)]
     for process in config["config"]["process"]:
         model = process.get("model") or {}
         model["model_kwargs"] = concrete(model.get("model_kwargs") or {})

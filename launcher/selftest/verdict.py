@@ -1,6 +1,7 @@
 """The self-test's result in the workdir, and what it decides: the qtype behind `qtype: auto` and
 its kernel, the stream mode behind `model_kwargs: {stream_mode: auto}` of a memory plan, whether
-`model_kwargs: {compile_blocks: auto}` compiles the transformer blocks, and in-training sampling.
+`model_kwargs: {compile_blocks: auto}` compiles the transformer blocks, the ROCm BLAS library behind
+`model_kwargs: {rocm_blas: auto}`, and in-training sampling.
 
 `python -m launcher selftest` writes `<workdir>/selftest.json` (written by
 `launcher.in_trainer.selftest.runner` under the trainer's interpreter, stamped here with the trainer
@@ -27,6 +28,7 @@ HOW_TO_TEST = "`python -m launcher selftest` (a few minutes) tests the 4-bit ker
 FALLBACK_COST = "uint4 steps 1.73x the int4_fused time, 2.04x bf16 (H200, full width; bench/RESULTS.md)"
 REFERENCE_COST = "the plain-PyTorch path steps 1.92x int4_fused's Triton time (H200, full width; bench/RESULTS.md)"
 SERIALIZED, OVERLAPPED = "serialized", "overlapped"
+ROCM_BLAS_DEFAULT = "default"
 KERNEL_KEYS = ("w4a8_activations", "w4a8_gemm")
 """The model_kwargs that pick int4_w4a8's kernel: `run` gives them values from the self-test."""
 
@@ -230,6 +232,33 @@ def resolve_compile_blocks(config: dict, workdir: Workdir) -> str | None:
     return line
 
 
+def blas_from(result: dict) -> tuple[str, str]:
+    """(library, why) for `rocm_blas: auto`: the faster of hipBLAS and hipBLASLt where the self-test
+    timed both on this ROCm GPU, else `default` (PyTorch's own pick; on NVIDIA and the CPU the
+    setting changes nothing)."""
+    check = result.get("blas") or {}
+    if not check.get("ran"):
+        return ROCM_BLAS_DEFAULT, f"{check.get('reason') or 'not timed by this self-test'} ({tested_on(result)})"
+    return check.get("library") or ROCM_BLAS_DEFAULT, f"{check.get('reason')} ({tested_on(result)})"
+
+
+def resolve_rocm_blas(config: dict, workdir: Workdir) -> str | None:
+    """`rocm_blas: auto` (or unset) of every process -> hipblas, hipblaslt or default, in place;
+    returns the line `run` prints where the self-test ran on a ROCm GPU (elsewhere it says nothing:
+    the setting changes nothing there)."""
+    line = None
+    for process in config["config"]["process"]:
+        kwargs = (process.get("model") or {}).get("model_kwargs")
+        if kwargs is None or kwargs.get("rocm_blas", AUTO) != AUTO:
+            continue
+        result, unusable = usable_result(workdir)
+        library, why = blas_from(result) if result is not None else (ROCM_BLAS_DEFAULT, unusable)
+        kwargs["rocm_blas"] = library
+        if result is not None and (result.get("environment") or {}).get("hip"):
+            line = f"rocm_blas auto -> {library}: {why}"
+    return line
+
+
 def resolve_sampling(config: dict, workdir: Workdir, setting: str) -> str | None:
     """In-training sampling (wall 6) stays on only where the self-test's sampling check passed for
     this trainer build, or when the preset says `launcher: {sampling: force}`; otherwise it is
@@ -268,3 +297,17 @@ def summary_line(report: dict | None) -> str:
     verdict = (f"qtype auto -> {fastest['qtype']} ({fastest.get('candidate')})" if fastest.get("qtype")
                else f"qtype auto -> uint4 ({fastest.get('reason')})")
     return f"{str(report.get('created'))[:19]} on {where}: {verdict}"
+
+
+def rocm_runtime(report: dict | None) -> dict:
+    """What `doctor` shows of the self-test's ROCm runtime checks: the BLAS library `rocm_blas: auto`
+    takes and the VAE-sized convolution's verdict, each in one line (None where not run)."""
+    if report is None:
+        return {"blas": None, "convolution": None, "convolution_failed": False}
+    blas, conv = report.get("blas") or {}, report.get("convolution") or {}
+    blas_line = (f"{blas.get('library')} ({blas.get('reason')})" if blas.get("ran")
+                 else f"not timed ({blas['reason']})" if blas else None)
+    conv_line = (None if not conv else f"not run ({conv.get('reason')})" if not conv.get("ran")
+                 else f"pass ({conv.get('library')}, {conv.get('seconds')} s)" if conv.get("passed")
+                 else f"FAIL ({conv.get('error')})")
+    return {"blas": blas_line, "convolution": conv_line, "convolution_failed": conv.get("passed") is False}

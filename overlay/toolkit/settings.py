@@ -151,6 +151,11 @@ CATALOGUE: Dict[str, Setting] = _settings(
         "the qtype's own (64 int4_fused, 256 int4_w4a8)", minimum=1, maximum=65536),
     _kw("int4_kernel", "bool", True, "false: the plain-PyTorch reference of the 4-bit Linears even on a GPU "
         "(debugging)"),
+    # ROCm's libraries, measured by the self-test
+    _kw("rocm_blas", "choice", "default", "ROCm: the library of the bf16 matmuls (the 4-bit path's, after "
+        "dequantizing): hipblas, hipblaslt, or default (PyTorch's pick for the GPU); unset or auto: the faster "
+        "in the self-test; nothing changes on NVIDIA or the CPU", choices=("default", "hipblas", "hipblaslt"),
+        auto=RUN),
     # the launcher's own block
     _ln("tiny", "bool", False, "build and train the embedded tiny FLUX.2 (tests, CI)"),
     _ln("card", "text", None, "the cards the preset is for (`python -m launcher presets`)"),

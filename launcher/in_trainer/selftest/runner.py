@@ -11,7 +11,10 @@ Runs under the trainer venv's interpreter, where torch, Triton and the patched t
   training     3 LoRA steps on the tiny FLUX.2 per candidate, on the GPU;
   fastest      the fastest candidate whose checks and steps passed, or null with the reason;
   streaming    the overlapped block streaming run for a bounded time under a deadline: whether it
-               completed and matched the serialized mode (`stream_mode: auto` follows it).
+               completed and matched the serialized mode (`stream_mode: auto` follows it);
+  blas         ROCm: hipBLAS against hipBLASLt at the 4-bit path's bf16 GEMMs, and the faster
+               (`rocm_blas`, blas.py); skipped with the reason on NVIDIA and the CPU;
+  convolution  one VAE-sized convolution through MIOpen / cuDNN (convolution.py).
 Without a GPU only the reference path can run: its checks and training steps run on the CPU,
 nothing is timed, `fastest` is null and the report says so.
 """
@@ -23,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from launcher.in_trainer.selftest import kernels, streaming, training
+from launcher.in_trainer.selftest import blas, convolution, kernels, streaming, training
 
 SCHEMA = 1
 
@@ -89,6 +92,20 @@ def gpu_part(m: kernels.Modules, report: dict, args, device) -> None:
     report["fastest"] = pick_fastest(report, cands, eligible)
 
 
+def blas_part(m: kernels.Modules, report: dict, args, device) -> None:
+    """The BLAS library of the bf16 GEMMs (ROCm), at the first timed shape, and the VAE convolution."""
+    torch = m.torch
+    image, txt = token_counts(args.tokens)[0]
+    cases = kernels.block_linear_cases(image * args.batch, txt * args.batch)
+    report["blas"] = blas.check(torch, bool(report["environment"]["hip"]), cases, device,
+                                lambda fn: kernels.timed_ms(torch, fn), log)
+    log(f"  BLAS: {report['blas']['library']} ({report['blas']['reason']})")
+    report["convolution"] = convolution.check(torch, device)
+    check = report["convolution"]
+    log(f"  VAE-sized convolution: {'not run' if not check['ran'] else 'pass' if check['passed'] else 'FAIL'}"
+        f"{', ' + (check.get('error') or check.get('reason') or '') if not check.get('passed') else ''}")
+
+
 def pick_fastest(report: dict, cands: list, eligible: set) -> dict:
     """The eligible candidate with the least block-Linear time summed over the timed shapes."""
     totals = {}
@@ -123,6 +140,7 @@ def run(args) -> dict:
         report["fastest"] = {"qtype": None, "reason": "Triton does not import; the 4-bit kernels need it"}
     else:
         gpu_part(m, report, args, m.torch.device("cuda", 0))
+    blas_part(m, report, args, m.torch.device("cuda", 0) if env["gpu"] else None)
     # on the CPU only the mechanics are checked: a few steps are enough
     seconds = args.streaming_seconds if env["gpu"] else min(args.streaming_seconds, streaming.CPU_SECONDS)
     report["streaming"] = streaming.check(args.trainer, log, seconds)
