@@ -98,3 +98,18 @@ def test_the_convolution_check_reaches_the_report_and_doctor():
                                       "max_relative_difference": 0.003}}
     assert verdict.rocm_runtime(passed)["convolution"] == "pass (MIOpen, 0.4 s)"
     assert verdict.rocm_runtime(None)["convolution_failed"] is False
+
+
+def test_overlapped_streaming_is_not_tried_on_amd_and_auto_stays_serialized():
+    """The self-test does not run the overlapped trial on a ROCm GPU (a HIP driver hang may outlive
+    the child); the report says so, not FAIL, and `stream_mode: auto` is serialized there."""
+    from launcher.in_trainer.selftest import streaming
+
+    skipped = streaming.not_on_amd()
+    lines = "\n".join(report.streaming_lines(skipped))
+    assert "not run: not run on AMD GPUs" in lines and "FAIL" not in lines and "stream serialized" in lines
+    mode, why = verdict.streaming_from({**ROCM, "streaming": skipped})
+    assert mode == "serialized" and "not tried on AMD GPUs" in why
+    nvidia = {**ROCM, "environment": {"gpu": {"name": "NVIDIA H200"}},
+              "streaming": {"passed": True, "completed": True, "device": "cuda", "seconds": 20}}
+    assert verdict.streaming_from(nvidia)[0] == "overlapped"

@@ -111,6 +111,8 @@ def streaming_lines(streaming: dict | None) -> list[str]:
     lines = ["", "overlapped block streaming (copies on a side stream during kernels: wall 5)"]
     if not streaming:
         return lines + ["  not run"]
+    if streaming.get("skipped"):
+        return lines + [f"  not run: {streaming.get('reason')}", "  presets with `stream_mode: auto` stream serialized"]
     if not streaming.get("completed"):
         return lines + [f"  FAIL  {streaming.get('reason')}", "  presets with `stream_mode: auto` stream serialized"]
     verdict = "pass" if streaming.get("passed") else "FAIL"

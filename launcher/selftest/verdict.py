@@ -172,11 +172,12 @@ def streaming_verdict(workdir: Workdir) -> tuple[str, str]:
 def streaming_from(result: dict) -> tuple[str, str]:
     """(mode, why): overlapped only where the self-test ran the overlapped streaming on an NVIDIA
     GPU to completion within its deadline; serialized everywhere else. On AMD cards it stays
-    serialized even when the check passed: block swap with copies in flight during kernels
-    deadlocked the HIP driver on Windows (wall 5), and overlapped streaming is untested on AMD."""
+    serialized, and the self-test does not try it there: block swap with copies in flight during
+    kernels deadlocked the HIP driver on Windows (wall 5), and overlapping would save little
+    there (docs/amd.md, "Streaming on AMD cards")."""
     streaming = result.get("streaming") or {}
     if (result.get("environment") or {}).get("hip"):
-        return SERIALIZED, f"overlapped streaming is untested on AMD GPUs (wall 5) ({tested_on(result)})"
+        return SERIALIZED, f"overlapped streaming is not tried on AMD GPUs (wall 5, docs/amd.md) ({tested_on(result)})"
     if streaming.get("passed") and streaming.get("device") == "cuda":
         return OVERLAPPED, f"overlapped streaming completed in {streaming.get('seconds', 0):.0f} s ({tested_on(result)})"
     return SERIALIZED, f"{streaming.get('reason') or 'overlapped streaming was not tested on a GPU'} ({tested_on(result)})"
