@@ -384,14 +384,15 @@ def test_a_flag_a_command_does_not_take_is_caught():
 
 
 def test_a_patch_number_a_count_and_a_slug_that_do_not_exist_are_caught():
-    last = len(SERIES["upstream-main"])
-    text = (f"amd-fork 0028 and upstream-main 00{last:02d} exist; upstream-main 00{last + 1:02d} does not,\n"
+    last, fork_last = len(SERIES["upstream-main"]), len(SERIES["amd-fork"])
+    assert fork_last > last  # a number the fork has and upstream main has not
+    text = (f"amd-fork 00{fork_last:02d} and upstream-main 00{last:02d} exist; upstream-main 00{last + 1:02d} does not,\n"
             "nor patch 0099, nor `0003-flux2-no-such-patch.patch`, nor patch `no-such-slug`.\n"
-            "The series has 11 patches.\n\n## On upstream main\n\nHere 0028 is upstream's.\n")
+            f"The series has 11 patches.\n\n## On upstream main\n\nHere 00{fork_last:02d} is upstream's.\n")
     found = check_patches("WALLS.md", text)
     assert len(found) == 6, found
     assert f"WALLS.md:1: patch 00{last + 1:02d} is not in upstream-main ({last} patches)" in found
-    assert any(f.startswith("WALLS.md:7: patch 0028 is not in upstream-main") for f in found)
+    assert any(f.startswith(f"WALLS.md:7: patch 00{fork_last:02d} is not in upstream-main") for f in found)
 
 
 def test_a_reference_to_a_missing_section_is_caught():
