@@ -28,7 +28,10 @@ launches do). A compile still under way after STALL_LINE_S gets a line every STA
 stacks of every thread go to stderr once: where it waits. Past COMPILE_BOUND_S of compiling, no
 new graph is compiled: the ones compiled by then stay in use, the calls they do not fit run
 uncompiled. If compiling fails (no Triton, no C compiler, an Inductor error), the class runs
-uncompiled for the rest of the run, after one line that says why. A failure while compiling the
+uncompiled for the rest of the run, after one line that says why: its calls compile with Dynamo's
+suppress_errors off, which k-diffusion turns on for the whole process as the trainer imports it
+(k_diffusion/models/axial_rope.py); Dynamo would otherwise run a failed graph eagerly without a
+word, and the compile line would say it compiled. A failure while compiling the
 backward is not caught: `python -m launcher selftest` compiles a small FLUX.2 on the GPU, forward
 and backward, and compares it with the uncompiled one; `compile_blocks: auto` in a preset
 compiles only where that check passed.
@@ -215,7 +218,7 @@ def compiled_forward(eager, name: str, log=print, backend: str = "inductor"):
             return eager(self, *args, **kwargs)
         _clock.report()  # compiles that ended since the last call (a backward among them) succeeded
         try:
-            with _clock.call(name):
+            with _clock.call(name), torch._dynamo.config.patch(suppress_errors=False):
                 output = compiled(self, *args, **kwargs)
         except compile_errors() as error:
             _clock.report(failed=True)

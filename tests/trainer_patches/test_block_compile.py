@@ -270,7 +270,14 @@ def test_a_compile_that_lasts_gets_lines_while_it_lasts_and_the_stacks_once(flux
     assert not any(thread.name == "compile_blocks watch" for thread in threading.enumerate())
 
 
-def test_a_block_class_that_cannot_compile_runs_uncompiled_after_one_line(flux2_src, toolkit):
+@pytest.fixture(params=[False, True], ids=["dynamo-default", "suppress-errors-as-k-diffusion-sets"])
+def dynamo_suppress_errors(request):
+    """Dynamo's suppress_errors off, then on: k-diffusion turns it on as the trainer imports it."""
+    with torch._dynamo.config.patch(suppress_errors=request.param):
+        yield request.param
+
+
+def test_a_block_class_that_cannot_compile_runs_uncompiled_after_one_line(flux2_src, toolkit, dynamo_suppress_errors):
     block_compile, _, int4_linear, _, _ = toolkit
     model, network, batch, target = tiny_flux2(flux2_src, toolkit)
     want = one_step(model, network, batch, target)
