@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, read_state, venv_pyt
 from launcher.errors import LauncherError
 from launcher.nofollow import open_append
 from launcher.progress import say, warn
-from launcher.runs import disk_budget, files, leash, load_report, memory_plan, resume, tiny, validate
+from launcher.runs import disk_budget, files, leash, load_report, memory_plan, ranks, resume, tiny, validate
 from launcher.selftest.resolve import resolve_all
 from launcher.runs.dataset import DEFAULT_BUCKET_TOLERANCE, DatasetCheck, check_dataset, long_caption_warnings
 from launcher.runs.exit_status import describe, launcher_code
@@ -71,6 +72,9 @@ def register(subparsers) -> None:
     parser.add_argument(resume.ACCEPT_FLAG, dest="accept_changes", action="store_true",
                         help="with --resume: accept a preset that differs from the run's config in settings that "
                              "leave the saved LoRA and optimizer valid (steps, save cadence, lr...); recorded in run.json")
+    parser.add_argument("--gpus", type=gpu_count, metavar="N",
+                        help="train on N GPUs of this machine, one rank each (torchrun), data-parallel; the batch "
+                             "size is per rank (default: the preset's launcher.gpus, 1)")
     parser.add_argument("--profile", type=positive_int, metavar="N",
                         help="profile N training steps (after 2 warm-up steps) with torch.profiler; the Chrome "
                              "trace and a top-20 table go to <run>/profile/")
@@ -85,6 +89,21 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"--profile takes a number of steps (1 or more), not {text!r}")
     return value
+
+
+def gpu_count(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 64:
+        raise argparse.ArgumentTypeError(f"--gpus takes a number of GPUs from 1 to 64, not {text!r}")
+    return int(text)
+
+
+def plan_ranks(count: int, workdir: Workdir, env: dict[str, str]) -> ranks.Ranks:
+    """The ranks of the run; torch in the trainer venv is asked for its GPUs only for more than one."""
+    if count == 1:
+        return ranks.Ranks(1, "cpu")
+    python = venv_python(workdir.venv)
+    info = probe_with(python) if python.is_file() else {"error": f"no trainer venv in {workdir.root}: run setup"}
+    return ranks.plan(count, info, env)
 
 
 def handle(args) -> int:
@@ -106,9 +125,13 @@ def handle(args) -> int:
     datasets = check(preset, config, workdir, run, full_size=not preset.tiny)
     extra = launch_env(run, workdir, args.profile)
     env = trainer_env(preset, run, workdir, extra)
+    team = plan_ranks(args.gpus or preset.gpus, workdir, env)
+    env.update(team.env())
+    for line in team.lines:
+        say(f"# {line}" if args.dry_run else line)
     if args.dry_run:
         print(yaml.safe_dump(config, sort_keys=False), end="", flush=True)
-        for name in sorted(env_changes(preset, run, workdir, extra)):
+        for name in sorted({**env_changes(preset, run, workdir, extra), **team.env()}):
             print(f"{name}={env[name]}", flush=True)
         return 0
     python = checked_python(workdir)
@@ -119,12 +142,13 @@ def handle(args) -> int:
         changes = check_resume(run, args.resume, config, args.accept_changes)
         write_config(config, run.config)
         write_dataset_lists(datasets)
-        write_metadata(run, preset, workdir, python, datasets, config, changes)
+        say_rank_change(run, team.count)
+        write_metadata(run, preset, workdir, python, datasets, config, changes, team.count)
         say(f"run folder: {run.root}")
         offset = load_report.telemetry_offset(run)
         try:
             with TelemetryRecorder(run, preset.telemetry), stall_watchdog(preset, run, python, env):
-                code = train(python, workdir.trainer, run, env)
+                code = train(team.command(python, run.config.resolve()), workdir.trainer, run, env)
         finally:
             report_load(run, offset)
     (say if code == 0 else warn)(f"{describe(code)}; log: {run.log}")
@@ -310,8 +334,21 @@ def trainer_env(preset: Preset, run: RunFolder, workdir: Workdir, extra: dict[st
     return {**clean_env(), **env_changes(preset, run, workdir, extra), "PYTHONUNBUFFERED": "1", **NO_BYTECODE}
 
 
+def say_rank_change(run: RunFolder, count: int) -> None:
+    """A resume on another number of GPUs goes on from the same LoRA and optimizer state (every rank
+    holds the same); the global batch, and so the samples per step, change with it: said once."""
+    try:
+        before = json.loads(read_text(run.metadata, "metadata")).get("gpus", 1)
+    except (LauncherError, ValueError, AttributeError):
+        return
+    if run.checkpoints() and isinstance(before, int) and before != count:
+        say(f"resume on {count} GPU(s), the run trained on {before}: the global batch is now {count} x the preset's "
+            "batch_size (the steps left and the lr stay as they are)")
+
+
 def write_metadata(run: RunFolder, preset: Preset, workdir: Workdir, python: Path,
-                   datasets: list[tuple[Path, DatasetCheck]], config: dict, changes: list[dict]) -> None:
+                   datasets: list[tuple[Path, DatasetCheck]], config: dict, changes: list[dict],
+                   gpus: int = 1) -> None:
     """run.json beside the LoRA: enough to reproduce the run and to file a bug report; the settings
     each resume changed (`--accept-changes`) are kept from launch to launch."""
     state = read_state(workdir.state_file)
@@ -331,6 +368,7 @@ def write_metadata(run: RunFolder, preset: Preset, workdir: Workdir, python: Pat
         "skipped_images": [item for _, result in datasets for item in result.skipped()],
         "qtype": sorted({(p.get("model") or {}).get("qtype") for p in config["config"]["process"]} - {None}),
         "selftest": summary_line(load_result(workdir)),
+        "gpus": gpus,
         **({"resume_changes": resumes} if resumes else {}),
     }
     write_text_atomic(run.metadata, json.dumps(metadata, indent=2) + "\n")
@@ -344,11 +382,12 @@ def previous_resume_changes(run: RunFolder) -> list:
     return earlier if isinstance(earlier, list) else []
 
 
-def train(python: Path, trainer: Path, run: RunFolder, env: dict[str, str]) -> int:
-    """Run the trainer in the foreground, teeing its output to the log; return its exit code.
-    The trainer dies with the launcher (launcher/runs/leash.py), so it never outlives the run lock."""
-    command = [str(python), "-u", "run.py", str(run.config.resolve())]
+def train(command: list[str], trainer: Path, run: RunFolder, env: dict[str, str]) -> int:
+    """Run the trainer (or torchrun and its ranks) in the foreground, teeing its output to the log;
+    return its exit code. The trainer dies with the launcher (launcher/runs/leash.py), so it never
+    outlives the run lock; a rank that ends early is named in one line."""
     say(f"training: {' '.join(command)}")
+    tail = deque(maxlen=400)
     with open_append(run.root, run.log) as log_file:
         child = subprocess.Popen(command, cwd=trainer, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  **leash.popen_options())
@@ -359,7 +398,11 @@ def train(python: Path, trainer: Path, run: RunFolder, env: dict[str, str]) -> i
                 sys.stdout.buffer.flush()
                 log_file.write(line)
                 log_file.flush()
+                tail.append(line.decode("utf-8", "replace"))
         finally:
             code = child.wait()
             leash.release(job)
+    failure = ranks.first_failure("".join(tail)) if code else None
+    if failure:
+        warn(failure)
     return code

@@ -90,6 +90,10 @@ class Preset:
     def skip_bad_images(self) -> bool:
         return bool(self.settings["skip_bad_images"])
 
+    @property
+    def gpus(self) -> int:
+        return int(self.settings["gpus"])
+
 
 def find_preset(spec: str) -> Path:
     """A preset file from a path, or from a bare name in the shipped presets folder."""

@@ -166,6 +166,8 @@ CATALOGUE: Dict[str, Setting] = _settings(
     _ln("telemetry", "mapping", {"interval_s": 10}, "telemetry rows: interval_s seconds apart"),
     _ln("watchdog", "mapping", {"enabled": False}, "the stall watchdog (launcher/watchdog/policy.py)"),
     _ln("skip_bad_images", "bool", False, "train without the dataset files that fail the checks"),
+    _ln("gpus", "int", 1, "GPUs of this machine to train on, one rank each, data-parallel (`run --gpus N` "
+        "overrides it): the batch size is per rank", minimum=1, maximum=64),
     _ln("sampling", "choice", "auto", "wall 6: in-training samples where the self-test sampled (auto), or "
         "always (force)", choices=("auto", "force")),
 )

@@ -141,14 +141,22 @@ def vram() -> dict:
 _telemetry = None  # None: not set up yet; False: off
 
 
+def rank_path(path: str) -> str:
+    """The main rank of a `--gpus N` run (torchrun's RANK) writes `path`, which `run`, `plot` and
+    `report` read; rank R writes `<stem>.rank<R>.jsonl` beside it: each card's VRAM, host RSS and s/it."""
+    rank = os.environ.get("RANK", "0")
+    if rank == "0":
+        return path
+    stem, dot, suffix = path.rpartition(".")
+    return f"{stem}.rank{rank}.{suffix}" if dot else f"{path}.rank{rank}"
+
+
 def _get():
     global _telemetry
     if _telemetry is None:
         path = os.environ.get("AITK_TELEMETRY")
-        # one writer per run: the main process of a multi-GPU run
-        main = os.environ.get("RANK", "0") == "0" and os.environ.get("LOCAL_RANK", "0") == "0"
-        if path and main:
-            _telemetry = TrainerTelemetry(path, float(os.environ.get("AITK_TELEMETRY_INTERVAL") or 10))
+        if path:
+            _telemetry = TrainerTelemetry(rank_path(path), float(os.environ.get("AITK_TELEMETRY_INTERVAL") or 10))
         else:
             _telemetry = False
     return _telemetry

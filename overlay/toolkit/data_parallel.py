@@ -1,0 +1,148 @@
+"""Data-parallel LoRA training over the ranks `torchrun` starts (`launcher run --gpus N`).
+
+The trainer already holds an accelerate `Accelerator`, which joins the process group torchrun
+describes (RANK, WORLD_SIZE, MASTER_ADDR...; NCCL on NVIDIA, RCCL on ROCm, gloo on the CPU).
+What accelerate's `prepare` does with it does not fit this trainer: it wraps every module with a
+trainable parameter in DistributedDataParallel, whose gradient hooks only fire through the
+wrapper's forward, and the LoRA network's forward is never called (its layers patch the
+transformer's Linears), while the frozen VAE makes DDP refuse to start. So the ranks place their
+modules themselves and average the LoRA's gradients once per optimizer step, before clipping:
+the step then sees the gradient of the global batch, as one process with N times the batch would.
+
+Every rank reads its own share of the same data order (every N-th batch, from its own offset),
+the main rank builds the caches while the others wait, reads the flag files and broadcasts them,
+and writes what a single process would write. Nothing here does anything in a single process.
+"""
+
+import datetime
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+LOADED_KEY = "flux2-24gb/main-rank-loaded"
+LOAD_WAIT = datetime.timedelta(hours=12)
+"""How long the other ranks wait for the main rank's caches: a first 4-bit quantization of
+FLUX.2 [dev] takes minutes, far past NCCL's collective timeout, so the wait is on the store."""
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if world_size() > 1 else 0
+
+
+def active() -> bool:
+    return world_size() > 1
+
+
+def _store() -> dist.Store:
+    """A client of the store torchrun's agent serves (MASTER_ADDR:MASTER_PORT), keys of this launch."""
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=LOAD_WAIT)
+    return dist.PrefixStore(f"{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/"
+                            f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
+
+
+def die_with_agent() -> None:
+    """Linux: this rank gets SIGKILL when torchrun's agent dies, as the agent does when the launcher
+    dies (PR_SET_PDEATHSIG): no rank trains on without the run lock. Windows: the launcher's job
+    object holds the whole tree already."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def before_loading() -> None:
+    """Ranks other than the main one wait here until it has loaded the model, building the
+    quantized cache and the text phase's embeddings, then read them: nothing is quantized or
+    encoded twice. The latent and caption caches of the dataset come later, under the trainer's
+    own `main_process_first`."""
+    if not active():
+        return
+    die_with_agent()
+    if rank() != 0:
+        print(f"rank {rank()}: waiting for rank 0 to load the model (the quantized cache, the text phase)", flush=True)
+        _store().wait([LOADED_KEY], LOAD_WAIT)
+
+
+def after_loading() -> None:
+    """The main rank, once the model is loaded and its caches written: the others load theirs."""
+    if active() and rank() == 0:
+        _store().set(LOADED_KEY, "1")
+
+
+def prepare_model(accelerator, model, device_placement: bool = True):
+    """accelerate's `prepare` in a single process; with ranks the module is only placed (see the
+    module docstring for why not DDP)."""
+    if not active():
+        return accelerator.prepare(model, device_placement=[device_placement])
+    return model.to(accelerator.device) if device_placement else model
+
+
+def _tensors(params) -> list[torch.Tensor]:
+    """The parameters of the trainer's `params`: tensors, or param groups (dicts with 'params')."""
+    found = []
+    for item in params:
+        found.extend(item["params"] if isinstance(item, dict) else [item])
+    return found
+
+
+def broadcast_parameters(params) -> None:
+    """Every rank starts from the main rank's LoRA (the same seed gives the same one; a resumed
+    checkpoint is read by all: this makes it so whatever the initialiser does)."""
+    if active():
+        for tensor in _tensors(params):
+            dist.broadcast(tensor.data, 0)
+
+
+def average_gradients(params) -> None:
+    """The mean of every rank's gradient, in one all-reduce per dtype: the global batch's gradient."""
+    if not active():
+        return
+    grads = [tensor.grad for tensor in _tensors(params) if tensor.grad is not None]
+    for dtype in {grad.dtype for grad in grads}:
+        same = [grad for grad in grads if grad.dtype == dtype]
+        flat = torch.cat([grad.reshape(-1) for grad in same])
+        dist.all_reduce(flat)
+        flat /= world_size()
+        offset = 0
+        for grad in same:
+            grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
+
+
+def rank_share(iterator):
+    """This rank's batches of `iterator`: every N-th from offset rank, the rest released. All ranks
+    draw the same order (same seed), so together they train on what one process would; a last
+    group shorter than N ends the epoch (as drop_last does)."""
+    if not active():
+        yield from iterator
+        return
+    while True:
+        group = []
+        for _ in range(world_size()):
+            try:
+                group.append(next(iterator))
+            except StopIteration:
+                return
+        for index, batch in enumerate(group):
+            if index != rank() and hasattr(batch, "cleanup"):
+                batch.cleanup()
+        yield group[rank()]
+
+
+def flags_present(folder: str, names: tuple[str, ...], device) -> list[str]:
+    """The flag files in `folder` as the main rank sees them, the same list on every rank: all
+    ranks then save or stop at the same step (a rank that read the folder itself could see a
+    flag one step before another)."""
+    present = [name for name in names if rank() == 0 and os.path.exists(os.path.join(folder, name))]
+    if not active():
+        return present
+    mask = torch.tensor([name in present for name in names], dtype=torch.int32, device=device)
+    dist.broadcast(mask, 0)
+    return [name for name, seen in zip(names, mask.tolist()) if seen]

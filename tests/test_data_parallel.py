@@ -1,0 +1,192 @@
+"""`run --gpus N`: ranks through torchrun, data-parallel LoRA training (launcher/runs/ranks.py,
+overlay toolkit/data_parallel.py and the train-loop patches that call it).
+
+The fast tests check the refusals, the command and the failure line. The trainer tests run the
+tiny model on the CPU: two gloo ranks of batch 1 against one process of batch 2 on a two-image
+dataset (every step sees both images, so the data order cannot differ), with per-image noise
+(force_consistent_noise), one fixed timestep, and Adagrad with a large initial accumulator, whose
+step is nearly lr x gradient: Adam's first steps are lr x sign(gradient), which turns rounding
+differences of near-zero gradients into whole steps and would hide what is compared. Then
+STOP_NOW on a two-rank run, its resume on one GPU, and a rank killed mid-run.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tiny_run import REPO, RUN_NAME, run_command, run_tiny, tiny_preset
+
+from launcher.envs.torchenv import clean_env
+from launcher.envs.workdir import venv_python
+from launcher.errors import LauncherError
+from launcher.runs import ranks
+
+CARD = {"name": "RTX 4090", "vram_total_gib": 23.6}
+TOLERANCE = 1e-4
+"""Largest relative difference (Frobenius) of any LoRA tensor between the 2 x 1 and the 1 x 2 run;
+measured: about 1e-7 (float32 sums in another order)."""
+
+
+def test_windows_is_refused_in_one_line_before_anything_starts():
+    with pytest.raises(LauncherError) as refused:
+        ranks.plan(2, {"gpus": [CARD, CARD], "hip": "7.1"}, {}, platform="win32")
+    assert "\n" not in str(refused.value) and "RCCL" in str(refused.value) and "--gpus 1" in str(refused.value)
+
+
+@pytest.mark.parametrize("env, seen", [({}, 2), ({"CUDA_VISIBLE_DEVICES": "1"}, 1),
+                                       ({"HIP_VISIBLE_DEVICES": "0,1", "CUDA_VISIBLE_DEVICES": ""}, 0)])
+def test_more_gpus_than_visible_are_refused(env, seen):
+    with pytest.raises(LauncherError, match=f"only {seen} GPU"):
+        ranks.plan(3, {"gpus": [CARD, CARD]}, env, platform="linux")
+
+
+def test_backend_per_platform_and_cards_that_differ():
+    assert ranks.plan(2, {"gpus": [CARD, CARD]}, {}, platform="linux").backend == "NCCL"
+    rocm = ranks.plan(2, {"gpus": [CARD, {"name": "RX 7800 XT", "vram_total_gib": 16.0}], "hip": "6.4"}, {},
+                      platform="linux")
+    assert rocm.backend == "RCCL" and any("slowest" in line for line in rocm.lines)
+    cpu = ranks.plan(2, {"gpus": []}, {}, platform="linux")
+    assert cpu.backend == "gloo" and cpu.env() == {"ACCELERATE_USE_CPU": "true"}
+
+
+def test_command_is_torchrun_for_more_than_one_rank(tmp_path):
+    assert ranks.Ranks(1, "cpu").command(Path("py"), tmp_path / "c.yaml")[2] == "run.py"
+    command = ranks.Ranks(2, "cuda").command(Path("py"), tmp_path / "c.yaml")
+    assert command[2:4] == ["-m", "torch.distributed.run"] and "--nproc-per-node=2" in command
+
+
+def test_the_failed_rank_is_named_from_torchruns_report():
+    report = ("Root Cause (first observed failure):\n[1]:\n  time      : 2026-12-04_05:00:00\n  host      : h\n"
+              "  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 4242)\n  error_file: <N/A>\n")
+    assert ranks.first_failure(report) == ("rank 1 (local rank 1, pid 4242) ended with signal 9; torchrun stopped "
+                                           "the other ranks")
+    assert ranks.first_failure("Traceback ... ValueError") is None
+
+
+def two_images(workdir, folder: Path) -> Path:
+    """Two images and captions of the tiny model's generated dataset, in a folder of their own."""
+    folder.mkdir(parents=True)
+    for image in sorted((workdir.assets / "tiny" / "dataset").glob("*.png"))[:2]:
+        shutil.copy(image, folder / image.name)
+        shutil.copy(image.with_suffix(".txt"), folder / f"{image.stem}.txt")
+    return folder
+
+
+COMPARABLE = {"optimizer": "adagrad", "lr": 1.0, "optimizer_params": {"initial_accumulator_value": 1.0},
+              "force_consistent_noise": True, "min_denoising_steps": 400, "max_denoising_steps": 400}
+
+
+COMPARE = ("import json, sys; from safetensors.torch import load_file; a = load_file(sys.argv[1]); "
+           "b = load_file(sys.argv[2]); print(json.dumps({k: [float(a[k].norm()), float((a[k] - b[k]).norm())] "
+           "for k in a}))")
+"""Each LoRA tensor's norm in the first file and the norm of its difference to the second's."""
+
+
+@pytest.fixture(scope="module")
+def pair(trainer_workdir, tmp_path_factory):
+    """The 1 x batch-2 run and the 2 x batch-1 run (fresh quantized and text caches) of the same data."""
+    folder = tmp_path_factory.mktemp("data-parallel")
+    dataset = two_images(trainer_workdir, folder / "dataset")
+    runs = {}
+    for name, batch, gpus in (("ranks", 1, "2"), ("single", 2, "1")):
+        preset = tiny_preset(folder / f"{name}.yaml", steps=2, save={"dtype": "float32"},
+                             train={**COMPARABLE, "batch_size": batch})
+        env = {**os.environ, "AITK_QUANT_CACHE_DIR": str(folder / name / "quantized"),
+               "AITK_TEXT_CACHE_DIR": str(folder / name / "text")}
+        result = run_tiny(trainer_workdir.root, preset, folder / name, "--gpus", gpus, "--dataset", str(dataset),
+                          env=env)
+        assert result.returncode == 0, result.stdout[-6000:]
+        runs[name] = (folder / name / RUN_NAME, result.stdout)
+    return runs
+
+
+@pytest.mark.trainer
+def test_two_ranks_of_batch_1_train_the_lora_of_one_process_of_batch_2(pair, trainer_workdir):
+    files = [str(pair[name][0] / RUN_NAME / f"{RUN_NAME}.safetensors") for name in ("single", "ranks")]
+    result = subprocess.run([str(venv_python(trainer_workdir.venv)), "-c", COMPARE, *files], capture_output=True,
+                            text=True, env=clean_env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    tensors = json.loads(result.stdout)
+    moved = {key: norm for key, (norm, _) in tensors.items() if "lora_B" in key}
+    assert moved and all(norm > 0 for norm in moved.values())  # B starts at zero: its norm is what training moved
+    worst = max(difference / norm for norm, difference in tensors.values())
+    assert worst < TOLERANCE, f"2 x batch 1 differs from 1 x batch 2 by {worst:.2e} (relative)"
+
+
+@pytest.mark.trainer
+def test_one_rank_builds_the_caches_and_writes_the_run(pair):
+    run, log = pair["ranks"]
+    assert log.count("[quantized cache] wrote") == 1 and "waiting for rank 0 to load the model" in log
+    assert log.count("Loaded quantized transformer from cache") == 1  # rank 1 reads what rank 0 wrote
+    assert log.count("Saved checkpoint to") == 1
+    assert json.loads((run / RUN_NAME / "run.json").read_text(encoding="utf-8"))["gpus"] == 2
+    assert (run / "trainer-telemetry.jsonl").is_file() and (run / "trainer-telemetry.rank1.jsonl").is_file()
+
+
+def watch(workdir, preset: Path, output: Path, until, *extra: str) -> tuple[int, str]:
+    """Run the preset; call `until(line)` on each output line (it acts once it sees its moment)."""
+    process = subprocess.Popen(run_command(workdir.root, preset, output, *extra), cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, errors="replace")
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        until(line)
+    return process.wait(), "".join(lines)
+
+
+def rank_pids(rank: int) -> list[int]:
+    """The trainer processes of torchrun's rank `rank` (its environment says RANK=rank)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if f"RANK={rank}".encode() in environ and b"run.py" in command and b"torch.distributed.run" not in command:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.trainer
+def test_stop_now_stops_every_rank_and_the_run_resumes_on_one_gpu(trainer_workdir, tmp_path):
+    preset = tiny_preset(tmp_path / "long.yaml", steps=400)
+    job = tmp_path / RUN_NAME / RUN_NAME
+
+    def stop_once_training(line):
+        if "it/s" in line and not (job / "STOP_NOW").exists() and not list(job.glob("*.safetensors")):
+            (job / "STOP_NOW").touch()
+
+    code, log = watch(trainer_workdir, preset, tmp_path, stop_once_training, "--gpus", "2")
+    assert code == 0, log[-6000:]
+    # the main rank prints it; torchrun exits 0 only once rank 1 has ended too, which it does only at
+    # the same step (a rank left training would wait in the next all-reduce for ever)
+    assert log.count("STOP_NOW: saved checkpoint at step") == 1
+    stopped = int(re.search(r"STOP_NOW: saved checkpoint at step (\d+)", log).group(1))
+    short = tiny_preset(tmp_path / "short.yaml", steps=stopped + 2)
+    code, log = watch(trainer_workdir, short, tmp_path, lambda line: None, "--resume", "--accept-changes")
+    assert code == 0, log[-6000:]
+    assert "resume on 1 GPU(s), the run trained on 2" in log
+
+
+@pytest.mark.trainer
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds rank 1 through /proc")
+def test_a_killed_rank_stops_the_others_with_one_line_naming_it(trainer_workdir, tmp_path):
+    preset = tiny_preset(tmp_path / "long.yaml", steps=2000)
+    killed = []
+
+    def kill_rank_1(line):
+        if "it/s" in line and not killed:
+            for pid in rank_pids(1):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+
+    code, log = watch(trainer_workdir, preset, tmp_path, kill_rank_1, "--gpus", "2")
+    assert killed and code != 0, log[-6000:]
+    assert f"rank 1 (local rank 1, pid {killed[0]}) ended with signal 9" in log
