@@ -13,6 +13,7 @@ import yaml
 from in_trainer_suites import BackgroundSuites, Suite
 from png_bytes import IEND, chunk, ihdr, png
 from tiny_run import RUN_NAME, run_tiny
+from user_stack import UserStackBuild
 
 from launcher.cli import main
 from launcher.envs.workdir import Workdir
@@ -178,12 +179,14 @@ class InstalledWorkdirs:
     two at the same time; downloading torch's wheel 6.3 s alone, 5.8 s and 6.2 s for two).
     """
 
-    def __init__(self, tmp_path_factory, needed=(), suites: BackgroundSuites | None = None) -> None:
+    def __init__(self, tmp_path_factory, needed=(), suites: BackgroundSuites | None = None,
+                 user_stack: bool = False) -> None:
         self.tmp_path_factory = tmp_path_factory
         self.needed = needed
         self.suites = suites
         self.failures: dict[str, str] = {}
         self.built: dict[str, Workdir] = {}
+        self.user_stack_build = UserStackBuild(tmp_path_factory, suites) if user_stack else None
 
     def __call__(self, name: str) -> Workdir:
         given = os.environ.get(workdir_variable(name))
@@ -214,7 +217,18 @@ class InstalledWorkdirs:
         return (other != name and other not in self.built and other not in self.failures
                 and not os.environ.get(workdir_variable(other)) and not unreachable_reason(TARGETS_BY_NAME[other].url))
 
+    def user_stack(self) -> UserStackBuild:
+        """The user stack's build (tests/user_stack.py), started now if no setup started it yet."""
+        if self.user_stack_build is None:
+            self.user_stack_build = UserStackBuild(self.tmp_path_factory, self.suites)
+        if not self.user_stack_build.given():
+            require_reachable(FORK)
+        self.user_stack_build.start()
+        return self.user_stack_build
+
     def setup(self, names: list[str]) -> None:
+        if self.user_stack_build is not None and not self.user_stack_build.given():
+            self.user_stack_build.start()  # a third install beside the targets' (tests/user_stack.py)
         started = {}
         for name in names:
             root = self.tmp_path_factory.mktemp(f"aitk-{name}")
@@ -233,6 +247,7 @@ class InstalledWorkdirs:
 
 NEEDED_TARGETS = pytest.StashKey[tuple]()
 RUNS_SUITES = pytest.StashKey[bool]()
+RUNS_USER_STACK = pytest.StashKey[bool]()
 
 
 @pytest.fixture(scope="session")
@@ -240,9 +255,13 @@ def installed_workdirs(request, tmp_path_factory):
     """InstalledWorkdirs, which also starts each target's in-trainer suite in the background as
     soon as its workdir exists when the run selected the bridge (tests/test_trainer_patches.py)."""
     suites = BackgroundSuites(tmp_path_factory.mktemp("in-trainer")) if request.config.stash.get(RUNS_SUITES, False) else None
-    yield InstalledWorkdirs(tmp_path_factory, request.config.stash.get(NEEDED_TARGETS, ()), suites)
+    workdirs = InstalledWorkdirs(tmp_path_factory, request.config.stash.get(NEEDED_TARGETS, ()), suites,
+                                 request.config.stash.get(RUNS_USER_STACK, False))
+    yield workdirs
     if suites is not None:
         suites.stop()
+    if workdirs.user_stack_build is not None:
+        workdirs.user_stack_build.stop()
 
 
 @pytest.fixture(scope="session")
@@ -295,7 +314,7 @@ def target_workdir(request, installed_workdirs) -> TargetWorkdir:
 # --- markers -------------------------------------------------------------------------------------
 
 TRAINER_FIXTURES = {"fork_reachable", "trainer_workdir", "trainer_checkout", "target_workdir",
-                    "installed_workdirs", "reachable_target", "trained_tiny_run"}
+                    "installed_workdirs", "reachable_target", "trained_tiny_run", "user_stack"}
 """Fixtures that need a real target: whoever uses one must carry the `trainer` marker."""
 EVERY_TARGET_FIXTURES = {"target_workdir", "in_trainer_suites"}
 """Fixtures that need the workdir of every target (the bridge's is tests/test_trainer_patches.py's)."""
@@ -316,3 +335,11 @@ def pytest_collection_finish(session):
     every = any(EVERY_TARGET_FIXTURES & set(getattr(item, "fixturenames", ())) for item in session.items)
     session.config.stash[NEEDED_TARGETS] = tuple(target.name for target in TARGETS) if every else ()
     session.config.stash[RUNS_SUITES] = any("in_trainer_suites" in getattr(item, "fixturenames", ()) for item in session.items)
+    session.config.stash[RUNS_USER_STACK] = any("user_stack" in getattr(item, "fixturenames", ()) for item in session.items)
+
+
+@pytest.fixture(scope="session")
+def user_stack(installed_workdirs) -> UserStackBuild:
+    """The rocm-windows channel's versions built on Linux (tests/user_stack.py), shared by
+    tests/test_user_stack.py; the run builds it beside the targets' workdirs."""
+    return installed_workdirs.user_stack()

@@ -43,20 +43,26 @@ def sees_a_gpu(python: Path, env: dict) -> bool:
 
 
 class Suite:
-    """One target's running (or finished) suite: its process and the files it writes its report to."""
+    """One target's running (or finished) suite: its process and the files it writes its report to.
 
-    def __init__(self, target, workdir: Workdir, scratch: Path) -> None:
+    `name`, `tests` and `env` make it another suite on the target's checkout: the user stack's
+    (tests/user_stack.py) runs a part of the tests (`tests`: pytest arguments) with its pins in `env`.
+    """
+
+    def __init__(self, target, workdir: Workdir, scratch: Path, name: str | None = None,
+                 tests: tuple[str, ...] = (str(SUITE),), env: dict | None = None) -> None:
         python = venv_python(workdir.venv)
         ensure_test_tools(python, workdir.root / "constraints.txt")
         env = {**clean_env(), "LAUNCHER_TEST_WORKDIR": str(workdir.root), "PYTHONPATH": str(REPO_ROOT),
                "LAUNCHER_TEST_SERIES": str(target.series), "LAUNCHER_PYTHON": sys.executable,
-               "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+               "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", ""), **(env or {})}
         select = [] if sees_a_gpu(python, env) else ["-m", "not gpu"]
-        self.stdout, self.stderr = scratch / f"{target.name}.out", scratch / f"{target.name}.err"
+        name = name or target.name
+        self.stdout, self.stderr = scratch / f"{name}.out", scratch / f"{name}.err"
         with self.stdout.open("wb") as out, self.stderr.open("wb") as err:
             self.process = subprocess.Popen(
                 [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(SUITE / "pytest.ini"),
-                 "--confcutdir", str(SUITE), "--basetemp", str(scratch / target.name), *select, str(SUITE)],
+                 "--confcutdir", str(SUITE), "--basetemp", str(scratch / name), *select, *tests],
                 cwd=REPO_ROOT, env=env, stdout=out, stderr=err,
             )
 

@@ -48,6 +48,8 @@ def why_not_on_this_target(item, checkout: Path, carried: list[str] | None, firs
     """Why a test does not apply to the target under test, or None when it does."""
     if item.get_closest_marker("first_target") and not first:
         return "it tests the overlay alone, which the first target's suite runs"
+    if item.get_closest_marker("user_stack") and not os.environ.get("LAUNCHER_TEST_USER_STACK"):
+        return "it checks the user-stack venv (tests/user_stack.py)"
     patch = item.get_closest_marker("patch")
     if patch and carried is not None and not any(patch.args[0] in name for name in carried):
         return f"its patch ({patch.args[0]}) is not in this target's series"
