@@ -80,8 +80,14 @@ def start(workdir: Path) -> tuple[subprocess.Popen, Path]:
 
 VARIABLE = "LAUNCHER_TEST_WORKDIR_USER_STACK"
 """Names an existing user-stack workdir to reuse (for development), as LAUNCHER_TEST_WORKDIR does."""
+COMPILE_TESTS = ("test_compiled_blocks_match_the_uncompiled_ones", "test_one_compiled_forward_serves_every_block_of_a_class",
+                 "test_a_4bit_block_compiles_whole_around_its_4bit_matmuls",
+                 "test_a_block_class_that_cannot_compile_runs_uncompiled_after_one_line")
+"""Of test_block_compile.py: numerics, recompiles, the 4-bit operator in a graph, a failed compile
+(about 80 of the file's 130 CPU-seconds; the rest checks the compile lines and the time bound)."""
 SUITE_TESTS = ("test_quantizer_packages.py", "test_blockwise_quantize.py", "test_block_streaming.py",
-               "test_block_compile.py", "test_atomic_checkpoint.py", "test_torchao_settings.py")
+               *(f"test_block_compile.py::{name}" for name in COMPILE_TESTS),
+               "test_atomic_checkpoint.py", "test_torchao_settings.py")
 """The in-trainer tests the user stack runs: the fork's quantizer packages, quantize, stream, compile, resume."""
 
 
