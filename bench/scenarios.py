@@ -115,6 +115,17 @@ SCENARIOS = {s.name: s for s in [
              ("bench.compile_time", "--trainer", "{trainer}", "--out", "{out}/compile_time.jsonl"),
              "GPU (or `-- --tiny` on the CPU)", "the GPU machine's python3 (the trainer venv (W/venv) with --tiny)",
              (), ("compile_time.jsonl",)),
+    Scenario("compiled_step", "the 4-bit step with compiled blocks against bf16's at full width (44 blocks), 512 px, "
+             "one child per variant (`-- --variants w4a8@base,bf16,w4a8_slice384,w4a8_hold_fwd,...`, @base: "
+             "`--base-trainer`'s code): s/step, then profiled steps charged to `run --profile`'s categories",
+             ("bench.compiled_step", "steps", "--trainer", "{trainer}", "--out", "{out}/steps.jsonl"),
+             "GPU (or `-- --tiny --backend aot_eager` on the CPU)",
+             "the GPU machine's python3 (the trainer venv (W/venv) with --tiny)",
+             ("compiled_step", "compiled_step_profile"), ("steps.jsonl",)),
+    Scenario("w4a8_parts", "the 8-bit matmul's parts per FLUX.2 block Linear shape at 512 px, per step: bf16 cuBLAS, "
+             "int4_w4a8 FP8 as run, its FP8 GEMM, requantization and activation quantization, with the 8-bit weight held",
+             ("bench.compiled_step", "kernels", "--trainer", "{trainer}", "--out", "{out}/parts.json"),
+             "GPU", "the GPU machine's python3", ("w4a8_parts",), ("parts.json",)),
     Scenario("w4a8_gpu", "one GPU call: the self-test's trainer side at 512 and 1024 px (kernel checks, tiny steps, "
              "block-Linear timings), w4a8_quality, and train_step at 512 px for int4_w4a8, bf16 and int4_fused "
              "(the trainer is .bench-carry/trainer)",

@@ -250,3 +250,23 @@ def configure_linears(model: nn.Module, qtype: str, model_kwargs=None, device=No
     for module in linears:
         module.kernel = kernel
     return len(linears) if kernel.activations != BF16 else 0
+
+
+def hold_8bit_weights(model: nn.Module, budget_bytes: int) -> int:
+    """Where VRAM allows: keep the 8-bit copies of the weights of `model`'s Int4Linears that multiply
+    with 8-bit activations on a GPU (toolkit/int4_w4a8.hold_8bit), up to `budget_bytes` in all:
+    first every layer's forward copy (the forward and its checkpointed recompute use it), then the
+    input gradient's. Those matmuls then skip requantizing the 4-bit weight. Each copy costs twice
+    its 4-bit weight; a full set of both, four times the 4-bit model. Returns the bytes held."""
+    from toolkit.int4_w4a8 import hold_8bit, padded
+
+    linears = [m for m in model.modules() if isinstance(m, Int4Linear) and m.kernel.activations != BF16
+               and m.kernel.use_kernel is not False and kernel_available(m.scale)]
+    held = 0
+    for transposed in (False, True):
+        for m in linears:
+            cost = m.in_features * padded(m.out_features) if transposed else m.out_features * padded(m.in_features)
+            if held + cost > budget_bytes:
+                return held
+            held += hold_8bit(m.qweight, m.scale, m.zero, m.group_size, m.kernel.activations, transposed)
+    return held

@@ -21,9 +21,12 @@ RDNA3's int8 WMMA path):
 The 4-bit weight is requantized to 8 bits one slice at a time (the kernel's chunk_bytes,
 256 MiB of 8-bit weight by default) by a Triton kernel, then multiplied by a Triton 8-bit GEMM with the two
 scales applied in its epilogue (gemm "triton", the portable default) or, for FP8 on
-NVIDIA, by torch._scaled_mm (cuBLASLt, gemm "scaled_mm"). Nothing but the packed
-weight is kept between calls; LoRA adapters and every trainable tensor stay in bf16 (this
-module only computes the frozen base's matmuls and the input gradient through them).
+NVIDIA, by torch._scaled_mm (cuBLASLt, gemm "scaled_mm"); a weight that fits one slice is
+multiplied whole, into the GEMM's own output. Nothing but the packed weight is kept between
+calls, unless hold_8bit keeps a weight's whole 8-bit copy (where VRAM allows: twice the 4-bit
+weight per orientation; the requantization, 59 ms of a 0.41 s compiled 512 px step at 44 blocks
+on an H200 (bench/RESULTS.md), is then skipped). LoRA adapters and every trainable tensor stay in bf16 (this module only
+computes the frozen base's matmuls and the input gradient through them).
 
 reference_fwd / reference_bwd compute the same quantization in plain PyTorch (fp32
 matmuls of the 8-bit values): the CPU path, and the oracle the kernels are checked
@@ -309,12 +312,12 @@ def quantize_rows(x2d: torch.Tensor, fmt: str):
 def requantize_slice(qweight, scale, zero, inverse, out, fmt: str, per_column: bool, start: int,
                      group_size: int = GROUP_SIZE):
     """Triton: 8-bit codes of W rows start.. (per row, out [rows, K]) or of W columns
-    start.. (per column, transposed: out [columns, N])."""
+    start.. (per column, transposed: out [columns, N]); out's padding columns are left alone."""
     if per_column:
         n_rows, groups = qweight.shape[0], out.shape[0] // group_size
         qw, sc, zr, g_first = qweight, scale, zero, start // group_size
     else:
-        n_rows, groups = out.shape[0], out.shape[1] // group_size
+        n_rows, groups = out.shape[0], qweight.shape[1] * 2 // group_size
         qw, sc, zr, g_first, inverse = qweight[start:], scale[start:], zero[start:], 0, inverse[start:]
     grid = (triton.cdiv(n_rows, 64), groups)
     _requantize_kernel[grid](qw, sc, zr, inverse, out, n_rows, g_first, qweight.stride(0), scale.stride(0),
@@ -323,15 +326,18 @@ def requantize_slice(qweight, scale, zero, inverse, out, fmt: str, per_column: b
     return out
 
 
-def scaled_gemm(a, a_scale, b_rows, b_scale, out, fmt: str, gemm: str):
+def scaled_gemm(a, a_scale, b_rows, b_scale, out, fmt: str, gemm: str, dtype=None):
     """out[M, N] = (a[M, K] @ b_rows[N, K]^T) * a_scale[:, None] * b_scale[None, :]; out may be a
-    column slice of a larger tensor; K is a multiple of K_ALIGN."""
+    column slice of a larger tensor, or None: a new tensor of `dtype` (torch._scaled_mm's own
+    result, no copy); K is a multiple of K_ALIGN."""
     M, K = a.shape
     N = b_rows.shape[0]
     if gemm == "scaled_mm" and not (M % 16 or N % 16):  # cuBLASLt's FP8 GEMM wants multiples of 16
-        out.copy_(torch._scaled_mm(a, b_rows.t(), scale_a=a_scale[:, None], scale_b=b_scale[None, :].contiguous(),
-                                   out_dtype=out.dtype))
-        return out
+        product = torch._scaled_mm(a, b_rows.t(), scale_a=a_scale[:, None], scale_b=b_scale[None, :].contiguous(),
+                                   out_dtype=dtype if out is None else out.dtype)
+        return product if out is None else out.copy_(product)
+    if out is None:
+        out = torch.empty((M, N), device=a.device, dtype=dtype)
 
     def grid(meta):
         return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
@@ -348,23 +354,43 @@ def _slice_width(total: int, other: int, chunk_bytes: int) -> int:
     return min(total, -(-width // SLICE_ALIGN) * SLICE_ALIGN)
 
 
+def _orientation(qweight, scales: WeightScales, transposed: bool):
+    """(output width, reduction width, inverse scales, output column scales) of one orientation."""
+    N, K = qweight.shape[0], qweight.shape[1] * 2
+    if transposed:
+        return K, N, scales.col_inv, scales.col
+    return N, K, scales.row_inv, scales.row
+
+
+def _weight_buffer(width: int, inner: int, device, fmt: str) -> torch.Tensor:
+    """[width, padded(inner)] 8-bit, its padding columns zero (the GEMM reads them against zeros)."""
+    buf = torch.empty((width, padded(inner)), device=device, dtype=torch_dtype(fmt))
+    buf[:, inner:].zero_()
+    return buf
+
+
 def _sliced_8bit_matmul(a2d, qweight, scale, zero, scales: WeightScales, kernel: Int4Kernel,
                         group_size: int, transposed: bool):
     """a2d @ W^T (forward) or a2d @ W (transposed: the input gradient) in a2d's dtype, through
-    8-bit operands: a2d quantized per row once, the 4-bit weight requantized to 8 bits one slice
-    of output columns at a time into one reused buffer."""
+    8-bit operands: a2d quantized per row once; the weight's 8-bit copy where one is held
+    (hold_8bit), else the 4-bit weight requantized to 8 bits one slice of output columns at a time
+    into one reused buffer. A weight that fits one slice is multiplied whole, into the GEMM's own
+    output (no copy)."""
     fmt = kernel.activations
     a2d = a2d.contiguous()
-    N, K = qweight.shape[0], qweight.shape[1] * 2
-    width, inner = (K, N) if transposed else (N, K)
-    inverse, column_scale = (scales.col_inv, scales.col) if transposed else (scales.row_inv, scales.row)
-    out = torch.empty((a2d.shape[0], width), device=a2d.device, dtype=a2d.dtype)
+    width, inner, inverse, column_scale = _orientation(qweight, scales, transposed)
     if a2d.shape[0] == 0:
-        return out
+        return torch.empty((0, width), device=a2d.device, dtype=a2d.dtype)
     aq, a_scale = quantize_rows(a2d, fmt)
     step = _slice_width(width, inner, kernel.chunk_bytes)
-    buf = torch.empty((step, padded(inner)), device=a2d.device, dtype=torch_dtype(fmt))
-    buf[:, inner:].zero_()
+    whole = held_8bit(qweight, fmt, transposed)
+    if whole is None and step >= width:
+        whole = requantize_slice(qweight, scale, zero, inverse, _weight_buffer(width, inner, a2d.device, fmt),
+                                 fmt, transposed, 0, group_size)
+    if whole is not None:
+        return scaled_gemm(aq, a_scale, whole, column_scale, None, fmt, kernel.gemm, a2d.dtype)
+    out = torch.empty((a2d.shape[0], width), device=a2d.device, dtype=a2d.dtype)
+    buf = _weight_buffer(step, inner, a2d.device, fmt)
     for first in range(0, width, step):
         last = min(width, first + step)
         w8 = requantize_slice(qweight, scale, zero, inverse, buf[: last - first], fmt, transposed, first, group_size)
@@ -381,3 +407,46 @@ def w4a8_matmul(a2d, qweight, scale, zero, group_size: int, kernel: Int4Kernel, 
         return _sliced_8bit_matmul(a2d, qweight, scale, zero, scales, kernel, group_size, transposed)
     reference = reference_bwd if transposed else reference_fwd
     return reference(a2d, qweight, scale, zero, scales, kernel.activations, group_size)
+
+
+# --------------------------------------------------------------------------- 8-bit copies held
+
+
+def hold_8bit(qweight, scale, zero, group_size: int, fmt: str, transposed: bool) -> int:
+    """Keep the whole weight requantized to 8 bits in one orientation (forward: [N, K] with the
+    per-row scales; transposed, the input gradient's: [K, N] with the per-column scales) beside the
+    4-bit one, on the qweight tensor as its scales are, so the matmuls of that orientation skip
+    the requantization. The codes are the ones each call would requantize. It costs 1 byte per
+    weight (twice the 4-bit weight) for as long as the tensor lives; returns the bytes it added."""
+    held = _held(qweight, create=True)
+    key = (fmt, transposed)
+    if key in held:
+        return 0
+    scales = weight_scales(qweight, scale, zero, group_size, fmt)
+    width, inner, inverse, _ = _orientation(qweight, scales, transposed)
+    buf = _weight_buffer(width, inner, qweight.device, fmt)
+    held[key] = requantize_slice(qweight, scale, zero, inverse, buf, fmt, transposed, 0, group_size)
+    return buf.numel() * buf.element_size()
+
+
+def held_8bit(qweight, fmt: str, transposed: bool):
+    """The 8-bit copy hold_8bit keeps for this orientation, or None."""
+    held = _held(qweight, create=False)
+    return None if held is None else held.get((fmt, transposed))
+
+
+def drop_8bit(qweight) -> None:
+    """Free the 8-bit copies held for this weight."""
+    qweight.__dict__.pop("_w4a8_held", None)
+
+
+def _held(qweight, create: bool):
+    """The copies held for qweight's current storage (a tensor whose storage was swapped, or that
+    moved, holds none)."""
+    address = (qweight.data_ptr(), qweight.device)
+    entry = qweight.__dict__.get("_w4a8_held")
+    if entry is None or entry[0] != address:
+        if not create:
+            return None
+        entry = qweight.__dict__["_w4a8_held"] = (address, {})
+    return entry[1]
