@@ -6,10 +6,12 @@ tiny model on the CPU: two gloo ranks of batch 1 against one process of batch 2 
 dataset (every step sees both images, so the data order cannot differ), with per-image noise
 (force_consistent_noise), one fixed timestep, and Adagrad with a large initial accumulator, whose
 step is nearly lr x gradient: Adam's first steps are lr x sign(gradient), which turns rounding
-differences of near-zero gradients into whole steps and would hide what is compared. Then
-STOP_NOW on a two-rank run, its resume on one GPU, and a rank killed mid-run.
+differences of near-zero gradients into whole steps and would hide what is compared; these two
+run on upstream-main. Then, on amd-fork, STOP_NOW on a two-rank run, its resume on one GPU, and
+a rank killed mid-run.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -17,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -25,7 +28,8 @@ from tiny_run import REPO, RUN_NAME, run_command, run_tiny, tiny_preset
 from launcher.envs.torchenv import clean_env
 from launcher.envs.workdir import venv_python
 from launcher.errors import LauncherError
-from launcher.runs import ranks
+from launcher.runs import memory_plan, ranks, tiny
+from launcher.watchdog import rank_watch
 
 CARD = {"name": "RTX 4090", "vram_total_gib": 23.6}
 TOLERANCE = 1e-4
@@ -70,9 +74,11 @@ def test_the_failed_rank_is_named_from_torchruns_report():
 
 
 def two_images(workdir, folder: Path) -> Path:
-    """Two images and captions of the tiny model's generated dataset, in a folder of their own."""
+    """Two images and captions of the tiny model's generated dataset (built here when this runs
+    first), in a folder of their own."""
     folder.mkdir(parents=True)
-    for image in sorted((workdir.assets / "tiny" / "dataset").glob("*.png"))[:2]:
+    manifest = tiny.ensure_assets(workdir.assets / "tiny", workdir.trainer, venv_python(workdir.venv))
+    for image in sorted(Path(manifest["dataset"]).glob("*.png"))[:2]:
         shutil.copy(image, folder / image.name)
         shutil.copy(image.with_suffix(".txt"), folder / f"{image.stem}.txt")
     return folder
@@ -89,17 +95,25 @@ COMPARE = ("import json, sys; from safetensors.torch import load_file; a = load_
 
 
 @pytest.fixture(scope="module")
-def pair(trainer_workdir, tmp_path_factory):
+def upstream_workdir(installed_workdirs):
+    """upstream-main's workdir: the pair below trains there (its port of the data-parallel patch),
+    the STOP_NOW and killed-rank tests on amd-fork; each two-rank run costs over a minute on two
+    cores, so every target's patches are trained once rather than every test on both."""
+    return installed_workdirs("upstream-main")
+
+
+@pytest.fixture(scope="module")
+def pair(upstream_workdir, tmp_path_factory):
     """The 1 x batch-2 run and the 2 x batch-1 run (fresh quantized and text caches) of the same data."""
     folder = tmp_path_factory.mktemp("data-parallel")
-    dataset = two_images(trainer_workdir, folder / "dataset")
+    dataset = two_images(upstream_workdir, folder / "dataset")
     runs = {}
     for name, batch, gpus in (("ranks", 1, "2"), ("single", 2, "1")):
         preset = tiny_preset(folder / f"{name}.yaml", steps=2, save={"dtype": "float32"},
                              train={**COMPARABLE, "batch_size": batch})
         env = {**os.environ, "AITK_QUANT_CACHE_DIR": str(folder / name / "quantized"),
                "AITK_TEXT_CACHE_DIR": str(folder / name / "text")}
-        result = run_tiny(trainer_workdir.root, preset, folder / name, "--gpus", gpus, "--dataset", str(dataset),
+        result = run_tiny(upstream_workdir.root, preset, folder / name, "--gpus", gpus, "--dataset", str(dataset),
                           env=env)
         assert result.returncode == 0, result.stdout[-6000:]
         runs[name] = (folder / name / RUN_NAME, result.stdout)
@@ -107,9 +121,9 @@ def pair(trainer_workdir, tmp_path_factory):
 
 
 @pytest.mark.trainer
-def test_two_ranks_of_batch_1_train_the_lora_of_one_process_of_batch_2(pair, trainer_workdir):
+def test_two_ranks_of_batch_1_train_the_lora_of_one_process_of_batch_2(pair, upstream_workdir):
     files = [str(pair[name][0] / RUN_NAME / f"{RUN_NAME}.safetensors") for name in ("single", "ranks")]
-    result = subprocess.run([str(venv_python(trainer_workdir.venv)), "-c", COMPARE, *files], capture_output=True,
+    result = subprocess.run([str(venv_python(upstream_workdir.venv)), "-c", COMPARE, *files], capture_output=True,
                             text=True, env=clean_env())
     assert result.returncode == 0, result.stderr[-3000:]
     tensors = json.loads(result.stdout)
@@ -190,3 +204,79 @@ def test_a_killed_rank_stops_the_others_with_one_line_naming_it(trainer_workdir,
     code, log = watch(trainer_workdir, preset, tmp_path, kill_rank_1, "--gpus", "2")
     assert killed and code != 0, log[-6000:]
     assert f"rank 1 (local rank 1, pid {killed[0]}) ended with signal 9" in log
+
+
+def test_the_rank_that_keeps_the_others_waiting_is_named():
+    states = {0: {"pid": 10, "entered": 8, "waiting_since": 100.0}, 1: {"pid": 11, "entered": 7, "waiting_since": None}}
+    telemetry = {0: (7, False), 1: (7, False)}
+    assert rank_watch.stalled(states, telemetry, 100.0 + 29, 30) is None  # not yet past the limit
+    rank, line = rank_watch.stalled(states, telemetry, 100.0 + 31, 30)
+    assert rank == 1 and line.startswith("rank 1 (pid 11) stalled: rank 0 has waited 31 s") and "last step 7" in line
+    both = {0: {"pid": 10, "entered": 8, "waiting_since": 100.0}, 1: {"pid": 11, "entered": 8, "waiting_since": 101.0}}
+    assert rank_watch.stalled(both, telemetry, 1000.0, 30) is None  # all in the same collective: no culprit here
+    behind = {0: {"pid": 10, "entered": 8, "waiting_since": 100.0}, 1: {"pid": 11, "entered": 7, "waiting_since": 50.0}}
+    assert rank_watch.stalled(behind, telemetry, 1000.0, 30)[0] == 1  # stopped inside the collective before
+    sampling = {0: {"pid": 10, "waiting_since": None}, 1: {"pid": 11, "waiting_since": 100.0}}
+    assert rank_watch.stalled(sampling, {0: (7, True), 1: (7, False)}, 1000.0, 30) is None
+    assert rank_watch.stalled(sampling, {0: (7, False), 1: (7, False)}, 1000.0, 30)[0] == 0
+
+
+def test_the_watch_reads_each_ranks_files_and_forgets_an_earlier_launch(tmp_path):
+    telemetry = tmp_path / "trainer-telemetry.jsonl"
+    telemetry.write_text('{"step": 3}\n{"step": 4, "event": "sample_start"}\n', encoding="utf-8")
+    rank_watch.rank_file(telemetry, 1).write_text('{"step": 4}\n', encoding="utf-8")
+    state = tmp_path / rank_watch.STATE_FILE
+    rank_watch.rank_file(state, 0).write_text(json.dumps({"pid": None, "waiting_since": None}), encoding="utf-8")
+    rank_watch.rank_file(state, 1).write_text(json.dumps({"pid": None, "waiting_since": 0.0}), encoding="utf-8")
+    watch = rank_watch.RankWatch(tmp_path, telemetry, 2, 30)
+    assert watch.poll_once(1000.0) is None  # rank 0 is sampling
+    telemetry.write_text('{"step": 3}\n', encoding="utf-8")
+    assert "rank 0 stalled" in watch.poll_once(1000.0) and "last step 3" in watch.found
+    with rank_watch.watch_ranks(tmp_path, telemetry, 2, 30):
+        assert not list(tmp_path.glob("rank-state.rank*.json"))
+
+
+@pytest.mark.trainer
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds rank 1 through /proc")
+def test_a_stalled_rank_stops_the_others_with_one_line_naming_it(trainer_workdir, tmp_path):
+    """Rank 1 stopped (SIGSTOP: alive, never reaching the next all-reduce) once it has trained a step."""
+    preset = tiny_preset(tmp_path / "long.yaml", steps=2000, launcher={"watchdog": {"rank_stall_s": 8}})
+    state = rank_watch.rank_file(tmp_path / RUN_NAME / rank_watch.STATE_FILE, 1)
+    stopped, done = [], threading.Event()
+
+    def stop_rank_1():  # polled: the trainer's progress bar reaches the log only at a newline
+        while not done.wait(0.2):
+            if (rank_watch.read_json(state) or {}).get("entered", 0) >= 2:
+                stopped.extend(rank_pids(1))
+                for pid in stopped:
+                    os.kill(pid, signal.SIGSTOP)
+                if not done.wait(120):  # the watch missed it: end the run all the same (the test fails below)
+                    for pid in stopped:
+                        with contextlib.suppress(OSError):
+                            os.kill(pid, signal.SIGKILL)
+                return
+
+    stopper = threading.Thread(target=stop_rank_1, daemon=True)
+    stopper.start()
+    try:
+        code, log = watch(trainer_workdir, preset, tmp_path, lambda line: None, "--gpus", "2")
+    finally:
+        done.set()
+        stopper.join()
+        for pid in stopped:  # never leave a stopped process behind
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    assert stopped and code != 0, log[-6000:]
+    assert log.count(f"rank 1 (pid {stopped[0]}) stalled: rank 0 has waited") == 1, log[-6000:]
+
+
+def test_the_dry_run_plans_each_card_on_its_own():
+    process = {"model": {"model_kwargs": {"memory_plan": "auto"}}, "datasets": [{"resolution": [512]}],
+               "train": {"batch_size": 1}, "network": {"linear": 32}}
+    small = {"name": "RX 7800 XT", "vram_total_gib": 16.0}
+    lines = memory_plan.card_plans({"config": {"process": [process]}}, (CARD, small))
+    first, second = lines.index("GPU 0 (RTX 4090, 23.6 GiB), budget 22.1 GiB:"), lines.index(
+        "GPU 1 (RX 7800 XT, 16.0 GiB), budget 14.5 GiB:")
+    assert lines[first + 1:second] != lines[second + 1:-1]  # two cards, two plans
+    assert "waits for the slowest rank" in lines[-1]
+    assert memory_plan.card_plans({"config": {"process": [process]}}, (CARD,)) == []

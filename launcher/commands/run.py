@@ -40,6 +40,7 @@ from launcher.selftest.verdict import load_result, summary_line
 from launcher.user_files import read_text
 from launcher.watchdog.loop import watch_run
 from launcher.watchdog.policy import load_config
+from launcher.watchdog.rank_watch import STATE_FILE, STATE_VARIABLE, watch_ranks
 
 EXPANDABLE = "expandable_segments:True"
 ALLOCATOR_VARIABLES = ("PYTORCH_HIP_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
@@ -127,7 +128,7 @@ def handle(args) -> int:
     env = trainer_env(preset, run, workdir, extra)
     team = plan_ranks(args.gpus or preset.gpus, workdir, env)
     env.update(team.env())
-    for line in team.lines:
+    for line in team.lines + tuple(memory_plan.card_plans(config, team.cards)):
         say(f"# {line}" if args.dry_run else line)
     if args.dry_run:
         print(yaml.safe_dump(config, sort_keys=False), end="", flush=True)
@@ -146,8 +147,11 @@ def handle(args) -> int:
         write_metadata(run, preset, workdir, python, datasets, config, changes, team.count)
         say(f"run folder: {run.root}")
         offset = load_report.telemetry_offset(run)
+        if team.count > 1:
+            env[STATE_VARIABLE] = str(run.root / STATE_FILE)
         try:
-            with TelemetryRecorder(run, preset.telemetry), stall_watchdog(preset, run, python, env):
+            with TelemetryRecorder(run, preset.telemetry), stall_watchdog(preset, run, python, env), \
+                    watch_ranks(run.root, run.trainer_telemetry, team.count, load_config(preset.watchdog).rank_stall_s):
                 code = train(team.command(python, run.config.resolve()), workdir.trainer, run, env)
         finally:
             report_load(run, offset)

@@ -106,3 +106,27 @@ def refuse_unstreamable(plan: dict, model: dict, kwargs: dict, where: str) -> No
             f"keep all {len(blocks)} blocks resident, where the plan for vram_budget_gib {kwargs['vram_budget_gib']} "
             f"streams {streamed}; set qtype auto (the fastest of these that `python -m launcher selftest` passed) or "
             f"one of them, or give a vram_budget_gib that holds every block")
+
+
+def card_plans(config: dict, cards: tuple[dict, ...]) -> list[str]:
+    """`run --gpus N`: the plan each rank makes for its own card (the preset's budget, else the card's
+    total less a desktop's share), card by card; ranks step together, so the slower card sets the pace."""
+    if len(cards) < 2:
+        return []
+    lines = []
+    for index, card in enumerate(cards):
+        for process in config["config"]["process"]:
+            kwargs = (process.get("model") or {}).get("model_kwargs") or {}
+            total = card.get("vram_total_gib")
+            if not plans(kwargs) or not (kwargs.get("vram_budget_gib") or total):
+                continue
+            budget = float(kwargs.get("vram_budget_gib") or total - DESKTOP_GIB)
+            head = f"GPU {index} ({card.get('name')}, {total} GiB), budget {budget:g} GiB:"
+            try:
+                lines += [head] + [f"  {line}" for line in plan_for(process, budget).summary()]
+            except trainer_rules.memory_plan().PlanError as error:
+                lines.append(f"{head} {error}")
+    if lines:
+        lines.append("each rank plans its own card and every step waits for the slowest rank: the card that "
+                     "streams the most sets the pace of all")
+    return lines

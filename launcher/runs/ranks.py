@@ -27,6 +27,7 @@ class Ranks:
     count: int
     device: str  # "cuda", "rocm" or "cpu"
     lines: tuple[str, ...] = ()
+    cards: tuple[dict, ...] = ()  # the GPUs the ranks use, as the trainer's torch reports them
 
     @property
     def backend(self) -> str:
@@ -74,7 +75,7 @@ def plan(count: int, torch_info: dict, env: dict[str, str], platform: str = sys.
         named = ", ".join(f"GPU {i} {card.get('name')} {card.get('vram_total_gib')} GiB" for i, card in enumerate(cards))
         lines.append(f"the cards differ ({named}): each streams what its own plan says, and every step waits "
                      "for the slowest card")
-    return Ranks(count, device, tuple(lines))
+    return Ranks(count, device, tuple(lines), tuple(cards))
 
 
 ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*"

@@ -43,6 +43,9 @@ class WatchdogConfig:
     """GPU telemetry tool: auto, amd-smi, rocm-smi, nvidia-smi or typeperf."""
     gpu: int = 0
     """GPU index for the telemetry tool."""
+    rank_stall_s: float = 300.0
+    """`run --gpus N`: a rank that keeps the others waiting this long in the gradient all-reduce is
+    stalled (launcher/watchdog/rank_watch.py; on whether `enabled` or not); under NCCL's 10 minutes."""
 
     # --- detector
     samples: int = 2

@@ -14,9 +14,12 @@ the main rank builds the caches while the others wait, reads the flag files and 
 and writes what a single process would write. Nothing here does anything in a single process.
 """
 
+import contextlib
 import datetime
+import json
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -25,6 +28,14 @@ LOADED_KEY = "flux2-24gb/main-rank-loaded"
 LOAD_WAIT = datetime.timedelta(hours=12)
 """How long the other ranks wait for the main rank's caches: a first 4-bit quantization of
 FLUX.2 [dev] takes minutes, far past NCCL's collective timeout, so the wait is on the store."""
+
+
+STATE_VARIABLE = "AITK_RANK_STATE"
+"""`run` names a file here (`<run>/rank-state.json`); rank R keeps `rank-state.rank<R>.json` beside
+it: its pid, how many collectives of the train loop it has entered, and since when it waits in the
+last (null while it computes). The launcher's rank
+watch (launcher/watchdog/rank_watch.py) reads them: a rank that keeps the others waiting past the
+limit is the stalled one, whatever it is doing (sleeping, stopped, looping)."""
 
 
 def world_size() -> int:
@@ -65,6 +76,7 @@ def before_loading() -> None:
     if not active():
         return
     die_with_agent()
+    _write_state(None)
     if rank() != 0:
         print(f"rank {rank()}: waiting for rank 0 to load the model (the quantized cache, the text phase)", flush=True)
         _store().wait([LOADED_KEY], LOAD_WAIT)
@@ -100,6 +112,33 @@ def broadcast_parameters(params) -> None:
             dist.broadcast(tensor.data, 0)
 
 
+_entered = 0  # collectives of the train loop this rank has entered
+
+
+def _write_state(waiting_since: float | None) -> None:
+    """This rank's state file for the launcher's rank watch, replaced whole (a reader never sees half)."""
+    path = os.environ.get(STATE_VARIABLE)
+    if not path:
+        return
+    stem, _, suffix = path.rpartition(".")
+    target = f"{stem}.rank{rank()}.{suffix}"
+    with open(f"{target}.tmp", "w", encoding="utf-8") as handle:
+        json.dump({"rank": rank(), "pid": os.getpid(), "entered": _entered, "waiting_since": waiting_since}, handle)
+    os.replace(f"{target}.tmp", target)
+
+
+@contextlib.contextmanager
+def _waiting():
+    """Marks a collective of the train loop: a rank inside it is waiting for the others."""
+    global _entered
+    _entered += 1
+    _write_state(time.time())
+    try:
+        yield
+    finally:
+        _write_state(None)
+
+
 def average_gradients(params) -> None:
     """The mean of every rank's gradient, in one all-reduce per dtype: the global batch's gradient."""
     if not active():
@@ -108,7 +147,8 @@ def average_gradients(params) -> None:
     for dtype in {grad.dtype for grad in grads}:
         same = [grad for grad in grads if grad.dtype == dtype]
         flat = torch.cat([grad.reshape(-1) for grad in same])
-        dist.all_reduce(flat)
+        with _waiting():
+            dist.all_reduce(flat)
         flat /= world_size()
         offset = 0
         for grad in same:
@@ -144,5 +184,6 @@ def flags_present(folder: str, names: tuple[str, ...], device) -> list[str]:
     if not active():
         return present
     mask = torch.tensor([name in present for name in names], dtype=torch.int32, device=device)
-    dist.broadcast(mask, 0)
+    with _waiting():
+        dist.broadcast(mask, 0)
     return [name for name, seen in zip(names, mask.tolist()) if seen]

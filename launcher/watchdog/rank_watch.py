@@ -1,0 +1,144 @@
+"""The rank watch of a `run --gpus N` run: a rank that stalls (alive, but not reaching the step's
+gradient all-reduce: asleep, stopped, in a loop) holds every other rank waiting in it, and
+torchrun only acts on a rank that ends. NCCL or gloo would end a waiting rank after their
+collective timeout (10 or 30 minutes) and torchrun would then name that rank, not the stalled one.
+
+Each rank keeps `rank-state.rank<R>.json` in the run folder (overlay toolkit/data_parallel.py):
+its pid, how many collectives it has entered and since when it waits in the last. When one rank
+has waited past `rank_stall_s` (the preset's `launcher: watchdog:` block) for a collective, the
+ranks that have not entered it are the stalled ones (not waiting, or stuck in an earlier one): the watch
+names the first in one line, with its last step from its trainer telemetry, and kills it, so
+torchrun stops the others. The main rank sampling images (its telemetry's open `sample_start`)
+keeps the others waiting by design and is not a stall.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from launcher.progress import warn
+
+STATE_FILE = "rank-state.json"
+STATE_VARIABLE = "AITK_RANK_STATE"
+"""What the trainer reads (toolkit/data_parallel.py): rank R writes `rank-state.rank<R>.json`."""
+
+
+def rank_file(path: Path, rank: int) -> Path:
+    """`rank-state.json` -> `rank-state.rank<R>.json`, `trainer-telemetry.jsonl` -> `...rank<R>.jsonl`;
+    the telemetry of rank 0 keeps its plain name (toolkit/trainer_telemetry.py)."""
+    return path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def last_rows(path: Path, size: int = 16384) -> list[dict]:
+    """The last rows of a telemetry file (its tail only: the file grows for the whole run)."""
+    try:
+        with open(path, "rb") as handle:
+            start = max(0, handle.seek(0, os.SEEK_END) - size)
+            handle.seek(start)
+            lines = handle.read().decode("utf-8", "replace").splitlines()[1 if start else 0:]
+    except OSError:
+        return []
+    rows = []
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return [row for row in rows if isinstance(row, dict)]
+
+
+def telemetry_of(rows: list[dict]) -> tuple[int | None, bool]:
+    """(the last step a rank's telemetry reports, whether it is sampling now)."""
+    steps = [row["step"] for row in rows if isinstance(row.get("step"), int)]
+    events = [row["event"] for row in rows if row.get("event") in ("sample_start", "sample")]
+    return (steps[-1] if steps else None), bool(events) and events[-1] == "sample_start"
+
+
+def stalled(states: dict[int, dict | None], telemetry: dict[int, tuple[int | None, bool]], now: float,
+            limit: float) -> tuple[int, str] | None:
+    """(rank, the line naming it) when a rank has waited `limit` seconds in a collective that
+    another rank has not entered."""
+    waits = {rank: (now - state["waiting_since"], state.get("entered") or 0) for rank, state in states.items()
+             if state and isinstance(state.get("waiting_since"), (int, float))}
+    if not waits:
+        return None
+    front = max(entered for _, entered in waits.values())  # the collective the furthest ranks wait in
+    waiter = max((rank for rank, (_, entered) in waits.items() if entered == front), key=lambda rank: waits[rank][0])
+    if waits[waiter][0] < limit:
+        return None
+    late = [rank for rank in sorted(states) if rank not in waits and not telemetry.get(rank, (None, False))[1]
+            or rank in waits and waits[rank][1] < front]
+    if not late:
+        return None
+    rank = late[0]
+    pid = (states.get(rank) or {}).get("pid")
+    step = telemetry.get(rank, (None, False))[0]
+    return rank, (f"rank {rank}{f' (pid {pid})' if pid else ''} stalled: rank {waiter} has waited "
+                  f"{waits[waiter][0]:.0f} s for it in the gradient all-reduce (limit rank_stall_s {limit:.0f} s), "
+                  f"its last step {step if step is not None else 'unknown'}; stopping it, torchrun stops the others")
+
+
+class RankWatch:
+    """Polls the ranks' state files; on a stall says the line once and kills the stalled rank."""
+
+    def __init__(self, run_root: Path, telemetry: Path, count: int, limit: float) -> None:
+        self.state = Path(run_root) / STATE_FILE
+        self.telemetry = Path(telemetry)
+        self.count = count
+        self.limit = limit
+        self.found: str | None = None
+
+    def poll_once(self, now: float) -> str | None:
+        states = {rank: read_json(rank_file(self.state, rank)) for rank in range(self.count)}
+        telemetry = {rank: telemetry_of(last_rows(self.telemetry if rank == 0 else rank_file(self.telemetry, rank)))
+                     for rank in range(self.count)}
+        found = stalled(states, telemetry, now, self.limit)
+        if found is None:
+            return None
+        rank, self.found = found
+        warn(self.found)
+        pid = (states.get(rank) or {}).get("pid")
+        if isinstance(pid, int):
+            try:
+                os.kill(pid, getattr(signal, "SIGKILL", signal.SIGTERM))
+            except OSError:
+                pass  # it ended meanwhile: torchrun names it
+        return self.found
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.wait(min(5.0, self.limit / 4)):
+            if self.poll_once(time.time()):
+                return
+
+
+@contextmanager
+def watch_ranks(run_root: Path, telemetry: Path, count: int, limit: float):
+    """The rank watch for the length of the training, on runs of more than one rank."""
+    if count < 2:
+        yield None
+        return
+    for old in Path(run_root).glob(f"{Path(STATE_FILE).stem}.rank*{Path(STATE_FILE).suffix}"):
+        old.unlink(missing_ok=True)  # an earlier launch's: its pids are not this launch's ranks
+    watch = RankWatch(run_root, telemetry, count, limit)
+    stop = threading.Event()
+    thread = threading.Thread(target=watch.run, args=(stop,), name="rank-watch", daemon=True)
+    thread.start()
+    try:
+        yield watch
+    finally:
+        stop.set()
+        thread.join(10)
