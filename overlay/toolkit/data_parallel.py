@@ -122,9 +122,12 @@ def _write_state(waiting_since: float | None) -> None:
         return
     stem, _, suffix = path.rpartition(".")
     target = f"{stem}.rank{rank()}.{suffix}"
-    with open(f"{target}.tmp", "w", encoding="utf-8") as handle:
-        json.dump({"rank": rank(), "pid": os.getpid(), "entered": _entered, "waiting_since": waiting_since}, handle)
-    os.replace(f"{target}.tmp", target)
+    try:
+        with open(f"{target}.tmp", "w", encoding="utf-8") as handle:
+            json.dump({"rank": rank(), "pid": os.getpid(), "entered": _entered, "waiting_since": waiting_since}, handle)
+        os.replace(f"{target}.tmp", target)
+    except OSError as error:  # the watch goes blind on this rank; the training goes on
+        print(f"rank {rank()}: writing {target} failed ({error}); the rank watch cannot see this rank", flush=True)
 
 
 @contextlib.contextmanager
