@@ -132,7 +132,7 @@ def child(args) -> int:
     from bench import _trainer
 
     trainer = _trainer.Trainer(args.trainer)
-    from toolkit import block_compile, block_streaming, int4_linear, memory_plan, qtypes
+    from toolkit import block_compile, block_streaming, int4_linear, memory_plan
 
     qtype, _, gemm = args.qtypes.partition(":")
     where = {"qtype": args.qtypes, "cache": args.child}
@@ -141,8 +141,8 @@ def child(args) -> int:
     began = time.perf_counter()
     params = trainer.params(tiny=args.tiny, depth=args.double, depth_single_blocks=args.single)
     model = random_4bit_model(torch, trainer, int4_linear, params, device)
-    choice = {"gemm": gemm, "activations": qtypes.FP8} if gemm == "scaled_mm" else {"gemm": gemm or None}
-    qtypes.configure_linears(model, qtype, device, environ={}, **choice)
+    kwargs = {"w4a8_gemm": gemm, "w4a8_activations": "fp8"} if gemm == "scaled_mm" else ({"w4a8_gemm": gemm} if gemm else {})
+    int4_linear.configure_linears(model, qtype, kwargs, device)
     lora, _ = _trainer.add_lora(model, 32, 32.0, device, torch.float32)
     model.gradient_checkpointing = True
     if args.plan == "stream":

@@ -2,7 +2,7 @@
 
 The weight format and the GPU kernels are toolkit/int4_kernels.py's. An Int4Linear holds
 how it multiplies (`kernel`, a toolkit/qtypes.py `Int4Kernel`, set once after loading by
-`qtypes.configure_linears`): bf16 activations through the int4 kernels (qtype int4_fused), or
+`configure_linears` below): bf16 activations through the int4 kernels (qtype int4_fused), or
 8-bit activations and 8-bit weight slices through toolkit/int4_w4a8.py (qtype int4_w4a8), same
 stored weight. Without a GPU the plain-PyTorch reference runs. The base weight never gets a
 gradient; only the input does.
