@@ -7,12 +7,13 @@ RDNA3 cards part by part, by what bounds each part:
 - block GEMMs and attention: compute; scaled by the measured bf16 GEMM rates: the H200's block
   Linears at 776 TFLOP/s (results/block_linear_time.csv). The 7900 XTX's rate through hipBLAS at
   FLUX.2's block shapes is the named assumption, taken as a range (RATES): 46.3 TFLOP/s low (the
-  lowest published bf16 2048^2 figure, torch 2.10 + ROCm 7.10: github.com/zzc0721/
-  torch-performance-test-data/issues/103), 77 central (the 6144x6144 @ 6144x18432 burst of the
-  recipe's write-up: github.com/drhawktopus/flux2-32b-qlora-rocm-windows), 99.4 high (the highest
-  published bf16 4096^2 figure, torch 2.7.1 + ROCm 6.3: the same repository's issue 58); the other
-  RDNA3 cards by their published FP16 peak relative to the 7900 XTX's (AMD product pages). A
-  measured step gives the rate back (`launcher/step_prediction.py`, in the report): the first owner's s/it confirms the range or
+  lowest published bf16 2048^2 figure, torch 2.10 + ROCm 7.10:
+  https://github.com/zzc0721/torch-performance-test-data/issues/103), 77 central (the 6144x6144 @
+  6144x18432 burst of the recipe's write-up: github.com/drhawktopus/flux2-32b-qlora-rocm-windows),
+  99.4 high (the highest published bf16 4096^2 figure, torch 2.7.1 + ROCm 6.3:
+  https://github.com/zzc0721/torch-performance-test-data/issues/58); the other RDNA3 cards by their
+  published FP16 peak relative to the 7900 XTX's (AMD product pages). A measured step gives the rate
+  back (`launcher/step_prediction.py`, in the report): the first owner's s/it confirms the range or
   says by how much the GEMMs miss it;
 - elementwise chains, LoRA matmuls, the optimizer and copies: memory bandwidth (H200 4.8 TB/s;
   7900 XTX 960 GB/s, 7900 XT 800, 7800 XT 624: AMD product pages);
@@ -38,10 +39,13 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from launcher.step_prediction import CENTRAL_RATE, RATE_RANGE, Prediction  # noqa: E402 (the repository, put on the path above)
+
 RESULTS = HERE / "results"
 FULL = 56 / 44
 H200 = {"gemm_tflops": 776.0, "bandwidth_gbs": 4800.0}
-RATES = {"low": 46.3, "central": 77.0, "high": 99.4}  # the 7900 XTX's bf16 GEMM TFLOP/s at block shapes (docstring)
+RATES = {"low": RATE_RANGE[0], "central": CENTRAL_RATE, "high": RATE_RANGE[1]}  # the 7900 XTX's bf16 GEMM TFLOP/s (docstring)
 CARDS = {  # name: (bf16 GEMM rate relative to the 7900 XTX's, bandwidth GB/s, memory GiB, preset)
     "RX 7900 XTX": (1.0, 960.0, 24, "7900xtx_512.yaml"),
     "RX 7900 XT": (103.0 / 122.8, 800.0, 20, "7900xt_512.yaml"),
@@ -77,14 +81,13 @@ def h200_breakdown(px: int) -> dict:
 
 
 def memory_plan():
-    sys.path.insert(0, str(HERE.parent))
     from launcher import trainer_rules
 
     return trainer_rules.memory_plan()
 
 
 def streamed_gib(plan, memory_gib: int, px: int) -> float:
-    from launcher.runs.memory_plan import DESKTOP_GIB  # importable once memory_plan() put the repository on the path
+    from launcher.runs.memory_plan import DESKTOP_GIB
 
     budget = int((memory_gib - DESKTOP_GIB - plan.DEFAULT_MARGIN_GIB) * plan.GIB)
     made = plan.make_plan(plan.flux2_inputs(plan.Flux2Shape(), budget, px, in_flight=1))
@@ -110,17 +113,12 @@ def predict(card: str, path: str, px: int, compiled: bool, plan) -> dict:
     stream = streamed * plan.GIB / 1e9 * COPIES_PER_STEP / PCIE_GBS
     bound = gemm + h["attention"] * compute
     rest = overhead + elementwise + other + stream
-    at = {name: step_at(bound, rest, rate) for name, rate in RATES.items()}
+    at = {name: Prediction(card, path, px, compiled, bound, rest).step_at(rate) for name, rate in RATES.items()}
     return {"card": card, "preset": preset, "path": path, "px:": px, "compiled": "yes" if compiled else "no",
             "GEMMs + attention s at 77:": f"{bound:.2f}", "4-bit overhead s:": f"{overhead:.2f}",
             "elementwise s:": f"{elementwise:.2f}", "LoRA + optimizer + idle s:": f"{other:.2f}",
             "streamed GiB:": f"{streamed:.1f}", "copies s:": f"{stream:.2f}", "rest s:": f"{rest:.2f}",
             "s/it at 99.4:": f"{at['high']:.1f}", "s/it at 77:": f"**{at['central']:.1f}**", "s/it at 46.3:": f"{at['low']:.1f}"}
-
-
-def step_at(bound: float, rest: float, rate: float) -> float:
-    """The step at another GEMM rate (TFLOP/s, the 7900 XTX's scale): only the compute-bound part moves."""
-    return bound * RATES["central"] / rate + rest
 
 
 def main() -> int:
