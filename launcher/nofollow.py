@@ -32,13 +32,21 @@ def link_error(path: Path) -> LauncherError:
                          "lead out of the run folder. Remove the link (a plain file or folder of that name is fine)")
 
 
-def refuse_links(root: Path, path: Path) -> Path:
-    """`path`, after checking that neither it nor any folder between `root` and it is a link."""
+def first_link(root: Path, path: Path) -> Path | None:
+    """The first of the folders between `root` and `path` (and `path` itself) that is a link, or None."""
     current = root
     for part in path.relative_to(root).parts:
         current = current / part
         if is_link(current):
-            raise link_error(current)
+            return current
+    return None
+
+
+def refuse_links(root: Path, path: Path) -> Path:
+    """`path`, after checking that neither it nor any folder between `root` and it is a link."""
+    link = first_link(root, path)
+    if link is not None:
+        raise link_error(link)
     return path
 
 

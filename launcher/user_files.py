@@ -20,7 +20,7 @@ import stat
 from pathlib import Path
 
 from launcher.errors import LauncherError
-from launcher.nofollow import is_link
+from launcher.nofollow import first_link
 
 MIB = 2**20
 KINDS = {
@@ -66,12 +66,10 @@ def _refuse_special(path: Path, mode: int) -> None:
 
 
 def _refuse_links(within: Path, path: Path) -> None:
-    current = within
-    for part in path.relative_to(within).parts:
-        current = current / part
-        if is_link(current):
-            raise UserFileError(current, "is a link; the launcher follows no link here (it could lead to "
-                                         "another user's files): replace it by the file or folder itself")
+    link = first_link(within, path)
+    if link is not None:
+        raise UserFileError(link, "is a link; the launcher follows no link here (it could lead to "
+                                  "another user's files): replace it by the file or folder itself")
 
 
 def _read(path: Path, kind: str, within: Path | None) -> tuple[bytes, bool]:

@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import LauncherError
-from launcher.nofollow import refuse_links
+from launcher.nofollow import first_link, is_link, refuse_links
 from launcher.runs.files import CHECKPOINT_MANIFEST, PROFILE_DIR, SAVE_NOW, STOP_NOW
 from launcher.runs.run_lock import LOCK_FILE
-from launcher.nofollow import is_link
 from launcher.runs.schema import RESOLUTION, Anything, Block, Extension, ListOf, Nullable, PlainName, Text, Vocabulary
 from launcher.runs.yaml_files import load_yaml
 
@@ -216,13 +215,11 @@ def _saved_step(path: Path, name: str) -> int | None:
 def check_runs_folder(workdir: Path, runs_dir: Path) -> None:
     """No link between the workdir and its runs folder, as setup refuses one: every run would be
     written wherever it leads."""
-    current = workdir
-    for part in runs_dir.relative_to(workdir).parts:
-        current = current / part
-        if is_link(current):
-            raise LauncherError(
-                f"{current} leads out of the workdir (to {current.resolve()}); the launcher only writes inside "
-                f"{workdir}. Replace the link by a real folder, or give --output the folder it led to")
+    link = first_link(workdir, runs_dir)
+    if link is not None:
+        raise LauncherError(
+            f"{link} leads out of the workdir (to {link.resolve()}); the launcher only writes inside "
+            f"{workdir}. Replace the link by a real folder, or give --output the folder it led to")
 
 
 def run_link_error(path: Path) -> LauncherError:
