@@ -27,17 +27,15 @@ stopped, with a line that says so, and the qtypes after it are skipped the same 
 import argparse
 import json
 import logging
-import os
 import re
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from bench._children import fresh_compile_caches, run_within
+
 QTYPES = "int4_w4a8:scaled_mm,int4_fused"
 RESOLUTION, TEXT_TOKENS = 512, 512
 TINY_RESOLUTION, TINY_TEXT_TOKENS = 64, 8
@@ -79,8 +77,7 @@ def main(argv=None) -> int:
     failed = False
     for spec in args.qtypes.split(","):
         with tempfile.TemporaryDirectory(prefix="compile-time-") as caches:
-            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(Path(caches) / "inductor"),
-                   "TRITON_CACHE_DIR": str(Path(caches) / "triton"), "TRITON_CACHE_AUTOTUNING": "1"}
+            env = fresh_compile_caches(Path(caches))
             for cache in ("cold", "warm"):
                 failed |= not run_child(args, spec, cache, env, deadline - time.monotonic())
     return 1 if failed else 0
@@ -97,12 +94,8 @@ def run_child(args, spec: str, cache: str, env: dict, left: float) -> bool:
             "--single", str(args.single), "--plan", args.plan, "--steps", str(args.steps),
             "--backend", args.backend, "--child", cache] + (["--tiny"] if args.tiny else [])
     began = time.monotonic()
-    child_process = subprocess.Popen(argv, cwd=REPO, env=env, start_new_session=True)
-    try:
-        code = child_process.wait(timeout=left)
-    except subprocess.TimeoutExpired:
-        os.killpg(child_process.pid, signal.SIGKILL)  # the child and its Inductor compile workers
-        child_process.wait()
+    code = run_within(argv, env, left)
+    if code is None:
         write_row(args.out, {"measure": "stopped", **where, "after_s": round(time.monotonic() - began, 1),
                         "reason": "the budget was spent"})
         return False

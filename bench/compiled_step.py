@@ -26,16 +26,14 @@ go, and the 8-bit matmul's parts per FLUX.2 block Linear shape.
 
 import argparse
 import json
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from bench._children import fresh_compile_caches, run_within
+
 SCALED = {"w4a8_activations": "fp8", "w4a8_gemm": "scaled_mm", "int4_chunk_mib": 256}
 FORWARD_COPIES_GIB = 24  # the forward copies of the 44 blocks' weights: 25.5e9 bytes, 23.8 GiB
 ONE_SLICE = {**SCALED, "int4_chunk_mib": 384}  # every FLUX.2 block Linear's 8-bit weight in one slice
@@ -106,8 +104,7 @@ def main(argv=None) -> int:
     args.out.write_text("", encoding="utf-8")
     failed = False
     with tempfile.TemporaryDirectory(prefix="compiled-step-") as caches:
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(Path(caches) / "inductor"),
-               "TRITON_CACHE_DIR": str(Path(caches) / "triton"), "TRITON_CACHE_AUTOTUNING": "1"}
+        env = fresh_compile_caches(Path(caches))
         for spec in args.variants.split(","):
             failed |= not run_child(args, spec, env, deadline - time.monotonic())
     return 1 if failed else 0
@@ -124,12 +121,8 @@ def run_child(args, spec: str, env: dict, left: float) -> bool:
             "--single", str(args.single), "--warmup", str(args.warmup), "--steps", str(args.steps),
             "--profile", str(args.profile), "--backend", args.backend] + (["--tiny"] if args.tiny else [])
     began = time.monotonic()
-    process = subprocess.Popen(argv, cwd=REPO, env=env, start_new_session=True)
-    try:
-        code = process.wait(timeout=left)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)  # the child and its Inductor compile workers
-        process.wait()
+    code = run_within(argv, env, left)
+    if code is None:
         write_row(args.out, {"variant": spec, "measure": "stopped", "after_s": round(time.monotonic() - began, 1)})
         return False
     if code:
