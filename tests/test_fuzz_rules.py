@@ -193,15 +193,7 @@ def plant_image(path: Path, kind: str, outside: Path) -> None:
         path.write_bytes(b"not an image at all")
     elif kind == "truncated":
         path.write_bytes(write_png(outside.parent / "whole.png", 128, 128).read_bytes()[:60])
-    elif kind == "folder":
-        path.mkdir()
-    elif kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "dev-zero":
-        path.symlink_to("/dev/zero")
-    elif kind == "outside":
-        path.symlink_to(outside)
-    else:
+    elif not plant_not_a_file(path, kind, outside):
         path.write_bytes(b"")
 
 
@@ -211,7 +203,16 @@ def plant_caption(path: Path, kind: str, outside: Path) -> None:
               "latin-1": "caf\xe9".encode("latin-1"), "long": b"word " * 1000}
     if kind in writes:
         path.write_bytes(writes[kind])
-    elif kind == "folder":
+    elif kind == "huge":
+        with path.open("wb") as handle:
+            handle.truncate(2**30)
+    else:
+        plant_not_a_file(path, kind, outside)
+
+
+def plant_not_a_file(path: Path, kind: str, outside: Path) -> bool:
+    """A folder, FIFO or link (to /dev/zero, or out of the dataset) in place of a file; False for other kinds."""
+    if kind == "folder":
         path.mkdir()
     elif kind == "fifo":
         os.mkfifo(path)
@@ -219,9 +220,9 @@ def plant_caption(path: Path, kind: str, outside: Path) -> None:
         path.symlink_to("/dev/zero")
     elif kind == "outside":
         path.symlink_to(outside)
-    elif kind == "huge":
-        with path.open("wb") as handle:
-            handle.truncate(2**30)
+    else:
+        return False
+    return True
 
 
 @FUZZ
