@@ -108,6 +108,10 @@ class Bundle:
         self.handle.close()
 
 
+def _plain_file(path: Path) -> bool:
+    return not is_link(path) and path.is_file()
+
+
 def recent_runs(runs_dir: Path, count: int = RUNS) -> list[RunFolder]:
     """The run folders under `runs_dir` whose config was written last, newest first; no link is
     followed (a linked runs folder, run folder, config or job folder is passed over)."""
@@ -120,17 +124,6 @@ def recent_runs(runs_dir: Path, count: int = RUNS) -> list[RunFolder]:
         metadata = next((m for m in root.glob("*/run.json") if not is_link(m.parent)), None)
         runs.append(RunFolder(root, metadata.parent.name if metadata else root.name))
     return runs
-
-
-def _plain_file(path: Path) -> bool:
-    return not is_link(path) and path.is_file()
-
-
-def with_plain_telemetry(runs: list[RunFolder]) -> list[RunFolder]:
-    """The runs whose trainer telemetry is missing or a plain file: the step prediction reads it with
-    its own reader, which a FIFO or a link planted there would block or lead elsewhere."""
-    return [run for run in runs if not (run.trainer_telemetry.exists() or is_link(run.trainer_telemetry))
-            or _plain_file(run.trainer_telemetry)]
 
 
 def add_run(bundle: Bundle, run: RunFolder, label: str) -> None:

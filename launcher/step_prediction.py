@@ -15,8 +15,8 @@ from pathlib import Path
 
 from launcher.errors import LauncherError
 from launcher.runs.folders import RunFolder
-from launcher.runs.telemetry import last_rows
 from launcher.runs.yaml_files import load_yaml
+from launcher.user_files import last_rows
 
 TABLE = Path(__file__).resolve().parent.parent / "bench" / "results" / "prediction.csv"
 CENTRAL_RATE = 77.0  # TFLOP/s: the rate the table's compute-bound column is given at
@@ -89,7 +89,7 @@ def run_shape(run: RunFolder) -> tuple[str, int, bool] | None:
 
 def measured_step(run: RunFolder) -> float | None:
     """The median s/it of the trainer's rows (a run's own timing, load and first step left out)."""
-    speeds = [row["s_per_it"] for row in last_rows(run.trainer_telemetry)
+    speeds = [row["s_per_it"] for row in last_rows(run.trainer_telemetry, within=run.root)
               if isinstance(row.get("s_per_it"), (int, float)) and row["s_per_it"] > 0]
     return statistics.median(speeds) if speeds else None
 

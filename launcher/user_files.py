@@ -15,6 +15,7 @@ mark decodes "fine" as UTF-8 into text full of NUL characters. Here every read:
 - fails with one UserFileError line that names the file and says what to do.
 """
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -31,10 +32,11 @@ KINDS = {
     "notes": (1 * MIB, "a notes or version file is a few kB"),
     "image": (1024 * MIB, "the trainer opens no image larger than PIL's 179 Mpx limit"),
     "log": (256 * 1024, "only the end of a log is read"),
+    "telemetry": (64 * 1024, "only the newest rows of a telemetry file are read"),
 }
-"""`log` is a tail: a larger file is read from its end, never refused."""
+"""`log` and `telemetry` are tails: a larger file is read from its end, never refused."""
 BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))
-TAILS = ("log",)
+TAILS = ("log", "telemetry")
 NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # POSIX: opening a FIFO returns at once
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 BINARY = getattr(os, "O_BINARY", 0)
@@ -136,3 +138,22 @@ def read_tail_lines(path: Path, lines: int, within: Path | None = None) -> str:
         data = data[data.index(b"\n") + 1:]
     text = data.decode("utf-8", errors="replace")
     return "".join(text.splitlines(keepends=True)[-lines:])
+
+
+def last_rows(path: Path, within: Path | None = None) -> list[dict]:
+    """The complete JSON rows at the end of a file another process appends to, newest first; none
+    where it is missing or not a regular file (a FIFO planted there is never opened for reading), or
+    with `within`, where a link lies at or below that folder."""
+    try:
+        lines = read_bytes(path, "telemetry", within).splitlines()
+    except UserFileError:
+        return []
+    rows = []
+    for line in reversed(lines):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a line still being written, or cut where the tail begins
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows

@@ -4,7 +4,8 @@ import json
 from pathlib import Path
 
 from launcher.runs.folders import RunFolder
-from launcher.runs.telemetry import TelemetryRecorder, last_rows
+from launcher.runs.telemetry import TelemetryRecorder
+from launcher.user_files import last_rows
 from launcher.signals.gpu_sources import GpuSample
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from launcher.commands.doctor import collect
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, venv_python
 from launcher.errors import LauncherError
-from launcher.field_report import Bundle, Scrubber, add_run, recent_runs, with_plain_telemetry
+from launcher.field_report import Bundle, Scrubber, add_run, recent_runs
 from launcher.progress import say, step
 from launcher.selftest.verdict import load_result
 from launcher.step_prediction import report as step_report
@@ -83,7 +83,7 @@ def gather(bundle: Bundle, workdir: Workdir, args) -> None:
     runs = recent_runs(workdir.runs)
     for index, run in enumerate(runs):
         add_run(bundle, run, f"runs/{index}-{run.root.name}")
-    add_prediction(bundle, doctor, with_plain_telemetry(runs))
+    add_prediction(bundle, doctor, runs)
 
 
 def add_prediction(bundle: Bundle, doctor: dict, runs: list) -> None:

@@ -8,30 +8,12 @@ may be missing: the row keeps what is known, and a missing source is noted once.
 import json
 import threading
 import time
-from pathlib import Path
 
 from launcher.nofollow import open_append
 from launcher.progress import warn
 from launcher.runs.folders import RunFolder
 from launcher.signals.gpu_sources import detect_source
-
-
-def last_rows(path: Path) -> list[dict]:
-    """The complete JSON lines at the end of a file another process appends to, newest first."""
-    try:
-        with path.open("rb") as handle:
-            handle.seek(0, 2)
-            handle.seek(max(0, handle.tell() - 65536))
-            lines = handle.read().splitlines()
-    except FileNotFoundError:
-        return []
-    rows = []
-    for line in reversed(lines):
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue  # a line still being written, or cut by the seek
-    return rows
+from launcher.user_files import last_rows
 
 
 def trainer_figures(rows: list[dict]) -> dict | None:

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from launcher.progress import warn
+from launcher.user_files import last_rows
 
 STATE_FILE = "rank-state.json"
 STATE_VARIABLE = "AITK_RANK_STATE"
@@ -43,29 +44,11 @@ def read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def last_rows(path: Path, size: int = 16384) -> list[dict]:
-    """The last rows of a telemetry file (its tail only: the file grows for the whole run)."""
-    try:
-        with open(path, "rb") as handle:
-            start = max(0, handle.seek(0, os.SEEK_END) - size)
-            handle.seek(start)
-            lines = handle.read().decode("utf-8", "replace").splitlines()[1 if start else 0:]
-    except OSError:
-        return []
-    rows = []
-    for line in lines:
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue
-    return [row for row in rows if isinstance(row, dict)]
-
-
 def telemetry_of(rows: list[dict]) -> tuple[int | None, bool]:
-    """(the last step a rank's telemetry reports, whether it is sampling now)."""
-    steps = [row["step"] for row in rows if isinstance(row.get("step"), int)]
-    events = [row["event"] for row in rows if row.get("event") in ("sample_start", "sample")]
-    return (steps[-1] if steps else None), bool(events) and events[-1] == "sample_start"
+    """(the last step a rank's telemetry reports, whether it is sampling now), from its rows newest first."""
+    step = next((row["step"] for row in rows if isinstance(row.get("step"), int)), None)
+    event = next((row["event"] for row in rows if row.get("event") in ("sample_start", "sample")), None)
+    return step, event == "sample_start"
 
 
 def stalled(states: dict[int, dict | None], telemetry: dict[int, tuple[int | None, bool]], now: float,
