@@ -1,0 +1,94 @@
+"""What a preset's `launcher.env` may hand the trainer process: an allow list, each entry with its reason.
+
+Any other variable could redirect what the trainer writes or caches, what it imports, or the run
+folder's own files; those `run` sets itself are refused with what to write instead.
+"""
+
+from dataclasses import dataclass
+
+from launcher.runs import files
+from launcher.runs.schema_nodes import Block, Spec, problem, short
+from launcher.suggest import did_you_mean
+
+
+@dataclass(frozen=True)
+class SetByLauncher(Spec):
+    """An environment variable naming a file `run` writes into the run folder: a preset's value
+    would send the trainer's output elsewhere, past the run folder's link checks."""
+
+    instead: str
+
+    def check(self, value, path, vocab):
+        yield f"{path} = {short(value)}: set by the launcher to a file in the run folder; {self.instead}"
+
+
+ENV_ALLOWED = {
+    # variable: why a preset may set it (none moves a file the trainer writes or reads, or the code it runs)
+    "HF_HUB_OFFLINE": "keeps the Hugging Face libraries off the network (the tiny preset)",
+    "HF_HUB_DISABLE_TELEMETRY": "only stops the Hugging Face libraries' usage reports",
+    "TRANSFORMERS_OFFLINE": "keeps transformers off the network",
+    "HF_DATASETS_OFFLINE": "keeps datasets off the network",
+    "TOKENIZERS_PARALLELISM": "the tokenizers' thread pool, and its fork warning",
+    "AITK_ALL_EXTENSIONS": "imports every extension's trainer process instead of the one the preset names",
+    "AITK_PROFILE_SKIP": "the warm-up steps `run --profile` skips",
+    "TRITON_CACHE_AUTOTUNING": "keeps Triton's autotuning results in its cache (set by `run`)",
+    "TRITON_INTERPRET": "runs Triton kernels in its interpreter (debugging)",
+    "CUDA_VISIBLE_DEVICES": "which NVIDIA GPU trains",
+    "HIP_VISIBLE_DEVICES": "which AMD GPU trains",
+    "ROCR_VISIBLE_DEVICES": "which AMD GPU trains",
+    "HSA_OVERRIDE_GFX_VERSION": "the GPU target ROCm treats a consumer AMD card as",
+    "CUDA_LAUNCH_BLOCKING": "synchronous kernel launches (debugging)",
+    "AMD_SERIALIZE_KERNEL": "serialized kernel launches on ROCm (debugging)",
+    "TORCH_BLAS_PREFER_HIPBLASLT": "the BLAS library PyTorch uses on ROCm",
+    "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL": "the flash attention kernels of PyTorch on ROCm",
+    "PYTORCH_CUDA_ALLOC_CONF": "the CUDA allocator's settings (`launcher.allocator` sets it)",
+    "PYTORCH_HIP_ALLOC_CONF": "the ROCm allocator's settings (`launcher.allocator` sets it)",
+    "OMP_NUM_THREADS": "CPU threads of the host-side work",
+    "MKL_NUM_THREADS": "CPU threads of the host-side work",
+}
+ENV_ALLOWED_PREFIXES = {
+    "AITK_TEST_": "read only by the tests' own interpreter wrappers (tests/test_atomic_save.py); the trainer ignores them",
+}
+"""The variables a preset's `launcher.env` may set. Any other could redirect what the trainer writes
+or caches (AITK_QUANT_CACHE_DIR, AITK_TEXT_CACHE_DIR, TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR,
+HF_HOME, TMPDIR: set those in the environment `run` starts from, where the launcher sees them too),
+what it imports (PYTHONPATH) or the run folder's own files (the AITK_TELEMETRY* and AITK_PROFILE_*
+variables `run` sets)."""
+
+
+@dataclass(frozen=True)
+class EnvName(Spec):
+    """A `launcher.env` variable the allow list does not name."""
+
+    def check(self, value, path, vocab):
+        name = path.rsplit(".", 1)[-1]
+        if name.startswith(tuple(ENV_ALLOWED_PREFIXES)):
+            yield from EnvValue().check(value, path, vocab)
+            return
+        yield (f"{path} = {short(value)}: not a variable a preset may set (it could redirect the trainer's writes, "
+               f"caches or imports; a cache folder is set in the environment `run` starts from){did_you_mean(name, ENV_ALLOWED)}; "
+               f"allowed: {', '.join(sorted(ENV_ALLOWED))}, {', '.join(p + '...' for p in ENV_ALLOWED_PREFIXES)}")
+
+
+@dataclass(frozen=True)
+class EnvValue(Spec):
+    """One allowed `launcher.env` variable's value: a single line of text a process environment can hold."""
+
+    allowed = "text, a number or true/false, without a NUL character"
+
+    def check(self, value, path, vocab):
+        if not isinstance(value, (str, int, float, bool)):
+            yield problem(path, value, "not a single value", self.allowed)
+        elif "\0" in str(value):
+            yield problem(path, value, "holds a NUL character, which no environment variable can", self.allowed)
+
+
+def env_block() -> Block:
+    """`launcher.env`: the allow list's variables, each a single value; the launcher's own refused."""
+    return Block({
+        files.ENV_TELEMETRY: SetByLauncher("remove it (the rows go to <run>/trainer-telemetry.jsonl)"),
+        files.ENV_TELEMETRY_INTERVAL: SetByLauncher("remove it and set launcher.telemetry.interval_s"),
+        files.ENV_PROFILE_DIR: SetByLauncher("remove it (`run --profile N` writes to <run>/profile)"),
+        files.ENV_PROFILE_STEPS: SetByLauncher("remove it and use `run --profile N`"),
+        **dict.fromkeys(ENV_ALLOWED, EnvValue()),
+    }, extra=EnvName())
