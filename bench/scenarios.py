@@ -36,10 +36,6 @@ SCENARIOS = {s.name: s for s in [
              ("bench.loader_rss", "--trainer", "{trainer}", "--sizes",
               "1536:1:6,1536:2:12,1536:4:24,1536:8:48,6144:1:6", "--dir", "{dir}"),
              "CPU", TRAINER_VENV, ("loader_rss",), ("output.log",), env=(("HF_HUB_OFFLINE", "1"),)),
-    Scenario("loader_trim", "RSS of the streamed load + quantize without and (`-- --release`) with malloc_trim "
-             "after each block, next to the quantized state kept (figure 1 note); one size per call",
-             ("bench.loader_trim_probe", "--trainer", "{trainer}", "--size", "1536:4:24", "--dir", "{dir}"),
-             "CPU", TRAINER_VENV, ("loader_trim",), ("rows.jsonl",), stdout_rows=True, env=(("HF_HUB_OFFLINE", "1"),)),
     Scenario("load_rss_depth", "peak host RSS of the trainer's own Flux2Model.load_model at two depths: streamed + "
              "quantize and from the cache, blocks parked on the CPU or off the host (meta stands in for the GPU)",
              ("tests/trainer_patches/load_rss_probe.py", "--trainer", "{trainer}", "--dir", "{dir}",
@@ -92,22 +88,6 @@ SCENARIOS = {s.name: s for s in [
              "every W4A8 path (5 interleaved rounds, medians)",
              ("bench.w4a8_quality", "--trainer", "{trainer}", "--out", "{out}/quality.json", "--time", "5"),
              "GPU (or `-- --tiny` under TRITON_INTERPRET=1)", GPU_PYTHON, ("w4a8_quality",), ("quality.json",)),
-    Scenario("w4a4_quality", "would int4 x int4 (W4A4, for RDNA3) pass the quality gate: int4 activations per token, "
-             "per group of 64, with int8 outlier channels, against bf16 activations at full FLUX.2 block shapes (FP8 for "
-             "comparison); plain PyTorch",
-             ("bench.w4a4_quality", "--trainer", "{trainer}", "--out", "{out}/w4a4_quality.json"),
-             "CPU", TRAINER_VENV, ("w4a4_quality",), ("w4a4_quality.json",)),
-    Scenario("rotation_quality", "does a Hadamard rotation (ConvRot's regular one, blocks 64 and 256; Sylvester 128, 256) "
-             "bring 8- and 4-bit activations under the quality gate: the self-test's gate with x and W rotated, int8 / FP8 "
-             "(int4_w4a8's reference) and W4A4 (int4 per token, per group of 64 and 16), plain and with 100x outlier "
-             "channels; plain PyTorch (`quality`; `wmma` lists the WMMA instructions Triton emits for gfx1100)",
-             ("bench.rotation_quality", "quality", "--trainer", "{trainer}", "--out", "{out}/rotation_quality.json"),
-             "CPU", TRAINER_VENV, ("rotation_quality",), ("rotation_quality.json",)),
-    Scenario("op_call", "the 4-bit matmul operator (what compiled blocks call) against the autograd.Function "
-             "(uncompiled): host time per forward + input gradient of a small layer; then a small 4-bit block "
-             "compiled with Inductor: graph breaks, difference, time",
-             ("bench.op_call", "--trainer", "{trainer}", "--out", "{out}/op_call.json"),
-             "CPU or GPU", TRAINER_VENV + " (or the GPU machine's python3)", ("op_call",), ("op_call.json",)),
     Scenario("compile_time", "seconds to compile each FLUX.2 block class at full width (8 double and 8 single "
              "4-bit blocks with a LoRA, every other one streamed as a memory plan does), cold and warm, per qtype "
              "(int4_w4a8 through torch._scaled_mm, int4_fused): graphs per class, recompile reasons, the compiled "
@@ -143,10 +123,6 @@ SCENARIOS = {s.name: s for s in [
              ("bash", "bench/same_call.sh", "fallback"), "GPU", "the GPU machine's python3", ("fallback_cost",),
              env=(("OUT", "{out}"),), needs="`prepare none` first on the same machine (SKIP_SELFTEST=1 skips the self-test), "
              "with R and M set"),
-    Scenario("w4a8_slice", "one LoRA step of the full-size model at 512 px (train_step): bf16 against int4_w4a8 FP8 "
-             "per GEMM and weight-slice size (model_kwargs int4_chunk_mib), then the self-test's trainer side, timed",
-             ("bash", "bench/w4a8_slice.sh"), "GPU", "the GPU machine's python3, .bench-carry's packages",
-             ("w4a8_slice", "selftest_paths"), env=(("OUT", "{out}"),)),
     Scenario("relaunch", "a launch and relaunches of a preset through `python -m launcher run`: wall time, seconds "
              "to the first step, peak RSS of the trainer and of its process tree, the job's import time",
              ("bench.relaunch", "--workdir", "{workdir}", "--out", "{dir}"),
@@ -177,6 +153,14 @@ ELSEWHERE = {
     "windows_wheels": "`python bench/windows_wheels.py`, which writes the table itself (PyPI downloads, no run)",
     "prediction": "`python bench/predict_step.py`, which writes the table itself (a model of the measured tables, no run)",
     "kernel_isa": "`python bench/kernel_isa.py`, which writes the table itself (Triton compiles on the CPU, no run)",
+    # probes of closed questions, archived next to their notes: `python -m bench.archive.NAME` runs one as it ran
+    "loader_trim": "`python -m bench.archive.loader_trim_probe` (one size per process, with and without `--release`)",
+    "op_call": "`python -m bench.archive.op_call`",
+    "w4a4_quality": "`python -m bench.archive.w4a4_quality`",
+    "rotation_quality": "`python -m bench.archive.rotation_quality quality`",
+    "w4a8_slice": "`bash bench/archive/w4a8_slice.sh` on the GPU machine (.bench-carry carried)",
+    "selftest_paths": ("`python -m launcher selftest` (its selftest.json; beside `bash bench/same_call.sh prepare`, "
+                       "call 4 through `bash bench/archive/w4a8_slice.sh`)"),
     "first_launch": "`bash bench/same_call.sh first` on the GPU machine, then `python -m bench.first_launch OUT --write`",
     "lora_fidelity": ("`bash bench/same_call.sh fidelity` on the GPU machine, then "
                       "`python -m bench.lora_fidelity write OUT/lora_fidelity.json`"),

@@ -5,11 +5,9 @@ Docs checked (DOCS): README.md, WALLS.md, docs/*.md, bench/README.md, bench/RESU
 
 - **Paths.** A markdown link `[text](target)` (or image) is resolved from the doc's folder and must
   exist; a `#fragment` must be the slug of a heading of the page it points to (GitHub's slug:
-  lowercase, punctuation dropped, spaces to hyphens). URLs (`scheme:...`) are not checked. A
-  page in PLANNED may be linked before it exists (the generated settings reference and the
-  presets page); once it exists its links are checked like any other. An inline code span
-  without spaces is a repository path when its first component is a top-level entry of the
-  repository (TOP: `launcher/...`, `bench/...`, `presets/x.yaml`, `WALLS.md`, ...), resolved
+  lowercase, punctuation dropped, spaces to hyphens). URLs (`scheme:...`) are not checked. An
+  inline code span without spaces is a repository path when its first component is a top-level
+  entry of the repository (TOP: `launcher/...`, `bench/...`, `presets/x.yaml`, `WALLS.md`, ...), resolved
   from the repository root, or, in a doc below the root, an entry of the doc's own folder
   (`archive/...`, `results/...` in bench/), resolved from there. `<name>` and an all-capitals
   word (`NAME`, `DIR`, `notes-DATE-NAME.md`) are placeholders, `*` a wildcard, `{a,b}`
@@ -55,15 +53,14 @@ DOCS = ["README.md", "WALLS.md", *sorted(p.relative_to(REPO).as_posix() for p in
         "bench/README.md", "bench/RESULTS.md"]
 TOP = {"launcher", "bench", "tests", "overlay", "patches", "presets", "docs", ".ci", "README.md", "WALLS.md",
        "CHANGELOG.md", "pyproject.toml", "upstream.lock"}
-PLANNED = {"docs/options.md", "docs/presets.md"}
-"""Pages linked before they exist: the generated settings reference and the presets page."""
 CONTEXT = 60
 SERIES = {name: [line.strip().removesuffix(".patch") for line in
                  (REPO / "patches" / name / "series").read_text(encoding="utf-8").splitlines()
                  if line.strip() and not line.startswith("#")]
           for name in ("amd-fork", "upstream-main")}
 README_TEST_COMMAND = 'pip install -e ".[test]" && ruff check . && python -m pytest'
-CODE_SCANNED_FOR_SECTIONS = ["presets/*.yaml", "launcher/**/*.py", "overlay/**/*.py", "bench/*.py", "bench/*.sh"]
+CODE_SCANNED_FOR_SECTIONS = ["presets/*.yaml", "launcher/**/*.py", "overlay/**/*.py", "bench/*.py", "bench/*.sh",
+                             "bench/archive/*.py", "bench/archive/*.sh"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,8 +149,7 @@ def check_paths(name: str, text: str, repo: Path = REPO) -> list[str]:
             page = (doc.parent / path).resolve() if path else doc
             relative = page.relative_to(repo).as_posix() if page.is_relative_to(repo) else str(page)
             if not page.exists():
-                if relative not in PLANNED:
-                    found.append(f"{where}: link to {target}: {relative} does not exist")
+                found.append(f"{where}: link to {target}: {relative} does not exist")
                 continue
             if fragment and page.suffix == ".md" and fragment not in {slug(h) for h in headings(page)}:
                 found.append(f"{where}: link to {target}: {relative} has no heading #{fragment}")
@@ -364,7 +360,7 @@ def test_results_md_is_tables_with_a_paragraph_each():
 def test_a_missing_file_a_wrong_link_and_a_missing_test_are_caught(tmp_path):
     text = ("See `launcher/no_such_module.py` and [the guide](docs/nowhere.md), `test_no_such_test.py`,\n"
             "[commands](docs/commands.md#no-such-heading); fine: `launcher/cli.py`, `W/venv`, `toolkit/x.py`,\n"
-            "`presets/NAME.yaml`, `patches/<target>/series`, [planned](docs/options.md).\n")
+            "`presets/NAME.yaml`, `patches/<target>/series`, [options](docs/options.md).\n")
     found = check_paths("README.md", text)
     assert len(found) == 4, found
     assert "README.md:1: `launcher/no_such_module.py` does not exist (from .)" in found

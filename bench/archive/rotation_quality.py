@@ -27,7 +27,7 @@ gate's measure; y and dx, the gate takes the larger):
                            reference_fwd / reference_bwd: activations per token, the 4-bit weight
                            requantized per output row / input column), bf16 in and out as the gate
   int4_token / int4_group64 / int4_group16
-                           W4A4, the math of bench/w4a4_quality.py in fp32: symmetric int4 per token
+                           W4A4, the math of bench/archive/w4a4_quality.py in fp32: symmetric int4 per token
                            (and per group of 64 or 16 channels); the forward multiplies the stored
                            4-bit weight as it is, the input gradient the weight requantized to
                            symmetric int4 per input column and group of 64 output rows
@@ -44,8 +44,8 @@ values, on uint8, with each input_precision, tl.dot_scaled on e2m1 (fp4, two per
 hand-edited TTIR whose tt.dot takes i4 operands (Triton's frontend has no int4 dtype); for each, the
 v_wmma instructions in the AMDGCN assembly, or the error.
 
-    python -m bench.rotation_quality quality --trainer overlay --out rotation_quality.json [--convrot FILE]
-    python -m bench.rotation_quality wmma --out triton_wmma_gfx1100.json
+    python -m bench.archive.rotation_quality quality --trainer overlay --out rotation_quality.json [--convrot FILE]
+    python -m bench.archive.rotation_quality wmma --out triton_wmma_gfx1100.json
 """
 
 import argparse

@@ -6,7 +6,7 @@ checkpoint written by loader_rss.write_checkpoint, and prints the RSS after the 
 to the size of the quantized state it keeps. --release also calls gc.collect() and glibc's
 malloc_trim(0) after each block (Linux only). One size per process:
 
-    <venv>/bin/python -m bench.loader_trim_probe --trainer <checkout> --size 1536:4:24 [--release]
+    <venv>/bin/python -m bench.archive.loader_trim_probe --trainer <checkout> --size 1536:4:24 [--release]
 """
 
 import argparse

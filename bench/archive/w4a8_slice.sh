@@ -5,7 +5,7 @@
 # (model_kwargs int4_chunk_mib: train_step's --kernel flags), then the self-test's trainer side
 # with the time it takes. Within BUDGET seconds (default 470). Results: $OUT/<label>.json and .log,
 # $OUT/selftest.json.
-#   OUT=OUT bash bench/w4a8_slice.sh [LABEL ...]   (labels: below; given labels skip the self-test)
+#   OUT=OUT bash bench/archive/w4a8_slice.sh [LABEL ...]   (labels: below; given labels skip the self-test)
 set -u
 export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True TRITON_CACHE_AUTOTUNING=1
 END=$(( $(date +%s) + ${BUDGET:-470} ))

@@ -20,7 +20,7 @@ error of y = x @ W^T and dx = dy @ W against the bf16-activation path on the sam
   int4_group64_out1  the same, with the 1 % of channels of largest mean |x| kept in int8 per token
                      (chosen on the same batch: an optimistic, calibration-free bound)
 
-    python -m bench.w4a4_quality --trainer overlay --out w4a4_quality.json
+    python -m bench.archive.w4a4_quality --trainer overlay --out w4a4_quality.json
 """
 
 import argparse

@@ -8,7 +8,7 @@ both ways (the host time per call: a full-size step makes ~1,300 such calls, 56 
 recompute and input gradient), then compiles a small block (norm, 4-bit Linear, GELU, 4-bit
 Linear, residual) with Inductor and checks it has no graph break and matches the uncompiled block.
 
-    python -m bench.op_call --trainer <workdir>/trainer --out op_call.json   (or --trainer overlay)
+    python -m bench.archive.op_call --trainer <workdir>/trainer --out op_call.json   (or --trainer overlay)
 """
 
 import argparse
