@@ -1,52 +1,96 @@
-"""What `auto` gives each card: the self-test's verdict on paper, row by row, and the README table
-generated from it."""
+"""The card table (presets/cards.csv): what `auto` gives each card, the self-test's verdict on paper
+row by row, and what the table writes elsewhere (preset labels, README tables)."""
 
 import csv
+import re
 from pathlib import Path
 
 import pytest
 
+from launcher import card_table, cards_doc, trainer_rules
+from launcher.errors import LauncherError
+from launcher.runs.presets import load_preset
 from launcher.selftest import cards, verdict
 
 REPO = Path(__file__).resolve().parent.parent
-FUSED, FP8_TRITON, FP8_SCALED = "int4_fused", "int4_w4a8 fp8 triton", "int4_w4a8 fp8 scaled_mm"
-SER, OVL = "serialized", "overlapped"
-
-# card: (what it trains on with Triton, without Triton, stream mode); every card compiles with
-# Inductor and none without it. Every preset plans its memory (`memory_plan: auto`); where that plan
-# streams blocks on the card, `qtype: auto` takes only a qtype it can stream: without a passing
-# kernel, int4_fused's reference path; on 24 GB cards every block stays resident: uint4.
-FUSED_REF = "int4_fused (reference)"
-EXPECTED = {
-    "RX 7900 XTX": (FUSED, "uint4", SER),
-    "RX 7900 XT": (FUSED, FUSED_REF, SER),
-    "RX 7800 XT": (FUSED, FUSED_REF, SER),
-    "RX 9070 XT": (FP8_TRITON, FUSED_REF, SER),
-    "RTX 3090": (FUSED, "uint4", OVL),
-    "RTX 4090": (FP8_SCALED, "uint4", OVL),
-    "RTX 4060 Ti 16 GB": (FP8_SCALED, FUSED_REF, OVL),
-    "RTX 5070 Ti": (FP8_SCALED, FUSED_REF, OVL),
-    "RTX 3060 12 GB": (FUSED, FUSED_REF, OVL),
-    "RTX 4070": (FP8_SCALED, FUSED_REF, OVL),
-    "RTX 3070": (FUSED, FUSED_REF, OVL),
-    "RTX 4060": (FP8_SCALED, FUSED_REF, OVL),
-}
-STATES = [(True, True), (True, False), (False, False)]
+FP8_TRITON, FP8_SCALED = "int4_w4a8 fp8 triton", "int4_w4a8 fp8 scaled_mm"
+SER = "serialized"
+HEADER = ",".join(card_table.COLUMNS)
 
 
-def test_every_card_of_the_table_is_expected():
-    assert [card.name for card in cards.CARDS] == list(EXPECTED)
-
-
-@pytest.mark.parametrize("triton,inductor", STATES, ids=["triton+inductor", "triton", "neither"])
+@pytest.mark.parametrize("triton,inductor", cards.STATES, ids=["triton+inductor", "triton", "neither"])
 @pytest.mark.parametrize("card", cards.CARDS, ids=[card.name for card in cards.CARDS])
 def test_what_each_card_trains_on(card, triton, inductor):
-    with_triton, without, mode = EXPECTED[card.name]
+    """The row's verdict columns are what the self-test's rules give; every card compiles with
+    Inductor and none without it."""
     result = cards.outcome(card, triton, inductor)
-    assert result.candidate == (with_triton if triton else without)
+    assert result.candidate == (card.with_triton if triton else card.without_triton)
     assert result.qtype == result.candidate.split()[0]
-    assert result.stream_mode == mode
+    assert result.stream_mode == card.stream_mode
     assert result.compile_blocks == (triton and inductor)
+
+
+def test_the_fp8_rule_is_the_runtime_s_for_every_arch_spelling():
+    """One rule for the table and the runtime; an arch with a feature suffix (sm_90a) or RDNA4's
+    gfx12xx reads as the compilers name them."""
+    rule = trainer_rules.qtypes().arch_has_fp8_units
+    facts = {"sm_86": False, "sm_89": True, "sm_90a": True, "sm_100a": True, "sm_120": True,
+             "gfx1100": False, "gfx1101": False, "gfx1200": True, "gfx1201": True}
+    assert {arch: card_table.Card("x", arch, 16, "rtx16gb_512").fp8_units for arch in facts} == facts
+    assert all(card.fp8_units == rule(card.arch) for card in cards.CARDS)
+
+
+def test_each_card_preset_is_labelled_with_its_rows():
+    assert {preset: load_preset(preset).settings["card"] for preset in card_table.labels(cards.CARDS)} == \
+        card_table.labels(cards.CARDS)
+
+
+def test_the_generated_files_are_current():
+    assert cards_doc.main(["--check"]) == 0, "run python -m launcher.cards_doc"
+
+
+def test_a_card_is_one_row(tmp_path):
+    """A throwaway row in a copy of the table reaches its preset's label, the README's card table
+    and the verdict check; the shipped files then read as stale."""
+    table = tmp_path / "cards.csv"
+    row = f"RTX Test 16 GB,sm_100a,16,rtx16gb_512,{FP8_SCALED},int4_fused (reference),overlapped"
+    table.write_text(card_table.TABLE.read_text(encoding="utf-8") + row + "\n", encoding="utf-8")
+    rows = card_table.read_cards(table)
+    assert rows[-1].name == "RTX Test 16 GB" and len(rows) == len(cards.CARDS) + 1
+    assert card_table.labels(rows)["rtx16gb_512"].endswith(", RTX Test 16 GB (16 GB)")
+    assert f"| RTX Test 16 GB | sm_100a | rtx16gb_512.yaml | {FP8_SCALED} | overlapped | yes |" in cards.markdown_table(rows)
+    assert cards.wrong_verdicts(rows) == []
+    preset = card_table.PRESETS_DIR / "rtx16gb_512.yaml"
+    assert cards_doc.stale(cards_doc.preset_files(rows)) == [preset]
+    assert cards_doc.stale(cards_doc.documents(rows)) == [cards_doc.README]
+
+
+def test_a_row_whose_verdict_is_not_the_rules_is_named(tmp_path):
+    table = tmp_path / "cards.csv"
+    table.write_text(f"{HEADER}\nRTX Test,sm_86,24,rtx4090_512,{FP8_SCALED},uint4,overlapped\n", encoding="utf-8")
+    assert cards.wrong_verdicts(card_table.read_cards(table)) == [
+        f"RTX Test: with_triton is {FP8_SCALED!r}, the self-test's rules give 'int4_fused'"]
+
+
+@pytest.mark.parametrize("row,says", [
+    ("RTX Test,sm89,24,rtx4090_512,a,b,overlapped", "arch 'sm89' is neither"),
+    ("RTX Test,sm_89,24 GB,rtx4090_512,a,b,overlapped", "vram_gb '24 GB' is not a whole number"),
+    ("RTX Test,sm_89,24,rtx4090_512.yaml,a,b,overlapped", "preset 'rtx4090_512.yaml' is not a file of presets/"),
+    ("RTX Test,sm_89,24,rtx4090_512,a,b,fast", "stream_mode 'fast' is none of serialized, overlapped"),
+    ("RTX Test,sm_89,24,rtx4090_512", "4 cells, the table has 7"),
+])
+def test_a_bad_row_is_refused_with_its_line(tmp_path, row, says):
+    table = tmp_path / "cards.csv"
+    table.write_text(f"{HEADER}\n{row}\n", encoding="utf-8")
+    with pytest.raises(LauncherError, match=re.escape(f"{table}, line 2: {says}")):
+        card_table.read_cards(table)
+
+
+def test_a_table_without_its_header_is_refused(tmp_path):
+    table = tmp_path / "cards.csv"
+    table.write_text("RTX Test,sm_89,24,rtx4090_512,a,b,overlapped\n", encoding="utf-8")
+    with pytest.raises(LauncherError, match=re.escape(f"{table}, line 1: the header must be {HEADER}")):
+        card_table.read_cards(table)
 
 
 def test_no_8bit_path_on_cards_without_fp8_units():
@@ -78,14 +122,6 @@ def test_block_times_are_the_measured_ones():
     names = {"int4_fused": "`int4_fused`", FP8_TRITON: "`int4_w4a8` FP8, Triton GEMM",
              FP8_SCALED: "`int4_w4a8` FP8, `torch._scaled_mm`", "int4_w4a8 int8 triton": "`int4_w4a8` int8, Triton GEMM"}
     assert {name: measured[row] for name, row in names.items()} == cards.PAPER_FACTS["x_bf16"]
-
-
-def test_the_readme_table_is_the_generated_one():
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    start, end = "<!-- cards: generated by python -m launcher.selftest.cards -->\n", "<!-- end cards -->"
-    assert start in readme, "README.md lacks the card table's markers"
-    table = readme.split(start, 1)[1].split(end, 1)[0]
-    assert table == cards.markdown_table(), "README's card table is stale: paste `python -m launcher.selftest.cards`"
 
 
 def test_the_fallback_costs_are_the_measured_ones():

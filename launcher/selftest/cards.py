@@ -1,75 +1,45 @@
 """What `auto` gives each card, worked out before the card is in the machine.
 
 The self-test decides on the user's GPU; this module runs the same decision on paper for the
-cards the project is for. For a card profile (architecture, FP8 matrix units, HIP or CUDA)
-and a software state (Triton importable or not, Inductor compiling or not) it writes the
-self-test report the runner would write, with the runner's own candidate list, quality rule
-and pick, and passes it to the verdict functions `run` uses. What the paper cannot know is
-stated in `PAPER_FACTS`: the quality gate's figures (measured on the CPU reference path, the
-same on every card) and the block-Linear time of each path relative to bf16 (measured on the
-H200; the order of the FP8 and bf16 paths holds where FP8 runs at twice the bf16 rate, as on
-every FP8 card listed). `python -m launcher.selftest.cards` prints the table the README carries.
+cards of the card table (`presets/cards.csv`, read by `launcher/card_table.py`). For a card
+(architecture, FP8 matrix units by the runtime's rule, HIP or CUDA) and a software state (Triton
+importable or not, Inductor compiling or not) it writes the self-test report the runner would
+write, with the runner's own candidate list, quality rule and pick, and passes it to the verdict
+functions `run` uses. What the paper cannot know is stated in `PAPER_FACTS`: the quality gate's
+figures (measured on the CPU reference path, the same on every card) and the block-Linear time of
+each path relative to bf16 (measured on the H200; the order of the FP8 and bf16 paths holds where
+FP8 runs at twice the bf16 rate, as on every FP8 card listed). `python -m launcher.cards_doc`
+writes the table the README carries; `python -m launcher.selftest.cards` prints it.
 """
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache
 
+from launcher.card_table import Card, read_cards
 from launcher.in_trainer.selftest import compiled, kernels, runner
 from launcher.runs.memory_plan import streams_on
-from launcher.runs.presets import PRESETS_DIR, load_preset
+from launcher.runs.presets import load_preset
 from launcher.runs.schema import AUTO
 from launcher.selftest import verdict
 
 
-@dataclass(frozen=True)
-class Card:
-    name: str
-    arch: str
-    vram_gib: int
-    preset: str
-    """The shipped preset for the card's memory."""
-
-    @cached_property
-    def preset_process(self) -> dict:
-        """The shipped preset's trainer process, read once."""
-        return load_preset(str(PRESETS_DIR / self.preset)).config["config"]["process"][0]
-
-    @property
-    def preset_qtype(self) -> str:
-        """The qtype the shipped preset names: `auto`, or a qtype the memory plan can stream."""
-        return self.preset_process["model"]["qtype"]
-
-    @property
-    def streams(self) -> bool:
-        """The preset's memory plan may stream blocks on this card, so `auto` takes only a streamable qtype."""
-        return streams_on(self.preset_process, self.vram_gib)
-
-    @property
-    def hip(self) -> bool:
-        return self.arch.startswith("gfx")
-
-    @property
-    def fp8_units(self) -> bool:
-        """FP8 matrix units: RDNA4 (gfx12) and NVIDIA from Ada (sm_89) on; not RDNA3 or Ampere."""
-        if self.hip:
-            return self.arch.startswith("gfx12")
-        return int(self.arch.removeprefix("sm_")) >= 89
+@cache
+def preset_process(preset: str) -> dict:
+    """A shipped preset's trainer process, read once."""
+    return load_preset(preset).config["config"]["process"][0]
 
 
-CARDS = [
-    Card("RX 7900 XTX", "gfx1100", 24, "7900xtx_512.yaml"),
-    Card("RX 7900 XT", "gfx1100", 20, "7900xt_512.yaml"),
-    Card("RX 7800 XT", "gfx1101", 16, "rx16gb_512.yaml"),
-    Card("RX 9070 XT", "gfx1201", 16, "rx16gb_512.yaml"),
-    Card("RTX 3090", "sm_86", 24, "rtx4090_512.yaml"),
-    Card("RTX 4090", "sm_89", 24, "rtx4090_512.yaml"),
-    Card("RTX 4060 Ti 16 GB", "sm_89", 16, "rtx16gb_512.yaml"),
-    Card("RTX 5070 Ti", "sm_120", 16, "rtx16gb_512.yaml"),
-    Card("RTX 3060 12 GB", "sm_86", 12, "rtx12gb_512.yaml"),
-    Card("RTX 4070", "sm_89", 12, "rtx12gb_512.yaml"),
-    Card("RTX 3070", "sm_86", 8, "rtx8gb_512.yaml"),
-    Card("RTX 4060", "sm_89", 8, "rtx8gb_512.yaml"),
-]
+def preset_qtype(card: Card) -> str:
+    """The qtype the card's preset names: `auto`, or a qtype the memory plan can stream."""
+    return preset_process(card.preset)["model"]["qtype"]
+
+
+def streams(card: Card) -> bool:
+    """The preset's memory plan may stream blocks on this card, so `auto` takes only a streamable qtype."""
+    return streams_on(preset_process(card.preset), card.vram_gib)
+
+
+CARDS = read_cards()
 
 PAPER_FACTS = {
     # the 8-bit-activation error against bf16 activations (QUALITY_TOLERANCE's measurements)
@@ -131,14 +101,32 @@ def outcome(card: Card, triton: bool, inductor: bool) -> Outcome:
     report = paper_report(card, triton, inductor)
     mode, _ = verdict.streaming_from(report)
     compile_blocks, _ = verdict.compile_from(report)
-    if card.preset_qtype != AUTO:
-        named = card.preset_qtype if triton else f"{card.preset_qtype} (reference)"
-        return Outcome(card.preset_qtype, named, mode, compile_blocks)
-    choice = verdict.qtype_from(report, streams=card.streams)
+    named = preset_qtype(card)
+    if named != AUTO:
+        return Outcome(named, named if triton else f"{named} (reference)", mode, compile_blocks)
+    choice = verdict.qtype_from(report, streams=streams(card))
     reference = choice.kernel.get("int4_kernel") is False
     candidate = (report["fastest"] or {}).get("candidate") or (f"{choice.qtype} (reference)" if reference
                                                                else choice.qtype)
     return Outcome(choice.qtype, candidate, mode, compile_blocks)
+
+
+STATES = ((True, True), (True, False), (False, False))
+"""Triton and Inductor working, Triton without Inductor, neither."""
+
+
+def wrong_verdicts(cards: list[Card]) -> list[str]:
+    """Where a row's verdict columns (`with_triton`, `without_triton`, `stream_mode`) are not what
+    the self-test's rules give its card: one line a card, with the value to write."""
+    problems = []
+    for card in cards:
+        best, _, bare = (outcome(card, *state) for state in STATES)
+        for column, written, derived in (("with_triton", card.with_triton, best.candidate),
+                                         ("without_triton", card.without_triton, bare.candidate),
+                                         ("stream_mode", card.stream_mode, best.stream_mode)):
+            if written != derived:
+                problems.append(f"{card.name}: {column} is {written!r}, the self-test's rules give {derived!r}")
+    return problems
 
 
 def eight_bit_path(card: Card) -> str:
@@ -156,16 +144,21 @@ NO_TRITON = {verdict.FALLBACK_QTYPE: f"{verdict.FALLBACK_QTYPE}, uncompiled: {ve
              "int4_fused": f"int4_fused, uncompiled: {verdict.REFERENCE_COST}"}
 
 
-def markdown_table() -> str:
+def markdown_table(cards: list[Card] = CARDS) -> str:
     """The README's "what runs on your card" table: the pick with Triton and Inductor working,
-    then what a missing Inductor or a missing Triton turns it into."""
+    then what a missing Inductor or a missing Triton turns it into. Cards of one arch, memory and
+    preset get one verdict, so they share a row."""
     lines = ["| card | arch | preset | qtype | stream | compiled | 8-bit activations | no Inductor | no Triton |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for card in CARDS:
-        best, plain, bare = (outcome(card, *state) for state in ((True, True), (True, False), (False, False)))
+    groups: dict[tuple, list[Card]] = {}
+    for card in cards:
+        groups.setdefault((card.arch, card.vram_gib, card.preset), []).append(card)
+    for members in groups.values():
+        card, names = members[0], ", ".join(member.name for member in members)
+        best, plain, bare = (outcome(card, *state) for state in STATES)
         lost = NO_INDUCTOR if best.compile_blocks and not plain.compile_blocks else "-"
         fallback = NO_TRITON[bare.qtype]
-        lines.append(f"| {card.name} | {card.arch} | {card.preset} | {best.candidate} | {best.stream_mode} | "
+        lines.append(f"| {names} | {card.arch} | {card.preset}.yaml | {best.candidate} | {best.stream_mode} | "
                      f"{'yes' if best.compile_blocks else 'no'} | {eight_bit_path(card)} | {lost} | {fallback} |")
     return "\n".join(lines) + "\n"
 
