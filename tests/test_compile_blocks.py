@@ -10,10 +10,12 @@ from test_run import dry_run
 from test_selftest import GPU_RESULT, places, workdir_with  # noqa: F401  (places: the fixture)
 
 from launcher.in_trainer.selftest import compiled
+from launcher import resolve
 from launcher.runs import disk_budget
 from launcher.runs.presets import PRESETS_DIR, load_preset
 from launcher.runs.schema import check_preset
-from launcher.selftest import report, verdict
+from launcher.selftest import report
+from launcher.selftest.verdict import Verdicts
 
 CHILD = {"device": "cuda", "backend": "inductor", "candidate": "int4_w4a8 fp8 triton", "compiled": True,
          "failures": [], "max_relative_difference": 0.054, "eager_ms": 46.05, "compiled_ms": 46.71,
@@ -22,6 +24,11 @@ CHILD = {"device": "cuda", "backend": "inductor", "candidate": "int4_w4a8 fp8 tr
 
 def with_compile(kwargs: dict | None = None) -> dict:
     return {"config": {"process": [{"model": {"model_kwargs": {"compile_blocks": "auto", **(kwargs or {})}}}]}}
+
+
+def resolved(config: dict, workdir):
+    """What `run` says of compiling the config's one process."""
+    return resolve.compile_blocks(config["config"]["process"][0], Verdicts.read(workdir))
 
 
 def setting(config: dict):
@@ -74,7 +81,7 @@ def test_the_check_runs_only_on_a_gpu_with_triton_and_a_4bit_path():
 def test_compile_blocks_auto_follows_the_selftest(tmp_path, check, compiles, why):
     result = {**GPU_RESULT, **({"compile": check} if check else {})}
     config = with_compile()
-    line = verdict.resolve_compile_blocks(config, workdir_with(tmp_path, result))
+    line = resolved(config, workdir_with(tmp_path, result))
     assert setting(config) is compiles
     assert line.startswith(f"compile_blocks auto -> {str(compiles).lower()}: ") and why in line
     assert "NVIDIA H200" in line
@@ -82,21 +89,21 @@ def test_compile_blocks_auto_follows_the_selftest(tmp_path, check, compiles, why
 
 def test_without_a_valid_selftest_the_blocks_stay_uncompiled_and_a_named_setting_stays(tmp_path):
     config = with_compile()
-    assert "no self-test result" in verdict.resolve_compile_blocks(config, workdir_with(tmp_path, None))
+    assert "no self-test result" in resolved(config, workdir_with(tmp_path, None))
     assert setting(config) is False
     workdir = workdir_with(tmp_path, {**GPU_RESULT, "compile": {**CHILD, "passed": True}})
     workdir.state_file.write_text(json.dumps({"target": "amd-fork", "commit": "abc", "patches": {"p": "2"}}))
     config = with_compile()
-    assert "stale" in verdict.resolve_compile_blocks(config, workdir) and setting(config) is False
+    assert "stale" in resolved(config, workdir) and setting(config) is False
     config = with_compile({"compile_blocks": False})
-    assert verdict.resolve_compile_blocks(config, workdir) is None and setting(config) is False
+    assert resolved(config, workdir) is None and setting(config) is False
     config = with_compile({"compile_blocks": True})  # named: it runs, with one warning line
-    line = verdict.resolve_compile_blocks(config, workdir)
+    line = resolved(config, workdir)
     assert setting(config) is True
     assert line.startswith("warning: compile_blocks: true, but the self-test's compile check did not pass here")
     assert "stale" in line and "falls back to uncompiled blocks" in line
     passed = workdir_with(tmp_path / "passed", {**GPU_RESULT, "compile": {**CHILD, "passed": True}})
-    assert verdict.resolve_compile_blocks(with_compile({"compile_blocks": True}), passed) is None
+    assert resolved(with_compile({"compile_blocks": True}), passed) is None
 
 
 def test_the_schema_takes_auto_true_or_false():

@@ -8,9 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from launcher import resolve
 from launcher.envs.workdir import Workdir
 from launcher.in_trainer.selftest import blas, kernels
 from launcher.selftest import report, verdict
+from launcher.selftest.verdict import Verdicts
 
 ROCM = {"created": "2026-12-04T10:00:00+0000", "environment": {"hip": "7.1", "gpu": {"name": "Radeon RX 7900 XTX",
                                                                                      "vram_gib": 24.0, "arch": "gfx1100"}},
@@ -61,6 +63,11 @@ def test_no_gpu_and_nvidia_are_not_timed():
     assert skipped == {"ran": False, "library": "default", "reason": "NVIDIA: cuBLAS/cuBLASLt stay PyTorch's pick"}
 
 
+def resolved(config: dict, workdir) -> str | None:
+    """What `run` says of the BLAS library of the config's one process."""
+    return resolve.rocm_blas(config["config"]["process"][0], Verdicts.read(workdir))
+
+
 def config_with(**kwargs) -> dict:
     return {"config": {"process": [{"model": {"qtype": "int4_fused", "model_kwargs": dict(kwargs)}}]}}
 
@@ -68,7 +75,7 @@ def config_with(**kwargs) -> dict:
 def test_run_writes_the_self_tests_library_on_rocm(tmp_path):
     result = {**ROCM, "blas": {"ran": True, "library": "hipblaslt", "reason": "hipblaslt 80.0 ms, hipblas 100.0 ms"}}
     config = config_with()  # unset means auto
-    line = verdict.resolve_rocm_blas(config, workdir_with(tmp_path, result))
+    line = resolved(config, workdir_with(tmp_path, result))
     assert config["config"]["process"][0]["model"]["model_kwargs"]["rocm_blas"] == "hipblaslt"
     assert line.startswith("rocm_blas auto -> hipblaslt: hipblaslt 80.0 ms") and "Radeon RX 7900 XTX" in line
 
@@ -77,14 +84,14 @@ def test_run_writes_the_self_tests_library_on_rocm(tmp_path):
                                            "blas": {"ran": False, "library": "default", "reason": "NVIDIA"}}])
 def test_without_a_rocm_self_test_it_is_the_default_and_run_says_nothing(tmp_path, result):
     config = config_with(rocm_blas="auto")
-    assert verdict.resolve_rocm_blas(config, workdir_with(tmp_path, result)) is None
+    assert resolved(config, workdir_with(tmp_path, result)) is None
     assert config["config"]["process"][0]["model"]["model_kwargs"]["rocm_blas"] == "default"
 
 
 def test_a_library_the_preset_names_is_kept(tmp_path):
     result = {**ROCM, "blas": {"ran": True, "library": "hipblaslt", "reason": "faster"}}
     config = config_with(rocm_blas="hipblas")
-    assert verdict.resolve_rocm_blas(config, workdir_with(tmp_path, result)) is None
+    assert resolved(config, workdir_with(tmp_path, result)) is None
     assert config["config"]["process"][0]["model"]["model_kwargs"]["rocm_blas"] == "hipblas"
 
 

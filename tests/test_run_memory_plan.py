@@ -7,13 +7,19 @@ import pytest
 from test_selftest import GPU_RESULT, workdir_with
 from tiny_run import tiny_preset
 
+from launcher import resolve
 from launcher.cli import main
-from launcher.selftest import verdict
+from launcher.selftest.verdict import Verdicts
 
 
 def planned(mode=None):
     kwargs = {"memory_plan": "auto"} if mode is None else {"memory_plan": "auto", "stream_mode": mode}
     return {"config": {"process": [{"model": {"model_kwargs": kwargs}}]}}
+
+
+def resolved(config, workdir):
+    """What `run` says of the stream mode of the config's one process."""
+    return resolve.stream_mode(config["config"]["process"][0], Verdicts.read(workdir))
 
 
 def stream_mode(config):
@@ -33,7 +39,7 @@ PASSED = {"passed": True, "completed": True, "device": "cuda", "steps": 40, "sec
 def test_stream_mode_auto_follows_the_selftest(tmp_path, streaming, mode, why):
     result = {**GPU_RESULT, **({"streaming": streaming} if streaming else {})}
     config = planned()
-    line = verdict.resolve_stream_mode(config, workdir_with(tmp_path, result))
+    line = resolved(config, workdir_with(tmp_path, result))
     assert stream_mode(config) == mode
     assert line.startswith(f"stream_mode auto -> {mode}: ") and why in line and "NVIDIA H200" in line
 
@@ -41,11 +47,11 @@ def test_stream_mode_auto_follows_the_selftest(tmp_path, streaming, mode, why):
 def test_stream_mode_without_a_selftest_is_serialized_and_a_named_mode_stays(tmp_path):
     workdir = workdir_with(tmp_path, None)
     config = planned()
-    assert "no self-test result" in verdict.resolve_stream_mode(config, workdir)
+    assert "no self-test result" in resolved(config, workdir)
     assert stream_mode(config) == "serialized"
     config = planned("overlapped")
-    assert verdict.resolve_stream_mode(config, workdir) is None and stream_mode(config) == "overlapped"
-    assert verdict.resolve_stream_mode({"config": {"process": [{"model": {}}]}}, workdir) is None
+    assert resolved(config, workdir) is None and stream_mode(config) == "overlapped"
+    assert resolved({"config": {"process": [{"model": {}}]}}, workdir) is None
 
 
 def tiny_planned(tmp_path, budget_gib):

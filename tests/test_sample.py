@@ -129,6 +129,14 @@ def sampling_config(disable: bool | None = False) -> dict:
     return {"config": {"process": [{"train": train, "sample": {"sample_every": 10}}]}}
 
 
+def resolved(config: dict, workdir, setting: str) -> str | None:
+    """What `run` says of in-training sampling, from the workdir's self-test report read once."""
+    from launcher import resolve
+    from launcher.selftest.verdict import Verdicts
+
+    return resolve.sampling(config, Verdicts.read(workdir), setting)
+
+
 def write_selftest(workdir, **sampling) -> None:
     from launcher.selftest.verdict import trainer_build
 
@@ -145,7 +153,6 @@ def write_selftest(workdir, **sampling) -> None:
     ({"passed": False, "error": "did not finish in 600 s"}, "did not finish in 600 s"),
 ])
 def test_in_training_sampling_is_off_until_the_selftest_sampled(tmp_path, sampling, why):
-    from launcher.selftest.verdict import resolve_sampling
     from launcher.envs.workdir import Workdir
 
     workdir = Workdir(tmp_path)
@@ -153,23 +160,22 @@ def test_in_training_sampling_is_off_until_the_selftest_sampled(tmp_path, sampli
         write_selftest(workdir, **sampling)
     for disable in (False, None):  # the trainer samples unless disable_sampling is true
         config = sampling_config(disable)
-        line = resolve_sampling(config, workdir, "auto")
+        line = resolved(config, workdir, "auto")
         assert config["config"]["process"][0]["train"]["disable_sampling"] is True
         assert line.startswith("in-training sampling off") and why in line and "sampling: force" in line
 
 
 def test_in_training_sampling_stays_on_after_a_passing_selftest_or_when_forced(tmp_path):
-    from launcher.selftest.verdict import resolve_sampling
     from launcher.envs.workdir import Workdir
 
     workdir = Workdir(tmp_path)
     config = sampling_config()
-    assert resolve_sampling(config, workdir, "force").startswith("in-training sampling on: forced")
+    assert resolved(config, workdir, "force").startswith("in-training sampling on: forced")
     write_selftest(workdir, passed=True, device="cuda", seconds=12.0)
-    line = resolve_sampling(config, workdir, "auto")
+    line = resolved(config, workdir, "auto")
     assert config["config"]["process"][0]["train"]["disable_sampling"] is False
     assert "Radeon RX 7900 XTX" in line
-    assert resolve_sampling(sampling_config(True), workdir, "auto") is None, "no line when sampling is off anyway"
+    assert resolved(sampling_config(True), workdir, "auto") is None, "no line when sampling is off anyway"
 
 
 def test_a_sampling_check_that_hangs_is_a_failure_not_a_hung_selftest(tmp_path, monkeypatch):

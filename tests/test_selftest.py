@@ -12,10 +12,11 @@ import test_run
 import yaml
 from test_run import dry_run
 
+from launcher import resolve
 from launcher.cli import main
 from launcher.selftest import verdict
 from launcher.envs.workdir import Workdir
-from launcher.runs import disk_budget
+from launcher.runs import disk_budget, memory_plan
 from launcher.runs.schema import check_preset
 
 places = test_run.places  # the fake model, encoder and dataset folders of test_run
@@ -38,14 +39,19 @@ def workdir_with(tmp_path, result: dict | None, state: dict | None = None) -> Wo
     return workdir
 
 
+def qtype_auto(workdir: Workdir) -> verdict.QtypeChoice:
+    """What `qtype: auto` becomes where no memory plan streams blocks."""
+    return verdict.Verdicts.read(workdir).qtype(streams=False)
+
+
 def test_auto_without_a_selftest_is_uint4_and_says_how_to_test(tmp_path):
-    choice = verdict.resolve_qtype("auto", workdir_with(tmp_path, None))
+    choice = qtype_auto(workdir_with(tmp_path, None))
     assert choice.qtype == "uint4" and choice.kernel == {}
     assert "no self-test result" in choice.line and "python -m launcher selftest" in choice.line
 
 
 def test_auto_follows_the_fastest_that_passed_with_its_kernel(tmp_path):
-    choice = verdict.resolve_qtype("auto", workdir_with(tmp_path, GPU_RESULT))
+    choice = qtype_auto(workdir_with(tmp_path, GPU_RESULT))
     assert choice.qtype == "int4_w4a8"
     assert choice.kernel == {"w4a8_activations": "fp8", "w4a8_gemm": "scaled_mm"}
     assert "NVIDIA H200" in choice.line and "0.94x" in choice.line and "2026-11-30" in choice.line
@@ -54,19 +60,21 @@ def test_auto_follows_the_fastest_that_passed_with_its_kernel(tmp_path):
 def test_a_result_from_another_trainer_build_is_stale(tmp_path):
     workdir = workdir_with(tmp_path, GPU_RESULT)
     workdir.state_file.write_text(json.dumps({"target": "amd-fork", "commit": "abc", "patches": {"p": "2"}}))
-    choice = verdict.resolve_qtype("auto", workdir)
+    choice = qtype_auto(workdir)
     assert choice.qtype == "uint4" and "stale" in choice.line and "another trainer build" in choice.line
 
 
 def test_nothing_passed_falls_back_with_the_reason(tmp_path):
     failed = {**GPU_RESULT, "fastest": {"qtype": None, "reason": "no 4-bit kernel path passed its checks"}}
-    choice = verdict.resolve_qtype("auto", workdir_with(tmp_path, failed))
+    choice = qtype_auto(workdir_with(tmp_path, failed))
     assert choice.qtype == "uint4" and "no 4-bit kernel path passed its checks" in choice.line
 
 
 def test_a_named_qtype_is_left_alone(tmp_path):
-    choice = verdict.resolve_qtype("int4_fused", workdir_with(tmp_path, GPU_RESULT))
-    assert choice == verdict.QtypeChoice("int4_fused")
+    process = {"model": {"qtype": "int4_fused", "model_kwargs": {}}}
+    verdicts = verdict.Verdicts.read(workdir_with(tmp_path, GPU_RESULT))
+    assert resolve.qtype(process, verdicts, memory_plan.Planner()) is None
+    assert process["model"] == {"qtype": "int4_fused", "model_kwargs": {}}
 
 
 def test_dry_run_renders_the_chosen_qtype_and_its_kernel(places, tmp_path, capsys, monkeypatch):
@@ -134,14 +142,15 @@ def test_selftest_without_a_gpu_checks_the_reference_path(trainer_workdir, capsy
     assert all(row["passed"] and row["losses"][-1] < row["losses"][0] for row in result["training"])
     assert result["sampling"]["passed"] and result["sampling"]["device"] == "cpu", result["sampling"]
     assert "  pass  128 px, 4 steps, strengths 0 and 1 on the cpu" in out
-    choice = verdict.resolve_qtype("auto", workdir)
+    verdicts = verdict.Verdicts.read(workdir)
+    choice = verdicts.qtype(streams=False)
     assert choice.qtype == "uint4" and "saw no GPU" in choice.line
     assert result["streaming"]["completed"] and result["streaming"]["matches_serialized"]
-    assert verdict.streaming_verdict(workdir)[0] == "serialized"  # the mechanics ran, on no GPU
+    assert verdicts.decide(verdict.streaming_from, None)[0] == "serialized"  # the mechanics ran, on no GPU
     assert ("transformer blocks compiled against uncompiled (a small FLUX.2, forward and backward)\n"
             "  FAIL  compiling the blocks is checked on a GPU with Triton only\n"
             "  presets with `compile_blocks: auto` leave their blocks uncompiled") in out
-    assert verdict.compile_verdict(workdir)[0] is False
+    assert verdicts.decide(verdict.compile_from, None)[0] is False
 
     assert main(["doctor", "--workdir", str(workdir.root)]) == 0
     assert "selftest        " in capsys.readouterr().out

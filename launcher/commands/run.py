@@ -26,8 +26,8 @@ from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, read_state, venv_pyt
 from launcher.errors import LauncherError
 from launcher.nofollow import open_append
 from launcher.progress import say, warn
+from launcher.resolve import resolve_run
 from launcher.runs import disk_budget, files, leash, load_report, memory_plan, ranks, resume, tiny, validate
-from launcher.selftest.resolve import resolve_all
 from launcher.runs.dataset import DEFAULT_BUCKET_TOLERANCE, DatasetCheck, check_dataset, long_caption_warnings
 from launcher.runs.exit_status import describe, launcher_code
 from launcher.runs.folders import RunFolder, clear_stale_flags
@@ -36,7 +36,6 @@ from launcher.runs.run_lock import run_folder_lock
 from launcher.runs.schema import Vocabulary, short
 from launcher.runs.telemetry import TelemetryRecorder
 from launcher.runs.vocabulary import read_vocabulary
-from launcher.selftest.verdict import load_result, summary_line
 from launcher.user_files import read_text
 from launcher.watchdog.loop import watch_run
 from launcher.watchdog.policy import load_config
@@ -120,15 +119,15 @@ def handle(args) -> int:
         config = render(preset, run.root, tiny_manifest=manifest, places=tiny_places(places))
     else:
         config = render(preset, run.root, places=places)
-    lines = resolve_all(config, workdir, preset.sampling) + memory_plan.check_plans(config, preset.path)
-    for line in lines:  # YAML comments in a dry run, whose output stays a config
+    resolved = resolve_run(config, workdir, preset.sampling, preset.path)
+    for line in resolved.lines:  # YAML comments in a dry run, whose output stays a config
         say(f"# {line}" if args.dry_run else line)
     datasets = check(preset, config, workdir, run, full_size=not preset.tiny)
     extra = launch_env(run, workdir, args.profile)
     env = trainer_env(preset, run, workdir, extra)
     team = plan_ranks(args.gpus or preset.gpus, workdir, env)
     env.update(team.env())
-    for line in team.lines + tuple(memory_plan.card_plans(config, team.cards)):
+    for line in team.lines + tuple(memory_plan.card_plans(config, team.cards, resolved.planner)):
         say(f"# {line}" if args.dry_run else line)
     if args.dry_run:
         print(yaml.safe_dump(config, sort_keys=False), end="", flush=True)
@@ -144,7 +143,8 @@ def handle(args) -> int:
         write_config(config, run.config)
         write_dataset_lists(datasets)
         say_rank_change(run, team.count)
-        write_metadata(run, preset, workdir, python, datasets, config, changes, team.count)
+        write_metadata(run, preset, workdir, python, datasets, config, changes, team.count,
+                       selftest=resolved.verdicts.summary)
         say(f"run folder: {run.root}")
         offset = load_report.telemetry_offset(run)
         if team.count > 1:
@@ -352,9 +352,10 @@ def say_rank_change(run: RunFolder, count: int) -> None:
 
 def write_metadata(run: RunFolder, preset: Preset, workdir: Workdir, python: Path,
                    datasets: list[tuple[Path, DatasetCheck]], config: dict, changes: list[dict],
-                   gpus: int = 1) -> None:
+                   gpus: int = 1, *, selftest: str) -> None:
     """run.json beside the LoRA: enough to reproduce the run and to file a bug report; the settings
-    each resume changed (`--accept-changes`) are kept from launch to launch."""
+    each resume changed (`--accept-changes`) are kept from launch to launch. `selftest`: the summary
+    of the self-test report this launch read."""
     state = read_state(workdir.state_file)
     resumes = previous_resume_changes(run)
     if changes:
@@ -371,7 +372,7 @@ def write_metadata(run: RunFolder, preset: Preset, workdir: Workdir, python: Pat
         "torch": probe_with(python),
         "skipped_images": [item for _, result in datasets for item in result.skipped()],
         "qtype": sorted({(p.get("model") or {}).get("qtype") for p in config["config"]["process"]} - {None}),
-        "selftest": summary_line(load_result(workdir)),
+        "selftest": selftest,
         "gpus": gpus,
         **({"resume_changes": resumes} if resumes else {}),
     }

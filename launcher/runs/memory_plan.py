@@ -9,8 +9,12 @@ The trainer streams blocks only for the qtypes of its table (`qtypes.STREAMABLE`
 plan that streams is dropped and every block stays resident, under an allocator capped at the
 budget. So a preset whose plan streams with such a qtype is refused here, not shown as a plan the
 trainer would not carry out.
+
+One launch asks the planner once for each budget and run shape (`Planner`): `qtype: auto`, the
+printed plan and each card's plan of `run --gpus N` share the answer.
 """
 
+import json
 from pathlib import Path
 
 from launcher import trainer_rules
@@ -36,7 +40,7 @@ def budget_words(kwargs: dict) -> tuple[str, float]:
             f"{default} leaves {max(left, 0):g} GiB for the plan"), left
 
 
-def streams_on(process: dict, vram_gib: float | None) -> bool:
+def streams_on(process: dict, vram_gib: float | None, planner: "Planner | None" = None) -> bool:
     """Whether a process's memory plan may stream blocks on a card of `vram_gib` (total): its
     preset budget, else the card's less a desktop's share, planned by the trainer's own rule; an
     unknown card may stream, and so may a budget the trainer would refuse."""
@@ -47,28 +51,54 @@ def streams_on(process: dict, vram_gib: float | None) -> bool:
     if budget is None:
         return True
     try:
-        return bool(plan_for(process, float(budget)).streamed())
+        return bool((planner or Planner()).plan(process, float(budget)).streamed())
     except trainer_rules.memory_plan().PlanError:
         return True
+
+
+def plan_inputs(process: dict, budget_gib: float | None = None) -> tuple:
+    """What the trainer's planner is asked for one process of a rendered config, from its preset
+    budget (or `budget_gib`) and run shape: plan_for_budget's arguments."""
+    model = process.get("model") or {}
+    kwargs = model.get("model_kwargs") or {}
+    resolutions = []
+    for dataset in process.get("datasets") or []:
+        value = dataset.get("resolution", 512)
+        resolutions += value if isinstance(value, list) else [value]
+    return (budget_gib or float(kwargs["vram_budget_gib"]), max(resolutions, default=1024),
+            (process.get("train") or {}).get("batch_size", 1), (process.get("network") or {}).get("linear", 32),
+            2 if kwargs.get("stream_mode") == "overlapped" else 1, kwargs.get("flux2_params") or {},
+            float(trainer_rules.settings().read(kwargs, "vram_margin_gib")))
 
 
 def plan_for(process: dict, budget_gib: float | None = None):
     """The trainer's plan for one process of a rendered config, from its preset budget (or
     `budget_gib`) and run shape."""
-    model = process.get("model") or {}
-    kwargs = model.get("model_kwargs") or {}
-    read = trainer_rules.settings().read
-    resolutions = []
-    for dataset in process.get("datasets") or []:
-        value = dataset.get("resolution", 512)
-        resolutions += value if isinstance(value, list) else [value]
-    return trainer_rules.memory_plan().plan_for_budget(
-        budget_gib or float(kwargs["vram_budget_gib"]), max(resolutions, default=1024), (process.get("train") or {}).get("batch_size", 1),
-        (process.get("network") or {}).get("linear", 32), 2 if kwargs.get("stream_mode") == "overlapped" else 1,
-        kwargs.get("flux2_params") or {}, float(read(kwargs, "vram_margin_gib")))
+    return trainer_rules.memory_plan().plan_for_budget(*plan_inputs(process, budget_gib))
 
 
-def check_plans(config: dict, preset_path: Path) -> list[str]:
+class Planner:
+    """The trainer's planner asked once per launch for each ask: the same budget and run shape
+    get the same plan (or the same refusal) without planning again."""
+
+    def __init__(self) -> None:
+        self.answers: dict[str, object] = {}
+
+    def plan(self, process: dict, budget_gib: float | None = None):
+        """plan_for, answered from what this launch already planned where it can."""
+        ask = json.dumps(plan_inputs(process, budget_gib), sort_keys=True)
+        if ask not in self.answers:
+            try:
+                self.answers[ask] = plan_for(process, budget_gib)
+            except trainer_rules.memory_plan().PlanError as error:
+                self.answers[ask] = error
+        answer = self.answers[ask]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def check_plans(config: dict, preset_path: Path, planner: Planner) -> list[str]:
     """The plan's lines for each planned process; LauncherError when the trainer would refuse the budget."""
     lines = []
     for index, process in enumerate(config["config"]["process"]):
@@ -84,7 +114,7 @@ def check_plans(config: dict, preset_path: Path) -> list[str]:
         if left <= 0:
             raise LauncherError(f"{preset_path}: {words}; give a larger vram_budget_gib or a smaller vram_margin_gib")
         try:
-            plan = plan_for(process)
+            plan = planner.plan(process)
         except trainer_rules.memory_plan().PlanError as error:
             raise LauncherError(f"{preset_path}: {words}: {error}") from None
         refuse_unstreamable(plan.to_json(), model, kwargs, f"{preset_path}: config.process[{index}].model")
@@ -108,11 +138,12 @@ def refuse_unstreamable(plan: dict, model: dict, kwargs: dict, where: str) -> No
             f"one of them, or give a vram_budget_gib that holds every block")
 
 
-def card_plans(config: dict, cards: tuple[dict, ...]) -> list[str]:
+def card_plans(config: dict, cards: tuple[dict, ...], planner: Planner | None = None) -> list[str]:
     """`run --gpus N`: the plan each rank makes for its own card (the preset's budget, else the card's
     total less a desktop's share), card by card; ranks step together, so the slower card sets the pace."""
     if len(cards) < 2:
         return []
+    planner = planner or Planner()
     lines = []
     for index, card in enumerate(cards):
         for process in config["config"]["process"]:
@@ -123,7 +154,7 @@ def card_plans(config: dict, cards: tuple[dict, ...]) -> list[str]:
             budget = float(kwargs.get("vram_budget_gib") or total - DESKTOP_GIB)
             head = f"GPU {index} ({card.get('name')}, {total} GiB), budget {budget:g} GiB:"
             try:
-                lines += [head] + [f"  {line}" for line in plan_for(process, budget).summary()]
+                lines += [head] + [f"  {line}" for line in planner.plan(process, budget).summary()]
             except trainer_rules.memory_plan().PlanError as error:
                 lines.append(f"{head} {error}")
     if lines:

@@ -10,6 +10,6 @@ says so.
 
 Here: launch (run both parts, stamp the result with the trainer build, store it in
 `<workdir>/selftest.json`), verdict (what the stored result decides: `qtype: auto`, `stream_mode:
-auto`, in-training sampling; `run` and `doctor` read it) and report (the printed text a bug report
-needs).
+auto`, in-training sampling; `doctor` reads it, and `run` once per launch through launcher/resolve.py)
+and report (the printed text a bug report needs).
 """

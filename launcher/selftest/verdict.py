@@ -5,21 +5,21 @@ its kernel, the stream mode behind `model_kwargs: {stream_mode: auto}` of a memo
 
 `python -m launcher selftest` writes `<workdir>/selftest.json` (written by
 `launcher.in_trainer.selftest.runner` under the trainer's interpreter, stamped here with the trainer
-build it tested). A preset's `qtype: auto` becomes the fastest 4-bit qtype that passed there, with
-the model_kwargs that pick its kernel; where nothing passed it becomes the fork's own `uint4`, or,
-where a memory plan may stream blocks, `int4_fused` on its plain-PyTorch path (uint4 cannot
-stream); `run` says in one line why. The qtype facts come from the trainer's own table
-(overlay/toolkit/qtypes.py, through `launcher.trainer_rules`).
+build it tested). `run` reads it once per launch into `Verdicts`, and its resolvers
+(launcher/resolve.py) ask that object. A preset's `qtype: auto` becomes the fastest 4-bit qtype
+that passed there, with the model_kwargs that pick its kernel; where nothing passed it becomes the
+fork's own `uint4`, or, where a memory plan may stream blocks, `int4_fused` on its plain-PyTorch
+path (uint4 cannot stream); `run` says in one line why. The qtype facts come from the trainer's own
+table (overlay/toolkit/qtypes.py, through `launcher.trainer_rules`).
 """
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from launcher import trainer_rules
 from launcher.envs.workdir import Workdir, read_state
-from launcher.runs.memory_plan import streams_on
-from launcher.runs.schema import AUTO
 
 QTYPES = trainer_rules.qtypes()
 FALLBACK_QTYPE = QTYPES.FALLBACK
@@ -29,8 +29,6 @@ FALLBACK_COST = "uint4 steps 1.73x the int4_fused time, 2.04x bf16 (H200, full w
 REFERENCE_COST = "the plain-PyTorch path steps 1.92x int4_fused's Triton time (H200, full width; bench/RESULTS.md)"
 SERIALIZED, OVERLAPPED = "serialized", "overlapped"
 ROCM_BLAS_DEFAULT = "default"
-KERNEL_KEYS = ("w4a8_activations", "w4a8_gemm")
-"""The model_kwargs that pick int4_w4a8's kernel: `run` gives them values from the self-test."""
 
 
 @dataclass(frozen=True)
@@ -66,20 +64,84 @@ def staleness(result: dict, workdir: Workdir) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Verdicts:
+    """The stored self-test report of one launch, read once: every `auto` `run` resolves, and the
+    summary run.json keeps, come from this object, never from another read of the file."""
+
+    report: dict | None
+    """The report as stored (also a stale one), or None where there is none or it cannot be read."""
+    why_not: str | None = None
+    """Why the report decides nothing here (none yet, or stale), or None where it does."""
+
+    @classmethod
+    def read(cls, workdir: Workdir) -> "Verdicts":
+        report = load_result(workdir)
+        if report is None:
+            return cls(None, f"no self-test result in {workdir.root}")
+        stale = staleness(report, workdir)
+        return cls(report, f"{workdir.selftest.name} is stale ({stale})" if stale else None)
+
+    @property
+    def result(self) -> dict | None:
+        """The report where it describes this trainer build, else None."""
+        return None if self.why_not else self.report
+
+    @property
+    def unusable(self) -> str | None:
+        """Why nothing is decided from the report, with how to test; None where it decides."""
+        return f"{self.why_not}; {HOW_TO_TEST}" if self.why_not else None
+
+    @property
+    def summary(self) -> str:
+        return summary_line(self.report)
+
+    @property
+    def on_hip(self) -> bool:
+        """Whether a usable report was made on a ROCm GPU."""
+        return bool(((self.result or {}).get("environment") or {}).get("hip"))
+
+    @property
+    def card_vram_gib(self) -> float | None:
+        """The VRAM of the GPU a usable report ran on, or None."""
+        return (((self.result or {}).get("environment") or {}).get("gpu") or {}).get("vram_gib")
+
+    def decide(self, from_result: Callable[[dict], tuple], default) -> tuple:
+        """(value, why) of a setting one check of the report decides: the check's, under a usable
+        report, else the default and why the report is unusable."""
+        return from_result(self.result) if self.result is not None else (default, self.unusable)
+
+    def qtype(self, streams: bool) -> QtypeChoice:
+        """What `qtype: auto` becomes; `streams`: a memory plan may stream blocks, so only a
+        streamable qtype will do."""
+        return qtype_from(self.result, streams) if self.result is not None else fallback(self.unusable, streams)
+
+    def w4a8_kernel(self) -> tuple[dict, str]:
+        """(model_kwargs, why) for a run of an 8-bit-activation qtype (int4_w4a8) whose preset leaves
+        the kernel to `auto`: the self-test's candidate of such a qtype when it was the fastest, else
+        FP8 where the self-test saw FP8 units, else int8 through Triton, which runs on every GPU."""
+        result = self.result
+        fastest = (result or {}).get("fastest") or {}
+        if QTYPES.has_eight_bit_kernel(fastest.get("qtype")):
+            return dict(fastest.get("kernel") or {}), f"the self-test's fastest ({tested_on(result)})"
+        if result is not None and (result.get("environment") or {}).get("gpu"):
+            fmt = "fp8" if result["environment"].get("fp8_units") else "int8"
+            return {"w4a8_activations": fmt, "w4a8_gemm": "triton"}, f"the GPU's 8-bit units ({tested_on(result)})"
+        return {"w4a8_activations": "int8", "w4a8_gemm": "triton"}, f"runs on every GPU; {self.unusable or HOW_TO_TEST}"
+
+    def sampling(self) -> tuple[bool, str]:
+        """(sampled, why): whether the self-test's sampling check passed for this trainer build."""
+        check = (self.result or {}).get("sampling") or {}
+        if self.why_not:
+            return False, self.why_not
+        if not check.get("passed"):
+            return False, f"the self-test's sampling check did not pass ({check.get('error') or 'not run'})"
+        return True, f"the self-test of {str(self.result.get('created', '?'))[:10]} sampled on {describe_gpu(self.result)}"
+
+
 def describe_gpu(result: dict) -> str:
     gpu = (result.get("environment") or {}).get("gpu")
     return gpu["name"] if gpu else "no GPU"
-
-
-def resolve_qtype(qtype: str, workdir: Workdir, streams: bool = False) -> QtypeChoice:
-    """`auto` -> the self-test's fastest passing qtype, else a fallback; any other qtype stays.
-    `streams`: a memory plan may stream blocks, so only a streamable qtype will do."""
-    if qtype != AUTO:
-        return QtypeChoice(qtype)
-    result, unusable = usable_result(workdir)
-    if result is None:
-        return fallback(unusable, streams)
-    return qtype_from(result, streams)
 
 
 def fallback(why: str, streams: bool) -> QtypeChoice:
@@ -104,77 +166,16 @@ def qtype_from(result: dict, streams: bool = False) -> QtypeChoice:
                        f"{tested_on(result)}{speed}")
 
 
-def card_vram_gib(workdir: Workdir) -> float | None:
-    """The VRAM of the GPU the stored self-test ran on, or None when there is no usable result."""
-    result, _ = usable_result(workdir)
-    return ((result or {}).get("environment") or {}).get("gpu", {}).get("vram_gib") if result else None
-
-
-def eight_bit_kernel(workdir: Workdir) -> tuple[dict, str]:
-    """(model_kwargs, why) for a run of an 8-bit-activation qtype (int4_w4a8) whose preset leaves
-    the kernel to `auto`: the self-test's candidate of such a qtype when it was the fastest, else
-    FP8 where the self-test saw FP8 units, else int8 through Triton, which runs on every GPU."""
-    result, unusable = usable_result(workdir)
-    fastest = (result or {}).get("fastest") or {}
-    if QTYPES.has_eight_bit_kernel(fastest.get("qtype")):
-        return dict(fastest.get("kernel") or {}), f"the self-test's fastest ({tested_on(result)})"
-    if result is not None and (result.get("environment") or {}).get("gpu"):
-        fmt = "fp8" if result["environment"].get("fp8_units") else "int8"
-        return {"w4a8_activations": fmt, "w4a8_gemm": "triton"}, f"the GPU's 8-bit units ({tested_on(result)})"
-    return {"w4a8_activations": "int8", "w4a8_gemm": "triton"}, f"runs on every GPU; {unusable or HOW_TO_TEST}"
-
-
-def resolve_config(config: dict, workdir: Workdir) -> list[str]:
-    """`qtype: auto` and int4_w4a8's `auto` (or unset) kernel in every trainer process of a rendered
-    config, in place; returns the lines `run` prints."""
-    lines = []
-    for process in config["config"]["process"]:
-        model = process.get("model") or {}
-        if model.get("model_kwargs") is None:
-            model["model_kwargs"] = {}
-        kwargs = model["model_kwargs"]
-        if model.get("qtype") == AUTO:
-            choice = resolve_qtype(AUTO, workdir, streams=streams_on(process, card_vram_gib(workdir)))
-            model["qtype"] = choice.qtype
-            kwargs.update({key: value for key, value in choice.kernel.items() if kwargs.get(key, AUTO) == AUTO})
-            lines.append(choice.line)
-        qtype = model.get("qtype")
-        if QTYPES.has_eight_bit_kernel(qtype) and any(kwargs.get(key, AUTO) == AUTO for key in KERNEL_KEYS):
-            kernel, why = eight_bit_kernel(workdir)
-            kwargs.update({key: value for key, value in kernel.items() if kwargs.get(key, AUTO) == AUTO})
-            lines.append(f"{qtype} kernel -> {kwargs.get('w4a8_activations')} {kwargs.get('w4a8_gemm')}: {why}")
-    return lines
-
-
-def usable_result(workdir: Workdir) -> tuple[dict | None, str | None]:
-    """(the stored result, None), or (None, why it cannot decide anything: none yet, or stale)."""
-    result = load_result(workdir)
-    if result is None:
-        return None, f"no self-test result in {workdir.root}; {HOW_TO_TEST}"
-    stale = staleness(result, workdir)
-    if stale:
-        return None, f"{workdir.selftest.name} is stale ({stale}); {HOW_TO_TEST}"
-    return result, None
-
-
 def tested_on(result: dict) -> str:
     return f"self-test of {str(result.get('created', '?'))[:10]}, {describe_gpu(result)}"
 
 
-def streaming_verdict(workdir: Workdir) -> tuple[str, str]:
-    """(mode, why) for `stream_mode: auto`, from the stored self-test result."""
-    result, unusable = usable_result(workdir)
-    if result is None:
-        return SERIALIZED, unusable
-    return streaming_from(result)
-
-
 def streaming_from(result: dict) -> tuple[str, str]:
-    """(mode, why): overlapped only where the self-test ran the overlapped streaming on an NVIDIA
-    GPU to completion within its deadline; serialized everywhere else. On AMD cards it stays
-    serialized, and the self-test does not try it there: block swap with copies in flight during
-    kernels deadlocked the HIP driver on Windows (wall 5), and overlapping would save little
-    there (docs/amd.md, "Streaming on AMD cards")."""
+    """(mode, why) for `stream_mode: auto`: overlapped only where the self-test ran the overlapped
+    streaming on an NVIDIA GPU to completion within its deadline; serialized everywhere else. On AMD
+    cards it stays serialized, and the self-test does not try it there: block swap with copies in
+    flight during kernels deadlocked the HIP driver on Windows (wall 5), and overlapping would save
+    little there (docs/amd.md, "Streaming on AMD cards")."""
     streaming = result.get("streaming") or {}
     if (result.get("environment") or {}).get("hip"):
         return SERIALIZED, f"overlapped streaming is not tried on AMD GPUs (wall 5, docs/amd.md) ({tested_on(result)})"
@@ -183,54 +184,15 @@ def streaming_from(result: dict) -> tuple[str, str]:
     return SERIALIZED, f"{streaming.get('reason') or 'overlapped streaming was not tested on a GPU'} ({tested_on(result)})"
 
 
-def resolve_stream_mode(config: dict, workdir: Workdir) -> str | None:
-    """`stream_mode: auto` (or unset) of every process with `memory_plan: auto` -> serialized or
-    overlapped, in place; returns the line `run` prints, or None when no process plans."""
-    line = None
-    for process in config["config"]["process"]:
-        kwargs = (process.get("model") or {}).get("model_kwargs") or {}
-        if kwargs.get("memory_plan") == AUTO and kwargs.get("stream_mode", AUTO) == AUTO:
-            mode, why = streaming_verdict(workdir)
-            kwargs["stream_mode"] = mode
-            line = f"stream_mode auto -> {mode}: {why}"
-    return line
-
-
-def compile_verdict(workdir: Workdir) -> tuple[bool, str]:
-    """(compile, why) for `compile_blocks: auto`, from the stored self-test result."""
-    result, unusable = usable_result(workdir)
-    if result is None:
-        return False, unusable
-    return compile_from(result)
-
-
 def compile_from(result: dict) -> tuple[bool, str]:
-    """(compile, why): the blocks are compiled only where the self-test compiled a small FLUX.2 on
-    this GPU, matched the uncompiled model's loss and gradients, and was not slower with it."""
+    """(compile, why) for `compile_blocks: auto`: the blocks are compiled only where the self-test
+    compiled a small FLUX.2 on this GPU, matched the uncompiled model's loss and gradients, and was
+    not slower with it."""
     check = result.get("compile") or {}
     if not check.get("passed"):
         return False, f"{check.get('reason') or 'compiling was not tested on a GPU'} ({tested_on(result)})"
     return True, (f"the compiled blocks matched and stepped {check['x_eager']:.2f}x the uncompiled time, "
                   f"{check.get('compile_s', 0):.0f} s to compile ({tested_on(result)})")
-
-
-def resolve_compile_blocks(config: dict, workdir: Workdir) -> str | None:
-    """`compile_blocks: auto` of every process -> true or false, in place; returns the line `run`
-    prints: the choice, or a warning when a preset says true where the check did not pass; None
-    when no process compiles or says auto."""
-    line = None
-    for process in config["config"]["process"]:
-        kwargs = (process.get("model") or {}).get("model_kwargs") or {}
-        if kwargs.get("compile_blocks") == AUTO:
-            compiled, why = compile_verdict(workdir)
-            kwargs["compile_blocks"] = compiled
-            line = f"compile_blocks auto -> {str(compiled).lower()}: {why}"
-        elif kwargs.get("compile_blocks") is True:
-            compiled, why = compile_verdict(workdir)
-            if not compiled:
-                line = (f"warning: compile_blocks: true, but the self-test's compile check did not pass here ({why}); "
-                        "a compile failure on the first step falls back to uncompiled blocks")
-    return line
 
 
 def blas_from(result: dict) -> tuple[str, str]:
@@ -241,51 +203,6 @@ def blas_from(result: dict) -> tuple[str, str]:
     if not check.get("ran"):
         return ROCM_BLAS_DEFAULT, f"{check.get('reason') or 'not timed by this self-test'} ({tested_on(result)})"
     return check.get("library") or ROCM_BLAS_DEFAULT, f"{check.get('reason')} ({tested_on(result)})"
-
-
-def resolve_rocm_blas(config: dict, workdir: Workdir) -> str | None:
-    """`rocm_blas: auto` (or unset) of every process -> hipblas, hipblaslt or default, in place;
-    returns the line `run` prints where the self-test ran on a ROCm GPU (elsewhere it says nothing:
-    the setting changes nothing there)."""
-    line = None
-    for process in config["config"]["process"]:
-        kwargs = (process.get("model") or {}).get("model_kwargs")
-        if kwargs is None or kwargs.get("rocm_blas", AUTO) != AUTO:
-            continue
-        result, unusable = usable_result(workdir)
-        library, why = blas_from(result) if result is not None else (ROCM_BLAS_DEFAULT, unusable)
-        kwargs["rocm_blas"] = library
-        if result is not None and (result.get("environment") or {}).get("hip"):
-            line = f"rocm_blas auto -> {library}: {why}"
-    return line
-
-
-def resolve_sampling(config: dict, workdir: Workdir, setting: str) -> str | None:
-    """In-training sampling (wall 6) stays on only where the self-test's sampling check passed for
-    this trainer build, or when the preset says `launcher: {sampling: force}`; otherwise it is
-    switched off in the rendered config, in place. Returns the line `run` prints, or None when
-    no process samples."""
-    sampling = [p for p in config["config"]["process"] if not (p.get("train") or {}).get("disable_sampling", False)]
-    if not sampling:
-        return None
-    if setting == "force":
-        return "in-training sampling on: forced by the preset (launcher: {sampling: force})"
-    result = load_result(workdir)
-    check = (result or {}).get("sampling") or {}
-    stale = staleness(result, workdir) if result is not None else None
-    if result is None:
-        why = f"no self-test result in {workdir.root}"
-    elif stale:
-        why = f"{workdir.selftest.name} is stale ({stale})"
-    elif not check.get("passed"):
-        why = f"the self-test's sampling check did not pass ({check.get('error') or 'not run'})"
-    else:
-        return (f"in-training sampling on: the self-test of {str(result.get('created', '?'))[:10]} sampled on "
-                f"{describe_gpu(result)}")
-    for process in sampling:
-        process.setdefault("train", {})["disable_sampling"] = True
-    return (f"in-training sampling off: {why}; `python -m launcher selftest` checks that sampling completes here, "
-            "or set `launcher: {sampling: force}` in the preset")
 
 
 def summary_line(report: dict | None) -> str:

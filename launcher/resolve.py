@@ -1,0 +1,156 @@
+"""Every `auto` of a rendered config resolved in one place, before the trainer starts.
+
+`run` reads the self-test report once (launcher/selftest/verdict.py `Verdicts`), asks the memory
+planner once per budget and run shape (launcher/runs/memory_plan.py `Planner`), and turns each
+`auto` the catalogue (overlay/toolkit/settings.py) gives to `run` into a value, one resolver per
+setting: the qtype, int4_w4a8's kernel (w4a8_activations and w4a8_gemm, decided together),
+stream_mode, compile_blocks, rocm_blas, and the launcher block's sampling. Then every model_kwargs
+setting of the catalogue is written as a concrete value into the run's config.yaml; the trainer
+reads them back through the same catalogue, never an `auto` and never an environment variable.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher import trainer_rules
+from launcher.envs.workdir import Workdir
+from launcher.runs import memory_plan
+from launcher.runs.schema import AUTO
+from launcher.selftest.verdict import ROCM_BLAS_DEFAULT, SERIALIZED, Verdicts, blas_from, compile_from, streaming_from
+
+KERNEL_KEYS = ("w4a8_activations", "w4a8_gemm")
+"""The model_kwargs that pick int4_w4a8's kernel: `run` gives them values from the self-test."""
+
+
+@dataclass(frozen=True)
+class Resolution:
+    lines: list[str]
+    """What `run` prints about each choice, then the memory plan's lines."""
+    verdicts: Verdicts
+    """The self-test report this launch read (run.json keeps its summary)."""
+    planner: memory_plan.Planner
+    """The plans this launch made (each card's plan of `run --gpus N` asks it too)."""
+
+
+def resolve_run(config: dict, workdir: Workdir, sampling_setting: str, preset_path: Path) -> Resolution:
+    """Resolve the rendered config in place and check its memory plans; LauncherError where the
+    trainer would refuse a budget."""
+    verdicts, planner = Verdicts.read(workdir), memory_plan.Planner()
+    processes = config["config"]["process"]
+    for process in processes:
+        model = process.get("model")
+        if model is not None and model.get("model_kwargs") is None:
+            model["model_kwargs"] = {}
+    sampled = sampling(config, verdicts, sampling_setting)
+    streams = last(stream_mode(process, verdicts) for process in processes)  # before any plan: it sets the buffer
+    chosen = [line for process in processes
+              for line in (qtype(process, verdicts, planner), w4a8_kernel(process, verdicts)) if line]
+    compiled = last(compile_blocks(process, verdicts) for process in processes)
+    blas = last(rocm_blas(process, verdicts) for process in processes)
+    for process in processes:
+        model = process.get("model") or {}
+        model["model_kwargs"] = concrete(model.get("model_kwargs") or {})
+    lines = [line for line in (*chosen, sampled, streams, compiled, blas) if line]
+    return Resolution(lines + memory_plan.check_plans(config, preset_path, planner), verdicts, planner)
+
+
+def last(lines) -> str | None:
+    """The line of the last process that had one (one line per setting, as the presets have one process)."""
+    said = [line for line in lines if line]
+    return said[-1] if said else None
+
+
+def kwargs_of(process: dict) -> dict:
+    return (process.get("model") or {}).get("model_kwargs") or {}
+
+
+def fill(kwargs: dict, values: dict) -> None:
+    """Set the keys the preset leaves to `auto` (or unset); a value the preset names stays."""
+    kwargs.update({key: value for key, value in values.items() if kwargs.get(key, AUTO) == AUTO})
+
+
+def qtype(process: dict, verdicts: Verdicts, planner: memory_plan.Planner) -> str | None:
+    """`qtype: auto` -> the self-test's fastest passing qtype with its kernel, else a fallback that
+    can stream where the process's memory plan may stream blocks on the self-test's card."""
+    model = process.get("model") or {}
+    if model.get("qtype") != AUTO:
+        return None
+    choice = verdicts.qtype(streams=memory_plan.streams_on(process, verdicts.card_vram_gib, planner))
+    model["qtype"] = choice.qtype
+    fill(model["model_kwargs"], choice.kernel)
+    return choice.line
+
+
+def w4a8_kernel(process: dict, verdicts: Verdicts) -> str | None:
+    """int4_w4a8's `auto` (or unset) kernel, both keys at once: they name one kernel together."""
+    model, kwargs = process.get("model") or {}, kwargs_of(process)
+    name = model.get("qtype")
+    if not (trainer_rules.qtypes().has_eight_bit_kernel(name) and any(kwargs.get(key, AUTO) == AUTO for key in KERNEL_KEYS)):
+        return None
+    kernel, why = verdicts.w4a8_kernel()
+    fill(kwargs, kernel)
+    return f"{name} kernel -> {kwargs.get('w4a8_activations')} {kwargs.get('w4a8_gemm')}: {why}"
+
+
+def stream_mode(process: dict, verdicts: Verdicts) -> str | None:
+    """`stream_mode: auto` (or unset) of a process with `memory_plan: auto` -> serialized or
+    overlapped; None where the process does not plan or names its mode."""
+    kwargs = kwargs_of(process)
+    if kwargs.get("memory_plan") != AUTO or kwargs.get("stream_mode", AUTO) != AUTO:
+        return None
+    mode, why = verdicts.decide(streaming_from, SERIALIZED)
+    kwargs["stream_mode"] = mode
+    return f"stream_mode auto -> {mode}: {why}"
+
+
+def compile_blocks(process: dict, verdicts: Verdicts) -> str | None:
+    """`compile_blocks: auto` -> true or false; a warning where a preset says true and the check did
+    not pass here; None where the process neither compiles nor says auto."""
+    kwargs = kwargs_of(process)
+    if kwargs.get("compile_blocks") != AUTO and kwargs.get("compile_blocks") is not True:
+        return None
+    compiled, why = verdicts.decide(compile_from, False)
+    if kwargs["compile_blocks"] == AUTO:
+        kwargs["compile_blocks"] = compiled
+        return f"compile_blocks auto -> {str(compiled).lower()}: {why}"
+    if not compiled:
+        return (f"warning: compile_blocks: true, but the self-test's compile check did not pass here ({why}); "
+                "a compile failure on the first step falls back to uncompiled blocks")
+    return None
+
+
+def rocm_blas(process: dict, verdicts: Verdicts) -> str | None:
+    """`rocm_blas: auto` (or unset) -> hipblas, hipblaslt or default; a line only where the self-test
+    ran on a ROCm GPU (elsewhere the setting changes nothing)."""
+    model = process.get("model")
+    if model is None or model["model_kwargs"].get("rocm_blas", AUTO) != AUTO:
+        return None
+    library, why = verdicts.decide(blas_from, ROCM_BLAS_DEFAULT)
+    model["model_kwargs"]["rocm_blas"] = library
+    return f"rocm_blas auto -> {library}: {why}" if verdicts.on_hip else None
+
+
+def sampling(config: dict, verdicts: Verdicts, setting: str) -> str | None:
+    """In-training sampling (wall 6) stays on only where the self-test's sampling check passed for
+    this trainer build, or when the preset says `launcher: {sampling: force}`; otherwise it is
+    switched off in the rendered config. None when no process samples."""
+    sampled = [p for p in config["config"]["process"] if not (p.get("train") or {}).get("disable_sampling", False)]
+    if not sampled:
+        return None
+    if setting == "force":
+        return "in-training sampling on: forced by the preset (launcher: {sampling: force})"
+    passed, why = verdicts.sampling()
+    if passed:
+        return f"in-training sampling on: {why}"
+    for process in sampled:
+        process.setdefault("train", {})["disable_sampling"] = True
+    return (f"in-training sampling off: {why}; `python -m launcher selftest` checks that sampling completes here, "
+            "or set `launcher: {sampling: force}` in the preset")
+
+
+def concrete(kwargs: dict) -> dict:
+    """model_kwargs with every catalogue setting given its value: an `auto` left where it does not
+    apply (a stream mode without a plan, a kernel of another qtype) takes the default."""
+    settings = trainer_rules.settings()
+    unused = {name for name, item in settings.CATALOGUE.items() if item.auto == settings.RUN and kwargs.get(name) == settings.AUTO}
+    return settings.complete({key: value for key, value in kwargs.items() if key not in unused})
