@@ -226,7 +226,7 @@ def problems_with(edit) -> list[str]:
 
 
 @pytest.mark.parametrize("params, message", [
-    ({"hidden_size": "big"}, "model_kwargs.flux2_params.hidden_size = 'big': not an integer"),
+    ({"hidden_size": "big"}, "model_kwargs.flux2_params.hidden_size = 'big': not a whole number"),
     ({"depht": 2}, "model_kwargs.flux2_params.depht = 2: unknown key (not a setting); did you mean `depth`?"),
     ({"axes_dim": 4}, "model_kwargs.flux2_params.axes_dim = 4: not a list"),
     ({"hidden_size": 64, "num_heads": 3}, "flux2_params: hidden_size 64 is not a multiple of num_heads 3"),
@@ -271,7 +271,7 @@ def test_a_transformer_without_the_blocks_flux2_params_gives_is_refused(places, 
 
 @pytest.mark.parametrize("edit, message", [
     (lambda p, d: d["launcher"].update(telemetry={"interval_s": 1.0e10}),
-     "launcher.telemetry.interval_s = 10000000000.0: out of range; allowed: a number from 0.1 to 3600"),
+     "launcher.telemetry.interval_s = 10000000000.0: out of range; allowed: a number >= 0.1, at most 3600"),
     (lambda p, d: p["sample"].update(prompts=["x" * (128 * 1024 + 1)]),
      "config.process[0].sample.prompts[0] = '" + "x" * 56 + "...: "
      "longer than 131,072 characters (131,073)"),

@@ -298,15 +298,15 @@ TINY = yaml.safe_load((PRESETS_DIR / "tiny.yaml").read_text(encoding="utf-8"))
 
 @pytest.mark.parametrize("edit, message", [
     (lambda p: p["network"].update(linear=100_000),
-     "config.process[0].network.linear = 100000: too large; allowed: an integer >= 1, at most 1,024"),
-    (lambda p: p["network"].update(linear=10**20), "network.linear = 100000000000000000000: too large"),
+     "config.process[0].network.linear = 100000: out of range; allowed: a whole number >= 1, at most 1,024"),
+    (lambda p: p["network"].update(linear=10**20), "network.linear = 100000000000000000000: out of range"),
     (lambda p: p["model"]["model_kwargs"].update(cache_staging_mib=10**26),
      "model_kwargs.cache_staging_mib = 100000000000000000000000000: out of range; allowed: a whole number >= 4, "
      "at most 65,536"),
     (lambda p: p["model"]["model_kwargs"].update(text_phase_budget_mib=10**12), "text_phase_budget_mib = 1000000000000"),
-    (lambda p: p["train"].update(steps=10**9), "train.steps = 1000000000: too large"),
-    (lambda p: p["datasets"][0].update(resolution=[512, 65536]), "resolution[1] = 65536: too large"),
-    (lambda p: p["save"].update(max_step_saves_to_keep=10**6), "max_step_saves_to_keep = 1000000: too large"),
+    (lambda p: p["train"].update(steps=10**9), "train.steps = 1000000000: out of range"),
+    (lambda p: p["datasets"][0].update(resolution=[512, 65536]), "resolution[1] = 65536: out of range"),
+    (lambda p: p["save"].update(max_step_saves_to_keep=10**6), "max_step_saves_to_keep = 1000000: out of range"),
 ])
 def test_preset_values_past_what_a_human_means_are_refused(edit, message):
     data = json.loads(json.dumps(TINY))
@@ -321,7 +321,7 @@ def test_a_huge_rank_is_refused_before_the_disk_arithmetic(stand_in, capsys):  #
     stand_in.preset.write_text(yaml.safe_dump(preset), encoding="utf-8")
     assert stand_in.run("--dry-run") == 2
     err = capsys.readouterr().err
-    assert "network.linear = 100000: too large" in err and "GiB" not in err
+    assert "network.linear = 100000: out of range" in err and "GiB" not in err
 
 
 # -- the reader itself ----------------------------------------------------------------------------

@@ -286,7 +286,7 @@ def test_every_schema_problem_at_once_with_the_trainers_values(stand_in, capsys,
     assert stand_in.run("--dry-run") == 2
     err = capsys.readouterr().err
     assert "has 3 problems" in err
-    assert "launcher.telemetry.interval_s = 0.001: out of range; allowed: a number from 0.1 to 3600" in err
+    assert "launcher.telemetry.interval_s = 0.001: out of range; allowed: a number >= 0.1, at most 3600" in err
     assert "train.steps = 'ten'" in err and "model.qtype = 'int3'" in err
 
 

@@ -58,9 +58,9 @@ def test_shipped_presets_pass(path):
 CASES = [
     # (change, the message's fragments)
     (lambda p: process(p)["train"].update(steps="ten"),
-     ["config.process[0].train.steps = 'ten': not an integer", "allowed: an integer >= 1"]),
+     ["config.process[0].train.steps = 'ten': not a whole number", "allowed: a whole number >= 1"]),
     (lambda p: process(p)["train"].update(batch_size=0),
-     ["config.process[0].train.batch_size = 0: too small", "an integer >= 1"]),
+     ["config.process[0].train.batch_size = 0: out of range", "a whole number >= 1"]),
     (lambda p: process(p)["train"].update(lr=-1),
      ["config.process[0].train.lr = -1: out of range", "a number > 0"]),
     (lambda p: process(p)["train"].update(lr="1e-4"),
@@ -73,8 +73,8 @@ CASES = [
     (lambda p: process(p)["save"].update(dtype="bf61"), ["save.dtype = 'bf61'", "bf16"]),
     (lambda p: process(p)["datasets"][0].update(resolution=[512, 100]),
      ["datasets[0].resolution[1] = 100: not a multiple of 16 (use 96 or 112)"]),
-    (lambda p: process(p)["datasets"][0].update(resolution=0), ["datasets[0].resolution[0] = 0: too small"]),
-    (lambda p: process(p)["save"].update(save_every=0), ["save.save_every = 0: too small"]),
+    (lambda p: process(p)["datasets"][0].update(resolution=0), ["datasets[0].resolution[0] = 0: out of range"]),
+    (lambda p: process(p)["save"].update(save_every=0), ["save.save_every = 0: out of range"]),
     (lambda p: process(p)["model"]["model_kwargs"].update(streamed_loadr=False),
      ["model.model_kwargs.streamed_loadr = False: unknown key (the trainer would silently ignore it)",
       "did you mean `streamed_loader`?"]),
@@ -114,6 +114,27 @@ def test_each_bad_value_is_named(change, fragments):
     assert len(problems) == 1, problems
     for fragment in fragments:
         assert fragment in problems[0], problems[0]
+
+
+@pytest.mark.parametrize("value, fault", [("ten", "not a whole number"), (2.5, "not a whole number"),
+                                          (True, "not a whole number"), (0, "out of range")])
+def test_a_trainer_key_and_a_catalogue_setting_name_one_fault_alike(value, fault):
+    """train.steps is the schema's own, launcher.gpus the catalogue's: one rule and one wording for both."""
+    preset = shipped()
+    process(preset)["train"].update(steps=value)
+    preset["launcher"]["gpus"] = value
+    found = check_preset(preset, TRAINER)
+    assert [item.split(": ", 1)[1].split(";")[0] for item in found] == [fault, fault], found
+
+
+def test_null_is_a_catalogue_settings_default_but_no_value_for_the_schemas_own_keys():
+    preset = shipped()
+    process(preset)["train"].update(steps=None, lr=None, optimizer=None, gradient_checkpointing=None)
+    preset["launcher"]["gpus"] = None
+    assert {item.split(" = ")[0].rsplit(".", 1)[1] + ": " + item.split(": ", 1)[1].split(";")[0]
+            for item in check_preset(preset, TRAINER)} == {
+        "steps: not a whole number", "lr: not a number", "optimizer: not a non-empty text",
+        "gradient_checkpointing: not true/false"}, "launcher.gpus: null is its default"
 
 
 def test_without_the_trainer_only_its_tables_go_unchecked():

@@ -298,4 +298,4 @@ def test_a_value_over_several_lines_is_shown_intact(tmp_path, capsys):
 def test_a_preset_with_problems_is_refused_before_it_is_shown(tmp_path, capsys):
     bad = write(tmp_path, "bad.yaml", "inherits: rtx4090_512\nconfig:\n  process:\n    - train: {steps: 0}\n")
     assert main(["presets", str(bad)]) == 2
-    assert "line 4: config.process[0].train.steps = 0: too small" in capsys.readouterr().err
+    assert "line 4: config.process[0].train.steps = 0: out of range" in capsys.readouterr().err

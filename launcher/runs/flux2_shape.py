@@ -4,7 +4,7 @@ The keys and bounds of the trainer's Flux2Params (extensions_built_in/diffusion_
 and the arithmetic between them that the trainer's Flux2 refuses as it builds the model, minutes in.
 """
 
-from launcher.runs.schema_nodes import Block, Integer, ListOf, Number, Vocabulary
+from launcher.runs.schema_nodes import Block, ListOf, Vocabulary, number, whole
 
 MAX_SHAPE = 65536
 """A size in flux2_params: ten times FLUX.2 [dev]'s widest (hidden_size 6144, context_in_dim 15360)."""
@@ -12,11 +12,11 @@ DEV_SHAPE = {"hidden_size": 6144, "num_heads": 48, "axes_dim": [32, 32, 32, 32]}
 """FLUX.2 [dev]'s values of the keys the arithmetic reads, which an unset key stands for."""
 
 FLUX2_PARAMS = Block({
-    **{name: Integer(minimum=1, maximum=MAX_SHAPE) for name in ("in_channels", "context_in_dim", "hidden_size",
-                                                                "num_heads", "depth", "depth_single_blocks")},
-    "theta": Integer(minimum=1, maximum=10**9),
-    "axes_dim": ListOf(Integer(minimum=1, maximum=MAX_SHAPE), min_items=1),
-    "mlp_ratio": Number(positive=True, maximum=64),
+    **{name: whole(1, MAX_SHAPE) for name in ("in_channels", "context_in_dim", "hidden_size", "num_heads", "depth",
+                                              "depth_single_blocks")},
+    "theta": whole(1, 10**9),
+    "axes_dim": ListOf(whole(1, MAX_SHAPE), min_items=1),
+    "mlp_ratio": number(maximum=64, above=0),
 })
 
 

@@ -3,7 +3,8 @@
 Each key has a type, a range or a set of allowed values; blocks nest (`model_kwargs`,
 `launcher.watchdog`). A preset is checked before anything heavy starts and every problem is
 reported at once, each naming the key path, the value, what is allowed and, for an unknown key or
-value, the closest known one (launcher/runs/schema_nodes.py). Values the trainer decides (qtypes,
+value, the closest known one (launcher/runs/schema_nodes.py). Scalars are stated in the settings
+catalogue's kinds (`flag`, `whole`, `number`, `Text`) and checked by its rule, in its words. Values the trainer decides (qtypes,
 optimizers, network types, dtypes, the keys each section reads) come from a `Vocabulary` read
 from the trainer itself (launcher/runs/vocabulary.py); without a trainer checkout those parts are
 not checked. `launcher.env` is launcher/runs/trainer_env.py, `flux2_params` launcher/runs/flux2_shape.py
@@ -12,8 +13,8 @@ and `launcher.watchdog` launcher/watchdog/config_schema.py.
 
 from launcher import trainer_rules
 from launcher.runs.flux2_shape import FLUX2_PARAMS, flux2_params_problems
-from launcher.runs.schema_nodes import (Anything, Block, Boolean, Extension, Integer, ListOf, Nullable, Number,
-                                        OneOrList, PlainName, Text, Vocabulary, catalogued, short)
+from launcher.runs.schema_nodes import (Anything, Block, Extension, ListOf, Nullable, OneOrList, PlainName, Text,
+                                        Vocabulary, catalogued, flag, number, short, whole)
 from launcher.runs.trainer_env import env_block
 from launcher.watchdog.config_schema import watchdog_block
 
@@ -22,7 +23,7 @@ MAX_STEPS = 10_000_000
 MAX_RANK = 1024
 """LoRA rank: far above the 16-128 LoRAs train at; at 1024 one LoRA of FLUX.2 [dev] is already about
 12 GB (disk_budget.LORA_PARAMS_PER_RANK, bf16)."""
-RESOLUTION = Integer(minimum=16, multiple_of=16, maximum=4096)
+RESOLUTION = whole(16, 4096, multiple_of=16)
 QTYPE = Text(lambda v: v.qtypes)
 AUTO = "auto"
 """The launcher's own qtype: `run` turns it into a qtype from the self-test (launcher/selftest/verdict.py)
@@ -35,7 +36,7 @@ def launcher_block() -> Block:
     return Block(catalogued(trainer_rules.settings().LAUNCHER, {
         "env": env_block(),
         # faster only grows the files; an hour apart the telemetry says nothing
-        "telemetry": Block({"interval_s": Number(minimum=0.1, maximum=3600)}),
+        "telemetry": Block({"interval_s": number(0.1, 3600)}),
         "watchdog": watchdog_block(),
         "card": Text(max_chars=200),
     }))
@@ -52,36 +53,36 @@ MODEL_KWARGS = Block(catalogued(trainer_rules.settings().MODEL_KWARGS,
 
 PROCESS = Block({
     "type": Text(),
-    "training_seed": Integer(minimum=0, maximum=2**32 - 1),
+    "training_seed": whole(0, 2**32 - 1),
     "training_folder": Text(),
     "trigger_word": Nullable(Text(max_chars=MAX_TRIGGER_CHARS)),
     "network": Block({
         "type": Text(lambda v: v.network_types, fold_case=True),
-        "linear": Integer(minimum=1, maximum=MAX_RANK), "linear_alpha": Number(positive=True, maximum=65536),
-        "conv": Integer(minimum=1, maximum=MAX_RANK), "conv_alpha": Number(positive=True, maximum=65536),
+        "linear": whole(1, MAX_RANK), "linear_alpha": number(maximum=65536, above=0),
+        "conv": whole(1, MAX_RANK), "conv_alpha": number(maximum=65536, above=0),
     }, extra="network"),
-    "save": Block({"dtype": DTYPE, "save_every": Integer(minimum=1, maximum=MAX_STEPS),
-                   "max_step_saves_to_keep": Integer(minimum=1, maximum=1000)}, extra="save"),
+    "save": Block({"dtype": DTYPE, "save_every": whole(1, MAX_STEPS),
+                   "max_step_saves_to_keep": whole(1, 1000)}, extra="save"),
     "datasets": ListOf(Block({
-        "folder_path": Text(), "caption_ext": Extension(), "cache_latents_to_disk": Boolean(),
-        "caption_dropout_rate": Number(minimum=0, maximum=1), "resolution": OneOrList(RESOLUTION),
-        "bucket_tolerance": Integer(minimum=1, maximum=1024),
+        "folder_path": Text(), "caption_ext": Extension(), "cache_latents_to_disk": flag(),
+        "caption_dropout_rate": number(0, 1), "resolution": OneOrList(RESOLUTION),
+        "bucket_tolerance": whole(1, 1024),
     }, extra="datasets"), min_items=1),
     "train": Block({
-        "batch_size": Integer(minimum=1, maximum=1024), "steps": Integer(minimum=1, maximum=MAX_STEPS),
-        "gradient_accumulation": Integer(minimum=1, maximum=1024),
-        "gradient_accumulation_steps": Integer(minimum=1, maximum=1024),
-        "lr": Number(positive=True, maximum=10), "dtype": DTYPE,
+        "batch_size": whole(1, 1024), "steps": whole(1, MAX_STEPS),
+        "gradient_accumulation": whole(1, 1024),
+        "gradient_accumulation_steps": whole(1, 1024),
+        "lr": number(maximum=10, above=0), "dtype": DTYPE,
         "optimizer": Text(lambda v: v.optimizers, lambda v: v.optimizer_prefixes, fold_case=True),
-        **{flag: Boolean() for flag in ("train_unet", "train_text_encoder", "gradient_checkpointing",
+        **{key: flag() for key in ("train_unet", "train_text_encoder", "gradient_checkpointing",
                                         "cache_text_embeddings", "disable_sampling")},
     }, extra="train"),
     "model": Block({
         "name_or_path": Text(), "arch": Text(), "qtype": MODEL_QTYPE, "qtype_te": QTYPE,
-        **{flag: Boolean() for flag in ("quantize", "quantize_te", "low_vram", "layer_offloading")},
+        **{key: flag() for key in ("quantize", "quantize_te", "low_vram", "layer_offloading")},
         "model_kwargs": MODEL_KWARGS,
     }, extra="model"),
-    "sample": Block({"sample_every": Integer(minimum=1, maximum=MAX_STEPS), "sample_steps": Integer(minimum=1, maximum=1000),
+    "sample": Block({"sample_every": whole(1, MAX_STEPS), "sample_steps": whole(1, 1000),
                      "width": RESOLUTION, "height": RESOLUTION,
                      "prompts": ListOf(Text(max_chars=MAX_PROMPT_CHARS))}, extra="sample"),
     "logging": Block(extra="logging"),

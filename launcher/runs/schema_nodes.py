@@ -1,10 +1,12 @@
 """The node types a schema is built from: scalars, names, lists and blocks, each yielding one message
 per problem, as
 
-    config.process[0].train.steps = 'ten': not an integer; allowed: an integer >= 1
+    config.process[0].train.steps = 'ten': not a whole number; allowed: a whole number >= 1, at most 10,000,000
 
 naming the key path, the value, what is allowed and, for an unknown key or value, the
-closest known one. Values the trainer decides come from a `Vocabulary` read from the trainer
+closest known one. Scalars are checked by the settings catalogue's own rule and words
+(`Setting.problem`, overlay/toolkit/settings.py), so a fault reads the same in a catalogued
+setting and in a key of the trainer's. Values the trainer decides come from a `Vocabulary` read from the trainer
 itself (launcher/runs/vocabulary.py); without a trainer checkout those parts are not checked.
 The preset's table of them is launcher/runs/schema.py.
 
@@ -14,7 +16,6 @@ way, plus dependencies (compiled ones for pydantic) in a launcher that needs onl
 GitPython.
 """
 
-import math
 import re
 import reprlib
 from collections.abc import Callable, Iterator
@@ -68,66 +69,56 @@ class Anything(Spec):
     pass
 
 
+NO_DEFAULT = object()
+"""What null is checked as where no default stands behind it: in the catalogue null means the
+setting's default, while the schema's own keys have none, so there it is a value of no kind,
+refused in the kind's own words."""
+
+
+def kind(name: str, **bounds):
+    """A nameless setting of one of the catalogue's kinds (bool, int, number, text, choice): the
+    catalogue's rule and words for a key it does not hold (the trainer's own, the watchdog's)."""
+    return trainer_rules.settings().Setting("", "", name, None, "", **bounds)
+
+
 @dataclass(frozen=True)
-class Boolean(Spec):
-    allowed = "true or false"
+class Value(Spec):
+    """A scalar checked by the settings catalogue's rule (`Setting.problem`, overlay/toolkit/settings.py),
+    so one fault reads the same in every block. A catalogued setting takes null as its default (`null_is_default`)."""
 
-    def check(self, value, path, vocab):
-        if not isinstance(value, bool):
-            yield problem(path, value, "not true/false", self.allowed)
-
-
-@dataclass(frozen=True)
-class Integer(Spec):
-    minimum: int | None = None
+    setting: object
     multiple_of: int | None = None
-    maximum: int | None = None
-    """What a human would still mean: a bound far above any real value, so a typo's extra digits are
-    refused here, before the disk and memory arithmetic multiplies them."""
+    null_is_default: bool = False
 
     @property
     def allowed(self) -> str:
-        words = "an integer" if self.minimum is None else f"an integer >= {self.minimum}"
-        return (words + (f", a multiple of {self.multiple_of}" if self.multiple_of else "")
-                + (f", at most {self.maximum:,}" if self.maximum is not None else ""))
+        return self.setting.allowed + (f", a multiple of {self.multiple_of}" if self.multiple_of else "")
 
     def check(self, value, path, vocab):
-        if isinstance(value, bool) or not isinstance(value, int):
-            yield problem(path, value, "not an integer", self.allowed)
-        elif self.minimum is not None and value < self.minimum:
-            yield problem(path, value, "too small", self.allowed)
-        elif self.maximum is not None and value > self.maximum:
-            yield problem(path, value, "too large", self.allowed)
-        elif self.multiple_of and value % self.multiple_of:
+        if self.setting.kind == "number" and isinstance(value, str) and _looks_numeric(value):
+            yield problem(path, value, "text, not a number (YAML reads 1e-4 as text: write 1.0e-4)", self.allowed)
+            return
+        why = self.setting.problem(NO_DEFAULT if value is None and not self.null_is_default else value)
+        if why:
+            yield problem(path, value, why, self.allowed, self.setting.choices)
+        elif self.multiple_of and isinstance(value, int) and value % self.multiple_of:
             below = value // self.multiple_of * self.multiple_of
             yield problem(path, value, f"not a multiple of {self.multiple_of} (use {below} or "
                           f"{below + self.multiple_of})", self.allowed)
 
 
-@dataclass(frozen=True)
-class Number(Spec):
-    minimum: float | None = None
-    maximum: float | None = None
-    positive: bool = False
+def flag() -> Value:
+    return Value(kind("bool"))
 
-    @property
-    def allowed(self) -> str:
-        if self.positive:
-            return "a number > 0" + (f", at most {self.maximum:g}" if self.maximum is not None else "")
-        if self.minimum is not None and self.maximum is not None:
-            return f"a number from {self.minimum} to {self.maximum}"
-        return "a number" if self.minimum is None else f"a number >= {self.minimum}"
 
-    def check(self, value, path, vocab):
-        if isinstance(value, str) and _looks_numeric(value):
-            yield problem(path, value, "text, not a number (YAML reads 1e-4 as text: write 1.0e-4)",
-                          self.allowed)
-        elif isinstance(value, bool) or not isinstance(value, (int, float)) or (
-                isinstance(value, float) and not math.isfinite(value)):
-            yield problem(path, value, "not a number", self.allowed)
-        elif (self.positive and value <= 0) or (self.minimum is not None and value < self.minimum) or (
-                self.maximum is not None and value > self.maximum):
-            yield problem(path, value, "out of range", self.allowed)
+def whole(minimum: int | None = None, maximum: int | None = None, multiple_of: int | None = None) -> Value:
+    """A whole number; `maximum` is what a human would still mean, a bound far above any real value,
+    so a typo's extra digits are refused here, before the disk and memory arithmetic multiplies them."""
+    return Value(kind("int", minimum=minimum, maximum=maximum), multiple_of)
+
+
+def number(minimum: float | None = None, maximum: float | None = None, above: float | None = None) -> Value:
+    return Value(kind("number", minimum=minimum, maximum=maximum, above=above))
 
 
 def _looks_numeric(text: str) -> bool:
@@ -140,6 +131,8 @@ def _looks_numeric(text: str) -> bool:
 
 @dataclass(frozen=True)
 class Text(Spec):
+    """Text, or one of a set of words: the catalogue's `text` and `choice` kinds."""
+
     choices: tuple[str, ...] | Callable[[Vocabulary], set[str] | None] | None = None
     """Allowed values: fixed, or read from the trainer's vocabulary (None there: unchecked)."""
     prefixes: Callable[[Vocabulary], set[str]] | None = None
@@ -150,20 +143,18 @@ class Text(Spec):
     def check(self, value, path, vocab):
         choices = self.choices(vocab) if callable(self.choices) else self.choices
         prefixes = self.prefixes(vocab) if self.prefixes else set()
-        allowed = " | ".join(sorted(choices)) + "".join(f" | {p}..." for p in sorted(prefixes)) \
-            if choices else "text" + (f" of at most {self.max_chars:,} characters" if self.max_chars else "")
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and not choices:
+        words = kind("choice", choices=tuple(sorted(choices))) if choices else None
+        allowed = words.values + "".join(f" | {p}..." for p in sorted(prefixes)) if words else \
+            kind("text").values + (f" of at most {self.max_chars:,} characters" if self.max_chars else "")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not words:
             yield problem(path, value, f"a number, not text (write it in quotes: '{value}')", allowed)
-            return
-        if not isinstance(value, str) or not value:
-            yield problem(path, value, "not a non-empty text", allowed)
-            return
-        if self.max_chars is not None and len(value) > self.max_chars:
+        elif why := kind("text").problem(NO_DEFAULT if value is None else value):
+            yield problem(path, value, why, allowed)
+        elif self.max_chars is not None and len(value) > self.max_chars:
             yield problem(path, value, f"longer than {self.max_chars:,} characters ({len(value):,})", allowed)
-            return
-        word = value.lower() if self.fold_case else value
-        if choices and word not in choices and not any(word.startswith(p) for p in prefixes):
-            yield problem(path, value, "not one of the allowed values", allowed, choices)
+        elif words and not (word := value.lower() if self.fold_case else value).startswith(tuple(prefixes)) \
+                and (why := words.problem(word)):
+            yield problem(path, value, why, allowed, choices)
 
 
 @dataclass(frozen=True)
@@ -292,23 +283,7 @@ class Block(Spec):
         return f"{where} = {short(item)}: unknown key ({who}){did_you_mean(str(key), known)}"
 
 
-@dataclass(frozen=True)
-class Catalogued(Spec):
-    """A setting of the catalogue (overlay/toolkit/settings.py), checked by the catalogue's own rule."""
-
-    setting: object
-
-    @property
-    def allowed(self) -> str:
-        return self.setting.allowed
-
-    def check(self, value, path, vocab):
-        why = self.setting.problem(value)
-        if why:
-            yield problem(path, value, why, self.allowed, self.setting.choices)
-
-
 def catalogued(block: str, refined: dict[str, Spec]) -> dict[str, Spec]:
     """The catalogue's settings of one block as specs; `refined` gives a nested block its own keys."""
-    return {name: refined.get(name) or Catalogued(item)
+    return {name: refined.get(name) or Value(item, null_is_default=True)
             for name, item in trainer_rules.settings().CATALOGUE.items() if item.block == block}
