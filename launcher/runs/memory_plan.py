@@ -86,7 +86,7 @@ class Planner:
 
     def plan(self, process: dict, budget_gib: float | None = None):
         """plan_for, answered from what this launch already planned where it can."""
-        ask = json.dumps(plan_inputs(process, budget_gib), sort_keys=True)
+        ask = json.dumps(plan_inputs(process, budget_gib), sort_keys=True, default=str)
         if ask not in self.answers:
             try:
                 self.answers[ask] = plan_for(process, budget_gib)
