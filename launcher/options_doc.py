@@ -38,7 +38,9 @@ def render() -> str:
         for item in (item for item in catalogue.values() if item.block == block):
             allowed = item.allowed.replace("|", "\\|")
             resolver = item.auto or "(no `auto`)"
-            parts.append(f"| `{item.name}` | {allowed} | {cell(item.default)} | {resolver} | {item.doc.replace('|', '/')} |")
+            marks = "written by `run` for each launch: " if item.written_by_run else ""
+            marks += "(a resume may change it) " if item.resume_may_change else ""
+            parts.append(f"| `{item.name}` | {allowed} | {cell(item.default)} | {resolver} | {marks}{item.doc.replace('|', '/')} |")
     return "\n".join(parts) + "\n"
 
 

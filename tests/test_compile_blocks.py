@@ -5,7 +5,7 @@ child's output, the setting in the schema, and how the self-test prints the chec
 import json
 
 import pytest
-import yaml
+import test_run
 from test_run import dry_run
 from test_selftest import GPU_RESULT, places, workdir_with  # noqa: F401  (places: the fixture)
 
@@ -126,7 +126,7 @@ def test_dry_run_renders_the_selftests_choice(places, tmp_path, capsys, monkeypa
     workdir = workdir_with(tmp_path, {**GPU_RESULT, "compile": {**CHILD, "passed": True}})
     assert dry_run(places, "rtx4090_512.yaml", workdir=workdir.root) == 0
     out = capsys.readouterr().out
-    config = yaml.safe_load(out[: out.index("\nAITK_")])
+    config = test_run.rendered_config(out)
     assert config["config"]["process"][0]["model"]["model_kwargs"]["compile_blocks"] is True
     assert "# compile_blocks auto -> true: the compiled blocks matched and stepped 1.01x" in out
 

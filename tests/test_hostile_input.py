@@ -94,8 +94,7 @@ def test_a_nul_in_an_env_value_is_refused(stand_in, capsys):  # noqa: F811
 
 
 def test_the_env_variables_tests_and_presets_use_stay_allowed(stand_in, capsys):  # noqa: F811
-    stand_in.write_preset(env={"HF_HUB_OFFLINE": "1", "AITK_ALL_EXTENSIONS": "1",
-                               "AITK_TEST_PIDFILE": "pid", "AITK_TEST_DELAY_US": "500000"})
+    stand_in.write_preset(env={"HF_HUB_OFFLINE": "1", "AITK_TEST_PIDFILE": "pid", "AITK_TEST_DELAY_US": "500000"})
     assert stand_in.run("--dry-run") == 0
 
 
@@ -103,6 +102,9 @@ def test_no_variable_carries_a_setting(stand_in, capsys):  # noqa: F811
     """The kernel choice is model_kwargs (overlay/toolkit/settings.py), not an environment variable."""
     stand_in.write_preset(env={"INT4_W4A8_ACT": "fp8"})
     assert "launcher.env.INT4_W4A8_ACT = 'fp8': not a variable a preset may set" in refused(stand_in, capsys)
+    stand_in.write_preset(env={"AITK_ALL_EXTENSIONS": "1"})
+    assert ("launcher.env.AITK_ALL_EXTENSIONS = '1': the trainer reads no AITK_ variable; remove it and set "
+            "model_kwargs all_extensions: true in the preset") in refused(stand_in, capsys)
 
 
 # -- resume: what shapes the LoRA and optimizer, not how the run is carried out ------------------------

@@ -5,8 +5,7 @@ and each card's plan share the answer."""
 import io
 import os
 
-import yaml
-from test_run import dry_run
+from test_run import dry_run, rendered_config
 from test_selftest import GPU_RESULT, places, workdir_with  # noqa: F401  (places: the fixture)
 
 from launcher import resolve, trainer_rules
@@ -38,7 +37,7 @@ def test_a_launch_reads_the_selftest_once_and_plans_once(places, tmp_path, capsy
     assert out.startswith("# qtype auto -> int4_w4a8"), out[:300]  # the self-test decided it, and the others
     assert "# stream_mode auto -> serialized" in out and "# compile_blocks auto -> false" in out
     assert "# memory plan: budget 15.00 GiB, 512 px, batch 1" in out and "streamed: " in out
-    model = yaml.safe_load(out[: out.index("\nAITK_")])["config"]["process"][0]["model"]
+    model = rendered_config(out)["config"]["process"][0]["model"]
     assert model["model_kwargs"]["w4a8_gemm"] == "scaled_mm"
     assert len(reads) == 1, f"selftest.json read {len(reads)} times in one launch"
     assert asks == [16.0], f"the planner was asked {len(asks)} times in one launch: {asks}"

@@ -9,7 +9,6 @@ import json
 
 import pytest
 import test_run
-import yaml
 from test_run import dry_run
 
 from launcher import resolve
@@ -83,7 +82,7 @@ def test_dry_run_renders_the_chosen_qtype_and_its_kernel(places, tmp_path, capsy
     workdir = workdir_with(tmp_path, GPU_RESULT)
     assert dry_run(places, "rtx4090_512.yaml", "--profile", "3", workdir=workdir.root) == 0
     out = capsys.readouterr().out
-    config = yaml.safe_load(out[: out.index("\nAITK_")])  # the choice is a comment line in it
+    config = test_run.rendered_config(out)  # the choice is a comment line in it
     assert config["config"]["process"][0]["model"]["qtype"] == "int4_w4a8"
     assert config["config"]["process"][0]["model"]["qtype_te"] == "uint4"
     assert out.startswith("# qtype auto -> int4_w4a8 (int4_w4a8 fp8 scaled_mm)")
@@ -92,10 +91,10 @@ def test_dry_run_renders_the_chosen_qtype_and_its_kernel(places, tmp_path, capsy
     assert all(kwargs[key] != "auto" for key in ("stream_mode", "compile_blocks", "w4a8_activations", "w4a8_gemm"))
     assert "INT4_" not in out
     for line in ("TRITON_CACHE_AUTOTUNING=1",
-                 f"TRITON_CACHE_DIR={workdir.triton_cache}", "AITK_PROFILE_STEPS=3",
-                 f"TORCHINDUCTOR_CACHE_DIR={workdir.inductor_cache}",
-                 f"AITK_PROFILE_DIR={workdir.runs / 'flux2_rtx4090_512' / 'profile'}"):
+                 f"TRITON_CACHE_DIR={workdir.triton_cache}",
+                 f"TORCHINDUCTOR_CACHE_DIR={workdir.inductor_cache}"):
         assert line in out, line
+    assert (kwargs["profile_steps"], kwargs["profile_dir"]) == (3, str(workdir.runs / "flux2_rtx4090_512" / "profile"))
 
 
 @pytest.mark.parametrize("preset", ["rtx16gb_512.yaml", "rtx12gb_512.yaml", "rtx8gb_512.yaml", "rx16gb_512.yaml"])
@@ -108,7 +107,7 @@ def test_auto_on_a_card_whose_plan_may_stream_is_a_streamable_qtype(places, tmp_
         workdir = workdir_with(tmp_path / str(result is None), result)
         assert dry_run(places, preset, workdir=workdir.root) == 0
         out = capsys.readouterr().out
-        model = yaml.safe_load(out[: out.index("\nAITK_")])["config"]["process"][0]["model"]
+        model = test_run.rendered_config(out)["config"]["process"][0]["model"]
         assert model["qtype"] == qtype and kwargs.items() <= model["model_kwargs"].items(), out[:400]
         assert out.startswith(f"# qtype auto -> {qtype}")
 

@@ -3,10 +3,13 @@ resolution, the trainer's readers and docs/options.md all come from."""
 
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from launcher import options_doc, trainer_rules
+from launcher.commands import run as run_command
+from launcher.runs import files
 from launcher.runs.schema import MODEL_KWARGS, Vocabulary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,3 +69,30 @@ def test_the_overlay_reads_settings_only_through_the_catalogue():
                  for key in re.findall(r'kwargs\.get\("(\w+)"', path.read_text(encoding="utf-8"))
                  if key in settings.CATALOGUE]
     assert offenders == []
+
+
+def test_the_trainer_reads_no_aitk_variable():
+    """What `run` tells the trainer travels in the config: no overlay module or patch names an AITK_
+    variable (a test's own interpreter wrapper, AITK_TEST_*, is not the trainer)."""
+    texts = {**added_lines(), **{path.name: path.read_text(encoding="utf-8") for path in ROOT.glob("overlay/**/*.py")}}
+    offenders = [f"{name}: {found}" for name, text in texts.items()
+                 for found in re.findall(r"""["'](AITK_\w+)""", text) if not found.startswith("AITK_TEST_")]
+    assert offenders == []
+
+
+def test_run_writes_its_settings_into_the_config_and_keeps_the_presets_cache_folder(tmp_path, monkeypatch):
+    monkeypatch.delenv(files.ENV_QUANT_CACHE_DIR, raising=False)  # `run`'s own shell may name another folder
+    run = SimpleNamespace(root=tmp_path / "run", trainer_telemetry=tmp_path / "run" / "trainer-telemetry.jsonl")
+    workdir = SimpleNamespace(quantized_cache=tmp_path / "wd" / "quantized", text_cache=tmp_path / "wd" / "text")
+    written = run_command.handed_over(run, SimpleNamespace(telemetry={"interval_s": 2.5}), 3, gpus=2)
+    config = {"config": {"process": [{"model": {"model_kwargs": {"text_embedding_cache_dir": "mine",
+                                                                 "telemetry_file": "elsewhere"}}}]}}
+    files.hand_over(config, written, run_command.cache_folders(workdir))
+    kwargs = config["config"]["process"][0]["model"]["model_kwargs"]
+    assert kwargs == {"text_embedding_cache_dir": "mine", "quantized_cache_dir": str(workdir.quantized_cache),
+                      "telemetry_file": str(run.trainer_telemetry), "telemetry_interval_s": 2.5, "profile_steps": 3,
+                      "profile_dir": str(run.root / "profile"), "rank_state_file": str(run.root / "rank-state.json")}
+    for name in kwargs:
+        assert settings.CATALOGUE[name].problem(kwargs[name]) is None, name
+        assert settings.CATALOGUE[name].resume_may_change, f"{name}: `run` writes it anew at each launch"
+    assert "rank_state_file" not in run_command.handed_over(run, SimpleNamespace(telemetry={"interval_s": 2}), None, 1)

@@ -39,7 +39,7 @@ from launcher.runs.vocabulary import read_vocabulary
 from launcher.user_files import read_text
 from launcher.watchdog.loop import watch_run
 from launcher.watchdog.policy import load_config
-from launcher.watchdog.rank_watch import STATE_FILE, STATE_VARIABLE, watch_ranks
+from launcher.watchdog.rank_watch import STATE_FILE, watch_ranks
 
 EXPANDABLE = "expandable_segments:True"
 ALLOCATOR_VARIABLES = ("PYTORCH_HIP_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
@@ -123,10 +123,11 @@ def handle(args) -> int:
     for line in resolved.lines:  # YAML comments in a dry run, whose output stays a config
         say(f"# {line}" if args.dry_run else line)
     datasets = check(preset, config, workdir, run, full_size=not preset.tiny)
-    extra = launch_env(run, workdir, args.profile)
+    extra = launch_env(workdir)
     env = trainer_env(preset, run, workdir, extra)
     team = plan_ranks(args.gpus or preset.gpus, workdir, env)
     env.update(team.env())
+    files.hand_over(config, handed_over(run, preset, args.profile, team.count), cache_folders(workdir))
     for line in team.lines + tuple(memory_plan.card_plans(config, team.cards, resolved.planner)):
         say(f"# {line}" if args.dry_run else line)
     if args.dry_run:
@@ -147,8 +148,6 @@ def handle(args) -> int:
                        selftest=resolved.verdicts.summary)
         say(f"run folder: {run.root}")
         offset = load_report.telemetry_offset(run)
-        if team.count > 1:
-            env[STATE_VARIABLE] = str(run.root / STATE_FILE)
         try:
             with TelemetryRecorder(run, preset.telemetry), stall_watchdog(preset, run, python, env), \
                     watch_ranks(run.root, run.trainer_telemetry, team.count, load_config(preset.watchdog).rank_stall_s):
@@ -304,31 +303,34 @@ def checked_python(workdir: Workdir) -> Path:
     return python
 
 
-def launch_env(run: RunFolder, workdir: Workdir, profile_steps: int | None) -> dict[str, str]:
+def launch_env(workdir: Workdir) -> dict[str, str]:
     """Triton's kernel and autotuning cache and torch.compile's cache in the workdir (built once,
-    reused by every later process), and the step profiler when asked for."""
-    changes = {"TRITON_CACHE_DIR": os.environ.get("TRITON_CACHE_DIR") or str(workdir.triton_cache),
-               "TRITON_CACHE_AUTOTUNING": "1",
-               "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(workdir.inductor_cache)}
-    if profile_steps:
-        changes.update({files.ENV_PROFILE_STEPS: str(profile_steps),
-                        files.ENV_PROFILE_DIR: str(run.root / files.PROFILE_DIR)})
-    return changes
+    reused by every later process)."""
+    return {"TRITON_CACHE_DIR": os.environ.get("TRITON_CACHE_DIR") or str(workdir.triton_cache),
+            "TRITON_CACHE_AUTOTUNING": "1",
+            "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(workdir.inductor_cache)}
+
+
+def handed_over(run: RunFolder, preset: Preset, profile_steps: int | None, gpus: int) -> dict:
+    """The model_kwargs `run` writes for this launch: the telemetry file and interval, the profiler
+    (`--profile N`) and, with several GPUs, the file the rank watch reads (launcher/runs/files.py)."""
+    written = {"telemetry_file": str(run.trainer_telemetry), "telemetry_interval_s": preset.telemetry["interval_s"],
+               "profile_steps": profile_steps or 0, "profile_dir": str(run.root / files.PROFILE_DIR)}
+    return {**written, "rank_state_file": str(run.root / STATE_FILE)} if gpus > 1 else written
+
+
+def cache_folders(workdir: Workdir) -> dict:
+    """One quantized-transformer cache (wall 8) and one text cache (walls 3-4) per workdir, shared by
+    every run (their keys keep other models and encoders apart), unless the preset names its own."""
+    return {"quantized_cache_dir": str(quantized_cache_dir(workdir)),
+            "text_embedding_cache_dir": os.environ.get(files.ENV_TEXT_CACHE_DIR) or str(workdir.text_cache)}
 
 
 def env_changes(preset: Preset, run: RunFolder, workdir: Workdir, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """What `run` adds to the trainer's environment: allocator (wall 7), telemetry, the ROCm toolchain
-    setup stored for Windows (CC, ROCM_HOME, PATH, the GPU pick), `extra` (Triton's and Inductor's
-    caches, the profiler), and last the preset's own env."""
-    changes = {
-        files.ENV_TELEMETRY: str(run.trainer_telemetry),
-        files.ENV_TELEMETRY_INTERVAL: str(preset.telemetry["interval_s"]),
-        # One quantized-transformer cache per workdir (wall 8), shared by every run: its key
-        # (checkpoint, qtype, fork commit, format) keeps runs of other models apart.
-        files.ENV_QUANT_CACHE_DIR: str(quantized_cache_dir(workdir)),
-        # The text phase's prompt embeddings, keyed by encoder and template (walls 3-4).
-        files.ENV_TEXT_CACHE_DIR: os.environ.get(files.ENV_TEXT_CACHE_DIR) or str(workdir.text_cache),
-    }
+    """What `run` adds to the trainer's environment: allocator (wall 7), the ROCm toolchain setup
+    stored for Windows (CC, ROCM_HOME, PATH, the GPU pick), `extra` (Triton's and Inductor's caches),
+    and last the preset's own env. What the trainer itself reads goes in its config (`handed_over`)."""
+    changes = {}
     if preset.allocator == "expandable_segments":
         changes.update(dict.fromkeys(ALLOCATOR_VARIABLES, EXPANDABLE))
     return {**changes, **toolchain_env(workdir.venv), **(extra or {}), **preset.env}

@@ -1,7 +1,9 @@
-"""The names the launcher and the patched trainer agree on.
+"""The names the launcher and the patched trainer agree on, and what `run` hands the trainer.
 
 The trainer cannot import the launcher, so its side (overlay/ and the patches) spells these
 names itself; tests/test_layout.py checks that every one of them is spelled the same there.
+Everything else `run` tells the trainer travels in the run's config.yaml as model_kwargs settings
+(`hand_over`), which the trainer reads through the settings catalogue, never the environment.
 """
 
 SAVE_NOW = "SAVE_NOW"
@@ -10,21 +12,11 @@ STOP_NOW = "STOP_NOW"
 """Flag file in the job folder: the train loop saves a checkpoint and exits."""
 CHECKPOINT_MANIFEST = "checkpoint.json"
 """Written last by an atomic save: the checkpoint it names is complete."""
-ENV_TELEMETRY = "AITK_TELEMETRY"
-"""The JSONL file the train loop appends its in-process rows to (wall 10)."""
-ENV_TELEMETRY_INTERVAL = "AITK_TELEMETRY_INTERVAL"
-ENV_QUANT_CACHE_DIR = "AITK_QUANT_CACHE_DIR"
-"""Where the quantized transformer is cached (wall 8): one folder per workdir."""
-ENV_TEXT_CACHE_DIR = "AITK_TEXT_CACHE_DIR"
-"""Where the text phase caches prompt embeddings (walls 3-4): one folder per workdir."""
 TEXT_ENCODER_RECORD = "encoder-{}.json"
 """In the text cache: the identity last seen at an encoder folder; {} is a hash of its path."""
 
-ENV_PROFILE_STEPS = "AITK_PROFILE_STEPS"
-"""`run --profile N`: the train loop profiles N whole steps with torch.profiler."""
-ENV_PROFILE_DIR = "AITK_PROFILE_DIR"
-"""Where the profile goes: the run folder's PROFILE_DIR."""
 PROFILE_DIR = "profile"
+"""`run --profile N`: where the profile of N whole steps goes (model_kwargs profile_dir)."""
 PROFILE_TRACE = "trace.json"
 """Chrome trace of the profiled steps (chrome://tracing, ui.perfetto.dev)."""
 PROFILE_TABLE = "top20.txt"
@@ -32,6 +24,21 @@ PROFILE_TABLE = "top20.txt"
 PROFILE_BREAKDOWN = "breakdown.json"
 """Milliseconds per step by category (block GEMMs, requantization, attention, ...) and phase."""
 
-SHARED_WITH_TRAINER = (SAVE_NOW, STOP_NOW, CHECKPOINT_MANIFEST, ENV_TELEMETRY, ENV_TELEMETRY_INTERVAL,
-                       ENV_QUANT_CACHE_DIR, ENV_TEXT_CACHE_DIR,
-                       ENV_PROFILE_STEPS, ENV_PROFILE_DIR, PROFILE_TRACE, PROFILE_TABLE, PROFILE_BREAKDOWN)
+SHARED_WITH_TRAINER = (SAVE_NOW, STOP_NOW, CHECKPOINT_MANIFEST, TEXT_ENCODER_RECORD, PROFILE_TRACE, PROFILE_TABLE,
+                       PROFILE_BREAKDOWN)
+
+ENV_QUANT_CACHE_DIR = "AITK_QUANT_CACHE_DIR"
+ENV_TEXT_CACHE_DIR = "AITK_TEXT_CACHE_DIR"
+"""Read by `run` from its own shell only: where the workdir's quantized and text caches go instead
+(walls 8, 3-4); the trainer is handed the folders in its config and reads no variable."""
+
+
+def hand_over(config: dict, written: dict, fallbacks: dict) -> None:
+    """What `run` hands the trainer, as model_kwargs settings of every process's config (each marked
+    `written_by_run` in overlay/toolkit/settings.py): `written` replaces the preset's value (the run
+    folder's files, the profiler), `fallbacks` fills only what the preset leaves unset (the caches)."""
+    for process in config["config"]["process"]:
+        if "model" in process:
+            kwargs = process["model"].setdefault("model_kwargs", {})
+            kwargs.update({name: value for name, value in fallbacks.items() if kwargs.get(name) is None})
+            kwargs.update(written)

@@ -6,8 +6,10 @@ zero-pads it, another optimizer drops the saved state, and then it overwrites th
 config.yaml, exit 0. So before a resume every difference to the run's config.yaml is listed.
 Changes to what shapes the saved LoRA and optimizer state (the network, the model's architecture
 and shape, the optimizer, the training precision) are always refused. How the run is carried out
-is free: where the model, text encoder and dataset are, one 4-bit qtype for another, the memory
-plan, streaming and compile settings (which `auto` may resolve differently after a self-test).
+is free: where the model and dataset are, one 4-bit qtype for another, and every model_kwargs
+setting the catalogue marks `resume_may_change` (overlay/toolkit/settings.py: the text encoder, the
+caches, the memory plan, streaming and compile settings, which `auto` may resolve differently after
+a self-test, and what `run` writes for each launch: telemetry, profiler, rank state).
 Any other change (steps, save cadence, learning rate...) needs `--accept-changes`, and is then
 recorded in run.json.
 """
@@ -32,13 +34,7 @@ LOCKED = (
 FREE = (
     # how the run is carried out, not what it trains: no flag needed, said in one line each
     ("model", "name_or_path"),
-    ("model", "model_kwargs", "text_encoder_path"),
-    ("model", "model_kwargs", "quantized_cache_dir"),
-    ("model", "model_kwargs", "compile_blocks"),
-    ("model", "model_kwargs", "stream_mode"),
-    ("model", "model_kwargs", "memory_plan"),
-    ("model", "model_kwargs", "vram_budget_gib"),
-    ("model", "model_kwargs", "vram_margin_gib"),
+    *(("model", "model_kwargs", name) for name in trainer_rules.settings().resume_free()),
     ("datasets", "*", "folder_path"),
     ("datasets", "*", "dataset_path"),
     ("training_folder",),

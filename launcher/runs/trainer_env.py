@@ -6,7 +6,6 @@ folder's own files; those `run` sets itself are refused with what to write inste
 
 from dataclasses import dataclass
 
-from launcher.runs import files
 from launcher.runs.schema_nodes import Block, Spec, problem, short
 from launcher.suggest import did_you_mean
 
@@ -22,6 +21,17 @@ class SetByLauncher(Spec):
         yield f"{path} = {short(value)}: set by the launcher to a file in the run folder; {self.instead}"
 
 
+@dataclass(frozen=True)
+class NowASetting(Spec):
+    """A variable the trainer once read, now a model_kwargs setting of the config (docs/options.md)."""
+
+    setting: str
+
+    def check(self, value, path, vocab):
+        yield (f"{path} = {short(value)}: the trainer reads no AITK_ variable; remove it and set model_kwargs "
+               f"{self.setting} in the preset")
+
+
 ENV_ALLOWED = {
     # variable: why a preset may set it (none moves a file the trainer writes or reads, or the code it runs)
     "HF_HUB_OFFLINE": "keeps the Hugging Face libraries off the network (the tiny preset)",
@@ -29,8 +39,6 @@ ENV_ALLOWED = {
     "TRANSFORMERS_OFFLINE": "keeps transformers off the network",
     "HF_DATASETS_OFFLINE": "keeps datasets off the network",
     "TOKENIZERS_PARALLELISM": "the tokenizers' thread pool, and its fork warning",
-    "AITK_ALL_EXTENSIONS": "imports every extension's trainer process instead of the one the preset names",
-    "AITK_PROFILE_SKIP": "the warm-up steps `run --profile` skips",
     "TRITON_CACHE_AUTOTUNING": "keeps Triton's autotuning results in its cache (set by `run`)",
     "TRITON_INTERPRET": "runs Triton kernels in its interpreter (debugging)",
     "CUDA_VISIBLE_DEVICES": "which NVIDIA GPU trains",
@@ -52,8 +60,7 @@ ENV_ALLOWED_PREFIXES = {
 """The variables a preset's `launcher.env` may set. Any other could redirect what the trainer writes
 or caches (AITK_QUANT_CACHE_DIR, AITK_TEXT_CACHE_DIR, TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR,
 HF_HOME, TMPDIR: set those in the environment `run` starts from, where the launcher sees them too),
-what it imports (PYTHONPATH) or the run folder's own files (the AITK_TELEMETRY* and AITK_PROFILE_*
-variables `run` sets)."""
+what it imports (PYTHONPATH) or the run folder's own files (`run` writes those into the config)."""
 
 
 @dataclass(frozen=True)
@@ -86,9 +93,11 @@ class EnvValue(Spec):
 def env_block() -> Block:
     """`launcher.env`: the allow list's variables, each a single value; the launcher's own refused."""
     return Block({
-        files.ENV_TELEMETRY: SetByLauncher("remove it (the rows go to <run>/trainer-telemetry.jsonl)"),
-        files.ENV_TELEMETRY_INTERVAL: SetByLauncher("remove it and set launcher.telemetry.interval_s"),
-        files.ENV_PROFILE_DIR: SetByLauncher("remove it (`run --profile N` writes to <run>/profile)"),
-        files.ENV_PROFILE_STEPS: SetByLauncher("remove it and use `run --profile N`"),
+        "AITK_TELEMETRY": SetByLauncher("remove it (the rows go to <run>/trainer-telemetry.jsonl)"),
+        "AITK_TELEMETRY_INTERVAL": SetByLauncher("remove it and set launcher.telemetry.interval_s"),
+        "AITK_PROFILE_DIR": SetByLauncher("remove it (`run --profile N` writes to <run>/profile)"),
+        "AITK_PROFILE_STEPS": SetByLauncher("remove it and use `run --profile N`"),
+        "AITK_PROFILE_SKIP": NowASetting("profile_skip"),
+        "AITK_ALL_EXTENSIONS": NowASetting("all_extensions: true"),
         **dict.fromkeys(ENV_ALLOWED, EnvValue()),
     }, extra=EnvName())

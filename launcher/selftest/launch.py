@@ -69,11 +69,12 @@ def sampling_check(workdir: Workdir, python: Path, env: dict) -> dict:
     manifest = tiny.ensure_assets(workdir.assets / "tiny", workdir.trainer, python)
     folder = workdir.root / "cache" / "selftest-sampling"
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "tiny.json").write_text(json.dumps(manifest), encoding="utf-8")
+    caches = {"quantized_cache_dir": str(folder / "quantized"), "text_embedding_cache_dir": str(folder / "text")}
+    (folder / "tiny.json").write_text(json.dumps({**manifest, "model_kwargs": {**manifest["model_kwargs"], **caches}}),
+                                      encoding="utf-8")
     out = folder / "result.json"
     out.unlink(missing_ok=True)
     say(f"sampling check: the tiny FLUX.2 at 4 bits, at most {SAMPLING_LIMIT_S} s")
-    env = {**env, "AITK_QUANT_CACHE_DIR": str(folder / "quantized"), "AITK_TEXT_CACHE_DIR": str(folder / "text")}
     try:
         run_module(python, "selftest.sampling", "--trainer", str(workdir.trainer), "--assets", str(folder / "tiny.json"),
                    "--out", str(out), env=env, timeout=SAMPLING_LIMIT_S)

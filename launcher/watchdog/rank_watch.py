@@ -26,8 +26,7 @@ from launcher.progress import warn
 from launcher.user_files import last_rows
 
 STATE_FILE = "rank-state.json"
-STATE_VARIABLE = "AITK_RANK_STATE"
-"""What the trainer reads (toolkit/data_parallel.py): rank R writes `rank-state.rank<R>.json`."""
+"""Named in the config (model_kwargs rank_state_file); rank R writes `rank-state.rank<R>.json` (toolkit/data_parallel.py)."""
 
 
 def rank_file(path: Path, rank: int) -> Path:

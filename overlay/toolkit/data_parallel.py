@@ -24,18 +24,12 @@ import time
 import torch
 import torch.distributed as dist
 
+from toolkit.settings import read
+
 LOADED_KEY = "flux2-24gb/main-rank-loaded"
 LOAD_WAIT = datetime.timedelta(hours=12)
 """How long the other ranks wait for the main rank's caches: a first 4-bit quantization of
 FLUX.2 [dev] takes minutes, far past NCCL's collective timeout, so the wait is on the store."""
-
-
-STATE_VARIABLE = "AITK_RANK_STATE"
-"""`run` names a file here (`<run>/rank-state.json`); rank R keeps `rank-state.rank<R>.json` beside
-it: its pid, how many collectives of the train loop it has entered, and since when it waits in the
-last (null while it computes). The launcher's rank
-watch (launcher/watchdog/rank_watch.py) reads them: a rank that keeps the others waiting past the
-limit is the stalled one, whatever it is doing (sleeping, stopped, looping)."""
 
 
 def world_size() -> int:
@@ -113,11 +107,23 @@ def broadcast_parameters(params) -> None:
 
 
 _entered = 0  # collectives of the train loop this rank has entered
+_state_file = None
+"""model_kwargs rank_state_file: `run` names a file (`<run>/rank-state.json`); rank R keeps
+`rank-state.rank<R>.json` beside it: its pid, how many collectives of the train loop it has entered,
+and since when it waits in the last (null while it computes). The launcher's rank watch
+(launcher/watchdog/rank_watch.py) reads them: a rank that keeps the others waiting past the limit
+is the stalled one, whatever it is doing (sleeping, stopped, looping)."""
+
+
+def configure(model_kwargs: dict) -> None:
+    """The rank's state file as the run's config says (the train process, once its model config is read)."""
+    global _state_file
+    _state_file = read(model_kwargs, "rank_state_file")
 
 
 def _write_state(waiting_since: float | None) -> None:
     """This rank's state file for the launcher's rank watch, replaced whole (a reader never sees half)."""
-    path = os.environ.get(STATE_VARIABLE)
+    path = _state_file
     if not path:
         return
     stem, _, suffix = path.rpartition(".")

@@ -39,20 +39,16 @@ from toolkit.qcache_format import (  # noqa: F401  (names the tests and the benc
 from toolkit.qcache_index import cache_file_name
 from toolkit.qcache_rebuild import assign_state, rebuild_state  # noqa: F401
 from toolkit.qtypes import INT4_LINEAR, QTYPES, cache_qtype
-from toolkit.settings import read
+from toolkit.settings import cache_folder, read
 from toolkit.safetensors_header import source_fingerprint
 from toolkit.staged_load import STAGING_BUFFERS
-
-ENV_CACHE_DIR = "AITK_QUANT_CACHE_DIR"
-ENV_FORK_COMMIT = "AITK_FORK_COMMIT"
-
 
 # ---------------------------------------------------------------------------
 # cache key
 
 
 def fork_commit(checkout: Optional[Path] = None) -> str:
-    """The trainer checkout's git HEAD without running git; env AITK_FORK_COMMIT, else 'unknown'."""
+    """The trainer checkout's git HEAD without running git, else 'unknown'."""
     checkout = Path(checkout) if checkout else Path(__file__).resolve().parents[1]
     try:
         git = checkout / ".git"
@@ -80,7 +76,7 @@ def fork_commit(checkout: Optional[Path] = None) -> str:
                         return parts[0]
     except (OSError, UnicodeDecodeError, ValueError):
         pass
-    return os.environ.get(ENV_FORK_COMMIT) or "unknown"
+    return "unknown"
 
 
 def _torchao_version() -> str:
@@ -219,16 +215,9 @@ class QuantizedCache:
 
 
 def cache_dir_for(model_kwargs: Dict[str, Any], training_folder: Optional[str]) -> Optional[Path]:
-    """model_kwargs.quantized_cache_dir, else $AITK_QUANT_CACHE_DIR, else
-    <training_folder>/../quant_cache (shared by the runs of one output folder);
-    None when none is known (the model was not built by a training process)."""
-    if read(model_kwargs, "quantized_cache_dir"):
-        return Path(read(model_kwargs, "quantized_cache_dir"))
-    if os.environ.get(ENV_CACHE_DIR):
-        return Path(os.environ[ENV_CACHE_DIR])
-    if training_folder:
-        return Path(training_folder).resolve().parent / "quant_cache"
-    return None
+    """model_kwargs.quantized_cache_dir, else <training_folder>/../quant_cache; None when neither is
+    known (the model was not built by a training process)."""
+    return cache_folder(model_kwargs, "quantized_cache_dir", training_folder, "quant_cache")
 
 
 def _cached_backend(qtype: str) -> Optional[str]:
@@ -270,7 +259,7 @@ def cache_for_model(base_model, source_path, model: torch.nn.Module) -> Optional
         return None
     cache_dir = cache_dir_for(kwargs, getattr(base_model, "training_folder", None))
     if cache_dir is None:
-        _say(f"no training folder known; set model_kwargs quantized_cache_dir or ${ENV_CACHE_DIR}; no cache")
+        _say("no training folder known; set model_kwargs quantized_cache_dir; no cache")
         return None
     extra = {"dtype": str(base_model.torch_dtype).replace("torch.", "")}
     if backend == INT4_LINEAR:

@@ -13,6 +13,7 @@ Stdlib only: the launcher imports this file without torch and without a trainer 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 AUTO = "auto"
@@ -38,6 +39,11 @@ class Setting:
     above: Optional[float] = None  # an exclusive lower bound (a budget: any size above nothing)
     auto: Optional[str] = None
     """Who turns `auto` into a value (RUN, or a sentence); None: `auto` is not allowed."""
+    written_by_run: bool = False
+    """`run` writes it into every run's config (from its flags, the workdir and the run folder): what
+    the trainer would otherwise have to learn from an environment variable."""
+    resume_may_change: bool = False
+    """How the run is carried out, not what it trains: `run --resume` accepts a change without a flag."""
 
     @property
     def allowed(self) -> str:
@@ -102,7 +108,8 @@ def _ln(name, kind, default, doc, **more) -> Setting:
 
 CATALOGUE: Dict[str, Setting] = _settings(
     # where the model and its parts come from
-    _kw("text_encoder_path", "text", None, "the Mistral text encoder folder (set by `run` from --text-encoder)"),
+    _kw("text_encoder_path", "text", None, "the Mistral text encoder folder (set by `run` from --text-encoder)",
+        resume_may_change=True),
     _kw("flux2_params", "mapping", None, "the transformer's shape (Flux2Params); unset: FLUX.2 [dev]"),
     _kw("ae_params", "mapping", None, "the autoencoder's shape (AutoEncoderParams); unset: FLUX.2's"),
     # walls 3-4: the text phase
@@ -110,16 +117,18 @@ CATALOGUE: Dict[str, Setting] = _settings(
         "by layer, before the transformer loads"),
     _kw("text_phase_budget_mib", "int", 1024, "host RAM one pass of the streamed encoder may hold", minimum=1,
         maximum=4 * 2**20),
-    _kw("text_embedding_cache_dir", "text", None, "the prompt embedding cache; unset: $AITK_TEXT_CACHE_DIR (`run` sets "
-        "it to the workdir's), else beside the run folder"),
+    _kw("text_embedding_cache_dir", "text", None, "the prompt embedding cache; `run` writes the workdir's (or "
+        "$AITK_TEXT_CACHE_DIR of its shell) where the preset sets none; unset: text_cache beside the run folder",
+        written_by_run=True, resume_may_change=True),
     # walls 1, 2, 8, 9: loading
     _kw("streamed_loader", "bool", True, "wall 1: read the checkpoint one block at a time"),
     _kw("quantize_device", "choice", "cpu", "where blocks are quantized: the GPU is faster, one block there "
         "at a time", choices=("cpu", "gpu")),
     _kw("allow_unquantized_block_linears", "bool", False, "train on although a block Linear was left in bf16"),
     _kw("quantized_cache", "bool", True, "wall 8: keep the quantized transformer in a code-free cache"),
-    _kw("quantized_cache_dir", "text", None, "the quantized cache; unset: $AITK_QUANT_CACHE_DIR (`run` sets it to "
-        "the workdir's), else beside the run folder"),
+    _kw("quantized_cache_dir", "text", None, "the quantized cache; `run` writes the workdir's (or "
+        "$AITK_QUANT_CACHE_DIR of its shell) where the preset sets none; unset: quant_cache beside the run folder",
+        written_by_run=True, resume_may_change=True),
     _kw("cache_staging_mib", "int", 256, "host RAM of the staging buffers a cache read to the GPU uses",
         minimum=4, maximum=65536),
     _kw("pinned_staging", "bool", True, "pin the staging buffers (faster copies to the GPU)"),
@@ -134,15 +143,18 @@ CATALOGUE: Dict[str, Setting] = _settings(
     # walls 5 and 11: the memory plan
     _kw("memory_plan", "choice", "off", "walls 5/11: auto plans, per launch, which blocks stay on the GPU and "
         "which stream from pinned host memory, from the VRAM free when the model loads; off: all resident",
-        choices=("auto", "off")),
+        choices=("auto", "off"), resume_may_change=True),
     _kw("stream_mode", "choice", "serialized", "how streamed blocks are copied: serialized, or overlapped with "
-        "the compute (NVIDIA only; wall 5)", choices=("serialized", "overlapped"), auto=RUN),
+        "the compute (NVIDIA only; wall 5)", choices=("serialized", "overlapped"), auto=RUN,
+        resume_may_change=True),
     _kw("vram_budget_gib", "number", None, "the memory plan's budget, and the allocator's cap; unset: the "
-        "VRAM free at load time", above=0, maximum=1024),
-    _kw("vram_margin_gib", "number", 1.0, "VRAM the plan leaves free (allocator slack)", minimum=0, maximum=1024),
+        "VRAM free at load time", above=0, maximum=1024,
+        resume_may_change=True),
+    _kw("vram_margin_gib", "number", 1.0, "VRAM the plan leaves free (allocator slack)", minimum=0, maximum=1024,
+        resume_may_change=True),
     # wall 11 and the 4-bit kernels
     _kw("compile_blocks", "bool", False, "wall 11: torch.compile each transformer block class (fuses the "
-        "elementwise chains around the 4-bit matmuls)", auto=RUN),
+        "elementwise chains around the 4-bit matmuls)", auto=RUN, resume_may_change=True),
     _kw("w4a8_activations", "choice", None, "int4_w4a8's 8-bit activations; unset: fp8 where the GPU has FP8 "
         "matrix units (NVIDIA sm_89+, AMD gfx12), else int8", choices=("fp8", "int8"), auto=RUN),
     _kw("w4a8_gemm", "choice", "triton", "int4_w4a8's GEMM: Triton, or torch._scaled_mm (FP8 on NVIDIA)",
@@ -156,6 +168,22 @@ CATALOGUE: Dict[str, Setting] = _settings(
         "dequantizing): hipblas, hipblaslt, or default (PyTorch's pick for the GPU); unset or auto: the faster "
         "in the self-test; nothing changes on NVIDIA or the CPU", choices=("default", "hipblas", "hipblaslt"),
         auto=RUN),
+    # what `run` hands the trainer for this launch: the run folder's files and the profiler
+    _kw("telemetry_file", "text", None, "the JSONL file of the in-process telemetry rows (the run folder's "
+        "trainer-telemetry.jsonl); unset: no telemetry", written_by_run=True, resume_may_change=True),
+    _kw("telemetry_interval_s", "number", 10, "seconds between telemetry rows, 0: a row per step (`run` writes "
+        "launcher.telemetry.interval_s)", minimum=0, maximum=3600, written_by_run=True, resume_may_change=True),
+    _kw("profile_steps", "int", 0, "`run --profile N`: torch.profiler over N whole steps; 0: off", minimum=0,
+        maximum=10**6, written_by_run=True, resume_may_change=True),
+    _kw("profile_dir", "text", None, "where the profile goes (the run folder's profile/); unset: profile/ in the "
+        "trainer's folder", written_by_run=True, resume_may_change=True),
+    _kw("profile_skip", "int", 2, "warm-up steps before the profiled ones (the first compile and autotune kernels "
+        "and grow the allocator)", minimum=0, maximum=10**6, resume_may_change=True),
+    _kw("rank_state_file", "text", None, "`run --gpus N`: each rank rewrites <stem>.rank<R>.json beside it at "
+        "each collective, for the rank watch; unset: no state files", written_by_run=True, resume_may_change=True),
+    _kw("all_extensions", "bool", False, "import every extension's process when the job starts (as before amd-fork "
+        "0025, upstream-main 0023), not only the ones the job runs; any process setting it decides",
+        resume_may_change=True),
     # the launcher's own block
     _ln("tiny", "bool", False, "build and train the embedded tiny FLUX.2 (tests, CI)"),
     _ln("card", "text", None, "the cards the preset is for (`python -m launcher presets`)"),
@@ -175,6 +203,21 @@ CATALOGUE: Dict[str, Setting] = _settings(
 
 def model_kwargs_settings() -> Dict[str, Setting]:
     return {name: item for name, item in CATALOGUE.items() if item.block == MODEL_KWARGS}
+
+
+def resume_free() -> Tuple[str, ...]:
+    """The model_kwargs settings a resume may change without a flag."""
+    return tuple(name for name, item in model_kwargs_settings().items() if item.resume_may_change)
+
+
+def cache_folder(model_kwargs: Dict[str, Any], name: str, training_folder: Optional[str], sibling: str) -> Optional[Path]:
+    """A cache folder: the setting `name` (`run` writes the workdir's), else `sibling` beside the run
+    folder, which the runs of one output folder share; None when neither is known."""
+    if read(model_kwargs, name):
+        return Path(read(model_kwargs, name))
+    if training_folder:
+        return Path(training_folder).resolve().parent / sibling
+    return None
 
 
 def read(model_kwargs: Dict[str, Any], name: str) -> Any:

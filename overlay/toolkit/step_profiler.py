@@ -1,9 +1,9 @@
 """Profile a few training steps with torch.profiler (`python -m launcher run PRESET --profile N`).
 
-With AITK_PROFILE_STEPS=N (and AITK_PROFILE_DIR, the folder to write to), the train loop
-profiles N whole steps (data loading, forward, backward, optimizer, logging) after
-AITK_PROFILE_SKIP warm-up steps (default 2: the first steps compile and autotune kernels and
-grow the allocator). Then it writes, into AITK_PROFILE_DIR:
+With model_kwargs profile_steps: N (and profile_dir, the folder to write to: `run --profile N` writes
+both), the train loop profiles N whole steps (data loading, forward, backward, optimizer, logging)
+after profile_skip warm-up steps (default 2: the first steps compile and autotune kernels and
+grow the allocator). Then it writes, into profile_dir:
 
   trace.json   the Chrome trace (open it in chrome://tracing or https://ui.perfetto.dev)
   top20.txt    the 20 operators with the most self time on the GPU (on the CPU without one),
@@ -13,16 +13,15 @@ grow the allocator). Then it writes, into AITK_PROFILE_DIR:
                elementwise, LoRA matmuls, optimizer, copies) and by phase, GPU busy and idle
                time, data wait (toolkit/step_breakdown.py); its table ends top20.txt
 
-and prints the summary. Without AITK_PROFILE_STEPS each call returns at once. A failure to
+and prints the summary. With profile_steps 0 (the default) each call returns at once. A failure to
 profile or to write is reported and never stops the training.
 """
 
 import os
 import time
 
-ENV_STEPS = "AITK_PROFILE_STEPS"
-ENV_DIR = "AITK_PROFILE_DIR"
-ENV_SKIP = "AITK_PROFILE_SKIP"
+from toolkit.settings import read
+
 TRACE_FILE = "trace.json"
 TABLE_FILE = "top20.txt"
 BREAKDOWN_FILE = "breakdown.json"
@@ -118,21 +117,15 @@ def write_breakdown(folder: str, wall: float, steps: int) -> str:
     return "[profile] " + table.replace("\n", "\n[profile] ")
 
 
-def _from_environment():
-    raw = os.environ.get(ENV_STEPS)
-    if not raw:
-        return None
-    try:
-        steps, skip = int(raw), int(os.environ.get(ENV_SKIP, "2"))
-    except ValueError:
-        print(f"[profile] {ENV_STEPS}={raw!r} is not a whole number; not profiling", flush=True)
-        return None
-    if steps < 1:
-        return None
-    return StepProfiler(steps, os.environ.get(ENV_DIR) or os.path.join(os.getcwd(), "profile"), max(skip, 0))
+_PROFILER = None
 
 
-_PROFILER = _from_environment()
+def configure(model_kwargs: dict) -> None:
+    """The profiler as the run's config says (the train process, once its model config is read)."""
+    global _PROFILER
+    steps = read(model_kwargs, "profile_steps")
+    folder = read(model_kwargs, "profile_dir") or os.path.join(os.getcwd(), "profile")
+    _PROFILER = StepProfiler(steps, folder, read(model_kwargs, "profile_skip")) if steps else None
 
 
 def step_start() -> None:

@@ -26,14 +26,13 @@ from typing import Callable, Dict, Optional
 import torch
 from safetensors.torch import save as safetensors_bytes
 
-from toolkit.settings import read
+from toolkit import settings
 from toolkit.streamed_safetensors import SafetensorsHeaderError, StreamedSafetensors
 
 FORMAT = 1
 SUFFIX = ".temb.safetensors"
 META_KEY = "aitk_temb"
 TENSOR = "embeds"
-ENV_CACHE_DIR = "AITK_TEXT_CACHE_DIR"
 RECORD_NAME = "encoder-{}.json"  # {}: a hash of the encoder folder's path
 
 
@@ -139,15 +138,8 @@ class TextEmbeddingCache:
 
 
 def cache_folder(model_kwargs: Dict, training_folder: Optional[str]) -> Optional[Path]:
-    """model_kwargs.text_embedding_cache_dir, else $AITK_TEXT_CACHE_DIR, else
-    <training_folder>/../text_cache; None when none is known."""
-    if read(model_kwargs, "text_embedding_cache_dir"):
-        return Path(read(model_kwargs, "text_embedding_cache_dir"))
-    if os.environ.get(ENV_CACHE_DIR):
-        return Path(os.environ[ENV_CACHE_DIR])
-    if training_folder:
-        return Path(training_folder).resolve().parent / "text_cache"
-    return None
+    """model_kwargs.text_embedding_cache_dir, else <training_folder>/../text_cache; None when neither is known."""
+    return settings.cache_folder(model_kwargs, "text_embedding_cache_dir", training_folder, "text_cache")
 
 
 def _record_path(folder: Path, encoder_folder: Path) -> Path:

@@ -1,5 +1,5 @@
-"""In-trainer telemetry: one JSON line at most every AITK_TELEMETRY_INTERVAL seconds (default 10)
-appended to the file named by AITK_TELEMETRY, plus a row at the start of training and after
+"""In-trainer telemetry: one JSON line at most every model_kwargs telemetry_interval_s seconds (default
+10) appended to the file model_kwargs telemetry_file names (`run` writes both), plus a row at the start of training and after
 each checkpoint save (a stall watchdog uses saves as a trigger).
 
 Loading is reported too: a row at the end of each load phase (text encoder, transformer from
@@ -11,7 +11,7 @@ every row: it is what decides whether a run needs a pagefile.
 VRAM is read here, in the training process: on ROCm/Windows a second process reading
 torch.cuda.mem_get_info() sees ~0 GB in use while the trainer holds 20 GB. Each row is
 appended and flushed on its own, so a crash loses at most the row being written. Without
-AITK_TELEMETRY nothing is opened and each call returns at once.
+telemetry_file nothing is opened and each call returns at once.
 
     {"time": unix seconds, "step": steps done, "loss": float, "s_per_it": mean since last row,
      "vram_allocated_gib", "vram_reserved_gib", "vram_max_allocated_gib": null without a GPU,
@@ -30,10 +30,11 @@ import threading
 import time
 
 from toolkit.host_memory import peak_rss_bytes
+from toolkit.settings import read
 
 GIB = 2 ** 30
 LOAD_SAMPLE_AT_INTERVAL_ZERO_S = 1.0
-"""AITK_TELEMETRY_INTERVAL=0 means a row per step; while loading there are no steps: once a second."""
+"""telemetry_interval_s: 0 means a row per step; while loading there are no steps: once a second."""
 
 
 class TrainerTelemetry:
@@ -138,7 +139,7 @@ def vram() -> dict:
     }
 
 
-_telemetry = None  # None: not set up yet; False: off
+_telemetry = False  # False: off until `configure` is handed a telemetry_file
 
 
 def rank_path(path: str) -> str:
@@ -151,14 +152,14 @@ def rank_path(path: str) -> str:
     return f"{stem}.rank{rank}.{suffix}" if dot else f"{path}.rank{rank}"
 
 
-def _get():
+def configure(model_kwargs: dict) -> None:
+    """Telemetry as the run's config says (the train process, once its model config is read)."""
     global _telemetry
-    if _telemetry is None:
-        path = os.environ.get("AITK_TELEMETRY")
-        if path:
-            _telemetry = TrainerTelemetry(rank_path(path), float(os.environ.get("AITK_TELEMETRY_INTERVAL") or 10))
-        else:
-            _telemetry = False
+    path = read(model_kwargs, "telemetry_file")
+    _telemetry = TrainerTelemetry(rank_path(path), float(read(model_kwargs, "telemetry_interval_s"))) if path else False
+
+
+def _get():
     return _telemetry
 
 

@@ -24,25 +24,24 @@ def extension_module(trainer_on_path, monkeypatch):
     module = importlib.import_module("toolkit.extension")
     asked = []
     monkeypatch.setattr(module, "get_all_extensions", lambda: stand_in_extensions(asked))
-    monkeypatch.delenv("AITK_ALL_EXTENSIONS", raising=False)
+    monkeypatch.setenv("AITK_ALL_EXTENSIONS", "1")  # the trainer reads no variable
     return module, asked
 
 
 @pytest.mark.patch("extension-jobs-import-only-the-processes")
 def test_only_the_named_process_is_imported(extension_module):
     module, asked = extension_module
-    processes = module.get_extensions_process_dict(["sd_trainer"])
+    processes = module.get_extensions_process_dict([{"type": "sd_trainer", "model": {"model_kwargs": {}}}])
     assert list(processes) == ["sd_trainer"] and asked == ["sd_trainer"]
 
 
 @pytest.mark.patch("extension-jobs-import-only-the-processes")
-@pytest.mark.parametrize("types, env", [(["sd_trainer", "no_such_type"], None), (["sd_trainer"], "1")],
+@pytest.mark.parametrize("processes", [[{"type": "sd_trainer"}, {"type": "no_such_type"}],
+                                       [{"type": "sd_trainer", "model": {"model_kwargs": {"all_extensions": True}}}]],
                          ids=["unknown-type-falls-back", "switched-off"])
-def test_every_process_is_imported_as_before(extension_module, monkeypatch, types, env):
+def test_every_process_is_imported_as_before(extension_module, processes):
     module, asked = extension_module
-    if env:
-        monkeypatch.setenv("AITK_ALL_EXTENSIONS", env)
-    processes = module.get_extensions_process_dict(types)
+    processes = module.get_extensions_process_dict(processes)
     assert sorted(processes) == sorted(asked) == ["concept_slider", "dataset_tools", "sd_trainer"]
 
 

@@ -168,7 +168,6 @@ def test_cache_round_trip_through_load_model(trainer, checkpoint, tmp_path, monk
     fm = trainer.flux2
     from toolkit.config_modules import ModelConfig
 
-    monkeypatch.delenv("AITK_QUANT_CACHE_DIR", raising=False)
 
     def load_model():
         cfg = ModelConfig(

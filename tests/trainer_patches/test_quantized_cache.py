@@ -681,17 +681,14 @@ def fake_base_model(tmp_path, qtype, **config):
 
 
 def test_cache_is_on_by_default_beside_the_training_folder(qc, tiny, tmp_path, monkeypatch):
-    monkeypatch.delenv(qc.ENV_CACHE_DIR, raising=False)
+    monkeypatch.setenv("AITK_QUANT_CACHE_DIR", str(tmp_path / "env"))  # the trainer reads no variable
     cache = qc.cache_for_model(fake_base_model(tmp_path, tiny.qtype), tiny.src, tiny.meta_model())
     assert cache is not None
     assert cache.path.parent == (tmp_path / "runs" / "quant_cache").resolve()
     assert cache.key["dtype"] == "bfloat16"
 
 
-def test_cache_dir_from_env_and_model_kwargs(qc, tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv(qc.ENV_CACHE_DIR, str(tmp_path / "env"))
-    cache = qc.cache_for_model(fake_base_model(tmp_path, tiny.qtype), tiny.src, tiny.meta_model())
-    assert cache.path.parent == (tmp_path / "env").resolve()
+def test_cache_dir_from_model_kwargs(qc, tiny, tmp_path):
     base = fake_base_model(tmp_path, tiny.qtype, model_kwargs={"quantized_cache_dir": str(tmp_path / "kw")})
     cache = qc.cache_for_model(base, tiny.src, tiny.meta_model())
     assert cache.path.parent == (tmp_path / "kw").resolve()
@@ -700,7 +697,6 @@ def test_cache_dir_from_env_and_model_kwargs(qc, tiny, tmp_path, monkeypatch):
 def test_model_with_replaced_modules_is_not_cached(qc, tiny, tmp_path, monkeypatch, capsys):
     """A quantizer that swaps modules (new parameter names) would make a cache the
     meta-built model can never load; it is not written."""
-    monkeypatch.delenv(qc.ENV_CACHE_DIR, raising=False)
     cache = qc.cache_for_model(fake_base_model(tmp_path, tiny.qtype), tiny.src, tiny.meta_model())
     model = tiny.model
     module, _ = unquantized_param(model)
@@ -715,7 +711,6 @@ def test_model_with_replaced_modules_is_not_cached(qc, tiny, tmp_path, monkeypat
 
 
 def test_no_cache_without_a_known_folder(qc, tiny, tmp_path, monkeypatch, capsys):
-    monkeypatch.delenv(qc.ENV_CACHE_DIR, raising=False)
     base = fake_base_model(tmp_path, tiny.qtype)
     base.training_folder = None  # a model built outside a training process
     assert qc.cache_for_model(base, tiny.src, tiny.meta_model()) is None
@@ -758,7 +753,6 @@ def test_flux2_load_model_writes_then_loads_the_cache(trainer_on_path, quantize_
         {k: v.to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()},
         str(ckpt / fm.FLUX2_TRANSFORMER_FILENAME),
     )
-    monkeypatch.delenv("AITK_QUANT_CACHE_DIR", raising=False)
 
     def load():
         cfg = ModelConfig(

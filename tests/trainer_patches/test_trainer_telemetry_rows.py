@@ -1,7 +1,7 @@
 """Patch "in-trainer telemetry" (toolkit/trainer_telemetry.py) without a training run.
 
 The end-to-end rows of a tiny run are checked in tests/test_trainer_telemetry.py; these cover
-what that run cannot show quickly: no file without AITK_TELEMETRY, the interval, s/it as the
+what that run cannot show quickly: no file without model_kwargs telemetry_file, the interval, s/it as the
 mean since the last row, a NaN loss, a file that cannot be written, the first-step row, and the
 load-phase rows with host RSS sampled while the model loads.
 """
@@ -14,9 +14,8 @@ import pytest
 
 @pytest.fixture
 def telemetry(trainer_on_path, monkeypatch):
-    """A fresh module (it keeps its state in a module global), set up by the env of each test."""
-    monkeypatch.delenv("AITK_TELEMETRY", raising=False)
-    monkeypatch.delenv("AITK_TELEMETRY_INTERVAL", raising=False)
+    """A fresh module (it keeps its state in a module global), set up by each test's model_kwargs."""
+    monkeypatch.setenv("AITK_TELEMETRY", "elsewhere.jsonl")  # the trainer reads no variable
     module = importlib.import_module("toolkit.trainer_telemetry")
     return importlib.reload(module)
 
@@ -25,8 +24,9 @@ def rows(path):
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
-def test_off_without_the_variable(telemetry, tmp_path, monkeypatch):
+def test_off_without_the_setting(telemetry, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    telemetry.configure({})
     telemetry.record_event("start", step=0)
     telemetry.record_step(1, {"loss": 0.5})
     assert list(tmp_path.iterdir()) == []
@@ -35,10 +35,9 @@ def test_off_without_the_variable(telemetry, tmp_path, monkeypatch):
 
 def test_interval_events_and_speed(telemetry, tmp_path, monkeypatch):
     path = tmp_path / "t.jsonl"
-    monkeypatch.setenv("AITK_TELEMETRY", str(path))
-    monkeypatch.setenv("AITK_TELEMETRY_INTERVAL", "3600")
     clock = iter([100.0, 100.0, 101.5, 102.0, 104.0, 110.0, 130.0]).__next__
     monkeypatch.setattr(telemetry.time, "time", clock)
+    telemetry.configure({"telemetry_file": str(path), "telemetry_interval_s": 3600})
     telemetry.record_event("start", step=10)          # t=100 (set-up reads the clock first)
     telemetry.record_step(11, {"loss": 0.25})         # t=101.5: the first-step row; t=102: not due
     telemetry.record_step(12, {"loss": 0.75})         # t=104: not due
@@ -59,8 +58,7 @@ def test_interval_events_and_speed(telemetry, tmp_path, monkeypatch):
 
 def test_a_row_per_step_at_interval_zero_and_nan_loss_is_null(telemetry, tmp_path, monkeypatch):
     path = tmp_path / "t.jsonl"
-    monkeypatch.setenv("AITK_TELEMETRY", str(path))
-    monkeypatch.setenv("AITK_TELEMETRY_INTERVAL", "0")
+    telemetry.configure({"telemetry_file": str(path), "telemetry_interval_s": 0})
     telemetry.record_step(1, {"loss": float("nan")})
     telemetry.record_step(2, {"other": 3.0})
     first_step, nan_row, other_row = rows(path)
@@ -69,7 +67,7 @@ def test_a_row_per_step_at_interval_zero_and_nan_loss_is_null(telemetry, tmp_pat
 
 
 def test_unwritable_file_turns_telemetry_off_not_the_run(telemetry, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("AITK_TELEMETRY", str(tmp_path / "missing-folder" / "t.jsonl"))
+    telemetry.configure({"telemetry_file": str(tmp_path / "missing-folder" / "t.jsonl")})
     telemetry.record_event("start", step=0)
     telemetry.record_step(1, {"loss": 1.0})
     assert telemetry._telemetry is False
@@ -81,8 +79,7 @@ def test_load_phases_and_rss_sampled_while_loading(telemetry, tmp_path, monkeypa
     import time
 
     path = tmp_path / "t.jsonl"
-    monkeypatch.setenv("AITK_TELEMETRY", str(path))
-    monkeypatch.setenv("AITK_TELEMETRY_INTERVAL", "0.05")
+    telemetry.configure({"telemetry_file": str(path), "telemetry_interval_s": 0.05})
     host_memory = importlib.import_module("toolkit.host_memory")
     phase = telemetry.start_phase("transformer")
     ballast = bytearray(b"\x01") * (64 << 20)  # 64 MiB written, so resident
@@ -113,8 +110,7 @@ def test_interval_zero_samples_loading_once_a_second_not_continuously(telemetry,
     import time
 
     path = tmp_path / "t.jsonl"
-    monkeypatch.setenv("AITK_TELEMETRY", str(path))
-    monkeypatch.setenv("AITK_TELEMETRY_INTERVAL", "0")
+    telemetry.configure({"telemetry_file": str(path), "telemetry_interval_s": 0})
     telemetry.start_phase("transformer").end(source="streamed", device="cpu")
     time.sleep(0.5)
     telemetry.record_event("start", step=0)
