@@ -38,6 +38,10 @@ WHAT = {
     "rtx12gb_512": "as `rtx16gb_512.yaml`, more of the blocks streamed",
     "rtx8gb_512": "as `rtx12gb_512.yaml`, nearly every block streamed (32 GB of RAM)",
     "base_512": "what the 512 px presets share; runs as `rtx4090_512.yaml` does",
+    "klein4b_512": "FLUX.2 klein 4B (target upstream-main): 512 px, batch 1, klein's shape planned by the memory plan",
+    "klein4b_amd_512": "as `klein4b_512.yaml` on ROCm, blocks quantized on the CPU, watchdog on",
+    "klein9b_512": "FLUX.2 klein 9B (target upstream-main): as `klein4b_512.yaml`",
+    "klein9b_amd_512": "as `klein9b_512.yaml` on ROCm, blocks quantized on the CPU, watchdog on",
     "tiny": "the embedded tiny FLUX.2: 2 steps, used by the tests",
 }
 """The README's preset table, in its order: what each shipped preset is (its card column is the preset's label)."""

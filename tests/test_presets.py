@@ -85,7 +85,7 @@ def test_a_card_preset_is_its_parent_plus_exactly_what_it_lists(name):
         *parents, last = re.split(r"\.|(?=\[)", path)
         target = expected
         for part in parents:
-            target = target[int(part[1:-1])] if part.startswith("[") else target[part]
+            target = target[int(part[1:-1])] if part.startswith("[") else target.setdefault(part, {})  # a new block
         key = int(last[1:-1]) if last.startswith("[") else last
         assert target.get(key) != value, f"{name} repeats its parent's {path}: {value!r}"
         target[key] = value

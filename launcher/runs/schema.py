@@ -13,6 +13,7 @@ and `launcher.watchdog` launcher/watchdog/config_schema.py.
 
 from launcher import trainer_rules
 from launcher.runs.flux2_shape import FLUX2_PARAMS, flux2_params_problems
+from launcher.runs.klein import arch_problems
 from launcher.runs.schema_nodes import (Anything, Block, Extension, ListOf, Nullable, OneOrList, PlainName, Text,
                                         Vocabulary, catalogued, flag, number, short, whole)
 from launcher.runs.trainer_env import env_block
@@ -104,7 +105,7 @@ def check_preset(data, vocab: Vocabulary = Vocabulary()) -> list[str]:
     if not isinstance(data, dict):
         return [f"the preset is {short(data)}, not a mapping; it needs `job:`, `config:` and optionally `launcher:`"]
     return [*preset_schema().check(data, "", vocab), *quantized_network_problems(data, vocab),
-            *flux2_params_problems(data)]
+            *flux2_params_problems(data), *arch_problems(data, vocab)]
 
 
 LOW_RANK_TYPES = {"lora", "locon"}

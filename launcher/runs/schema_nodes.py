@@ -38,6 +38,8 @@ class Vocabulary:
     network_types: set[str] | None = None
     dtypes: set[str] | None = None
     jobs: set[str] | None = None
+    arches: set[str] | None = None
+    """The `arch` of each model class of the trainer's extensions (launcher/runs/klein.py)."""
 
 
 _PREVIEW = reprlib.Repr()

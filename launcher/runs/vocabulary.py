@@ -3,6 +3,8 @@
 - config keys: the `kwargs.get('key'` of each config class in toolkit/config_modules.py and the
   `get_conf('key'` of the train processes; `model_kwargs` keys: every `model_kwargs.get('key'`
   in the checkout;
+- model arches: the `arch = '...'` of each model class in extensions_built_in (a FLUX.2 klein
+  preset on a checkout without klein names the target that has it, launcher/runs/klein.py);
 - optimizers, network types, dtypes and job types: the names the trainer's dispatch code
   compares against (toolkit/optimizer.py, the NetworkType literal, get_torch_dtype, get_job);
 - qtypes: asked from the trainer's own `get_qtype` under its interpreter
@@ -19,6 +21,7 @@ from pathlib import Path
 
 from launcher.atomic import write_text_atomic
 from launcher.envs.trainer_python import run_module
+from launcher.runs.klein import trainer_arches
 from launcher.runs.schema import Vocabulary
 
 SECTION_CLASSES = {
@@ -103,6 +106,7 @@ def read_vocabulary(trainer: Path, python: Path | None = None, qtypes_cache: Pat
         network_types=network_types(trainer),
         dtypes=_found(r"dtype_str\s*==\s*['\"](\w+)['\"]", _read(trainer, "toolkit/train_tools.py")),
         jobs=_found(r"job\s*==\s*['\"](\w+)['\"]", _read(trainer, "toolkit/job.py")),
+        arches=trainer_arches(trainer),
     )
 
 
