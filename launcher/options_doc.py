@@ -18,7 +18,8 @@ Every setting the project owns, generated from `overlay/toolkit/settings.py` by
 self-test: `python -m launcher selftest`); the run's `config.yaml` holds every `model_kwargs`
 setting below as a concrete value, and the trainer refuses an `auto` it is handed.
 """
-BLOCKS = {"model_kwargs": "## `model_kwargs` (under `config.process[].model`)",
+BLOCKS = {"model": "## `model` (ai-toolkit's own keys under `config.process[]` that `run` resolves)",
+          "model_kwargs": "## `model_kwargs` (under `config.process[].model`)",
           "launcher": "## `launcher:` (read by the launcher only)"}
 
 
@@ -39,7 +40,8 @@ def render() -> str:
             allowed = item.allowed.replace("|", "\\|")
             resolver = item.auto or "(no `auto`)"
             marks = "written by `run` for each launch: " if item.written_by_run else ""
-            marks += "(a resume may change it) " if item.resume_may_change else ""
+            marks += {True: "(a resume may change it) ", False: ""}.get(item.resume_may_change,
+                                                                        f"(a resume may change it {item.resume_may_change}) ")
             parts.append(f"| `{item.name}` | {allowed} | {cell(item.default)} | {resolver} | {marks}{item.doc.replace('|', '/')} |")
     return "\n".join(parts) + "\n"
 

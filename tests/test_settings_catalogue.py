@@ -1,15 +1,16 @@
 """The settings catalogue (overlay/toolkit/settings.py): one table the launcher's schema, `run`'s
 resolution, the trainer's readers and docs/options.md all come from."""
 
+import dataclasses
 import re
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from launcher import options_doc, trainer_rules
+from launcher import options_doc, resolve, trainer_rules
 from launcher.commands import run as run_command
-from launcher.runs import files
+from launcher.runs import files, resume, schema_nodes
 from launcher.runs.schema import MODEL_KWARGS, Vocabulary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,3 +97,33 @@ def test_run_writes_its_settings_into_the_config_and_keeps_the_presets_cache_fol
         assert settings.CATALOGUE[name].problem(kwargs[name]) is None, name
         assert settings.CATALOGUE[name].resume_may_change, f"{name}: `run` writes it anew at each launch"
     assert "rank_state_file" not in run_command.handed_over(run, SimpleNamespace(telemetry={"interval_s": 2}), None, 1)
+
+
+def test_a_new_model_key_needs_its_catalogue_line_its_reader_and_the_docs(monkeypatch):
+    """A throwaway key, added as one catalogue line: the preset's schema checks it, `run` writes its
+    default into the config, the trainer reads it with the catalogue's rule, a resume treats it by its
+    flag, and the options page is stale until regenerated: nothing else is to be edited."""
+    new = settings.Setting("throwaway_chunk", settings.MODEL_KWARGS, "int", 3, "a key no one reads", minimum=1)
+    monkeypatch.setitem(settings.CATALOGUE, new.name, new)
+    block = schema_nodes.Block(schema_nodes.catalogued(settings.MODEL_KWARGS, {}))
+    problems = list(block.check({"throwaway_chunk": 0}, "kw", Vocabulary()))
+    assert problems == ["kw.throwaway_chunk = 0: out of range; allowed: a whole number >= 1"], problems
+    assert resolve.concrete({})["throwaway_chunk"] == 3, "`run` writes the default into the config"
+    assert settings.read({"throwaway_chunk": 7}, "throwaway_chunk") == 7
+    with pytest.raises(settings.SettingError, match="model_kwargs throwaway_chunk: 0 is out of range"):
+        settings.read({"throwaway_chunk": 0}, "throwaway_chunk")
+    assert READ.findall('settings.read(self.model_config.model_kwargs, "throwaway_chunk")') == ["throwaway_chunk"]
+    assert not resume.is_free("config.process[0].model.model_kwargs.throwaway_chunk", 3, 4)
+    monkeypatch.setitem(settings.CATALOGUE, new.name, dataclasses.replace(new, resume_may_change=True))
+    assert resume.is_free("config.process[0].model.model_kwargs.throwaway_chunk", 3, 4)
+    assert "| `throwaway_chunk` | a whole number >= 1 | `3` |" in options_doc.render()
+    assert options_doc.main(["--check"]) == 1, "the options page must be regenerated"
+
+
+def test_a_resume_changes_freely_only_what_the_catalogue_marks():
+    where = "config.process[0].model.model_kwargs."
+    for name, item in settings.model_kwargs_settings().items():
+        assert resume.is_free(where + name, None, "x") is (item.resume_may_change is True), name
+    assert resume.is_free("config.process[0].model.qtype", "int4_fused", "int4_w4a8"), "the same 4-bit codes"
+    assert not resume.is_free("config.process[0].model.qtype", "uint4", "qfloat8")
+    assert settings.CATALOGUE["qtype"].auto == settings.RUN

@@ -6,10 +6,11 @@ zero-pads it, another optimizer drops the saved state, and then it overwrites th
 config.yaml, exit 0. So before a resume every difference to the run's config.yaml is listed.
 Changes to what shapes the saved LoRA and optimizer state (the network, the model's architecture
 and shape, the optimizer, the training precision) are always refused. How the run is carried out
-is free: where the model and dataset are, one 4-bit qtype for another, and every model_kwargs
-setting the catalogue marks `resume_may_change` (overlay/toolkit/settings.py: the text encoder, the
-caches, the memory plan, streaming and compile settings, which `auto` may resolve differently after
-a self-test, and what `run` writes for each launch: telemetry, profiler, rank state).
+is free: where the model and dataset are, and every setting the settings catalogue
+(overlay/toolkit/settings.py) marks `resume_may_change`: `qtype` to one with the same 4-bit codes,
+and model_kwargs such as the text encoder, the caches, the memory plan, streaming and compile
+settings (which `auto` may resolve differently after a self-test), and what `run` writes for each
+launch (telemetry, profiler, rank state).
 Any other change (steps, save cadence, learning rate...) needs `--accept-changes`, and is then
 recorded in run.json.
 """
@@ -32,9 +33,9 @@ LOCKED = (
     (("train", "dtype"), "the training precision"),
 )
 FREE = (
-    # how the run is carried out, not what it trains: no flag needed, said in one line each
+    # how the run is carried out, not what it trains: no flag needed, said in one line each (and every
+    # catalogue setting marked resume_may_change, overlay/toolkit/settings.py: see is_free)
     ("model", "name_or_path"),
-    *(("model", "model_kwargs", name) for name in trainer_rules.settings().resume_free()),
     ("datasets", "*", "folder_path"),
     ("datasets", "*", "dataset_path"),
     ("training_folder",),
@@ -76,8 +77,13 @@ def is_free(path: str, old, new) -> bool:
     inside = _inside(path)
     if inside is None:
         return False
-    if inside == ("model", "qtype"):
-        return trainer_rules.qtypes().same_codes(old, new)
+    settings = trainer_rules.settings()
+    block = {("model",): settings.MODEL, ("model", "model_kwargs"): settings.MODEL_KWARGS}.get(inside[:-1])
+    setting = settings.CATALOGUE.get(inside[-1])
+    if setting is not None and setting.block == block:
+        if setting.resume_may_change == settings.SAME_CODES:
+            return trainer_rules.qtypes().same_codes(old, new)
+        return setting.resume_may_change is True
     return any(len(inside) == len(free) and all(f in ("*", part) for f, part in zip(free, inside)) for free in FREE)
 
 

@@ -2,7 +2,8 @@
 and who turns its `auto` into a value.
 
 Two blocks of a preset hold them: `model_kwargs` (read by the patched trainer) and `launcher:`
-(read by the launcher only). The launcher's schema checks a preset with `Setting.problem`, `run`
+(read by the launcher only); `qtype`, ai-toolkit's own key of the model config, is here for who
+resolves its `auto` and how a resume may change it. The launcher's schema checks a preset with `Setting.problem`, `run`
 resolves every `auto` marked `RUN` and writes every model_kwargs setting as a concrete value into
 the run's config (`complete`), and the trainer reads them back with `read`: one rule, one default,
 one route. docs/options.md is generated from this table (`python -m launcher.options_doc`).
@@ -19,7 +20,9 @@ from typing import Any, Dict, Optional, Tuple
 AUTO = "auto"
 RUN = "`python -m launcher run` (from the self-test)"
 """Who resolves an `auto` before the trainer starts; the trainer refuses to read one."""
-MODEL_KWARGS, LAUNCHER = "model_kwargs", "launcher"
+MODEL_KWARGS, LAUNCHER, MODEL = "model_kwargs", "launcher", "model"
+SAME_CODES = "to a qtype that stores the same 4-bit codes (toolkit/qtypes.py same_codes)"
+"""A resume may change the setting, but only so: the saved LoRA was trained on those codes."""
 
 
 class SettingError(ValueError):
@@ -29,7 +32,7 @@ class SettingError(ValueError):
 @dataclass(frozen=True)
 class Setting:
     name: str
-    block: str  # MODEL_KWARGS or LAUNCHER
+    block: str  # MODEL_KWARGS, LAUNCHER, or MODEL (ai-toolkit's own key of the model config)
     kind: str  # bool | int | number | choice | text | mapping
     default: Any
     doc: str
@@ -42,8 +45,9 @@ class Setting:
     written_by_run: bool = False
     """`run` writes it into every run's config (from its flags, the workdir and the run folder): what
     the trainer would otherwise have to learn from an environment variable."""
-    resume_may_change: bool = False
-    """How the run is carried out, not what it trains: `run --resume` accepts a change without a flag."""
+    resume_may_change: Any = False
+    """How the run is carried out, not what it trains: `run --resume` accepts a change without a flag
+    (True), or only of one kind (a sentence: SAME_CODES)."""
 
     @property
     def allowed(self) -> str:
@@ -102,11 +106,19 @@ def _kw(name, kind, default, doc, **more) -> Setting:
     return Setting(name, MODEL_KWARGS, kind, default, doc, **more)
 
 
+def _md(name, kind, default, doc, **more) -> Setting:
+    return Setting(name, MODEL, kind, default, doc, **more)
+
+
 def _ln(name, kind, default, doc, **more) -> Setting:
     return Setting(name, LAUNCHER, kind, default, doc, **more)
 
 
 CATALOGUE: Dict[str, Setting] = _settings(
+    # ai-toolkit's own key, which `run` resolves: the trainer reads it as ModelConfig.qtype
+    _md("qtype", "text", None, "the transformer's quantization: int4_fused or int4_w4a8 (toolkit/qtypes.py, their "
+        "kernel from the model_kwargs below), or one of the trainer's (uint4, qfloat8, ...); auto: the self-test's "
+        "fastest 4-bit path that fits the card", auto=RUN, resume_may_change=SAME_CODES),
     # where the model and its parts come from
     _kw("text_encoder_path", "text", None, "the Mistral text encoder folder (set by `run` from --text-encoder)",
         resume_may_change=True),
@@ -203,11 +215,6 @@ CATALOGUE: Dict[str, Setting] = _settings(
 
 def model_kwargs_settings() -> Dict[str, Setting]:
     return {name: item for name, item in CATALOGUE.items() if item.block == MODEL_KWARGS}
-
-
-def resume_free() -> Tuple[str, ...]:
-    """The model_kwargs settings a resume may change without a flag."""
-    return tuple(name for name, item in model_kwargs_settings().items() if item.resume_may_change)
 
 
 def cache_folder(model_kwargs: Dict[str, Any], name: str, training_folder: Optional[str], sibling: str) -> Optional[Path]:

@@ -192,12 +192,12 @@ def test_qtype_shares_int4_fused_weights_and_cache(mods, trainer_on_path):
     assert isinstance(qtype, quantize.int4fusedtype) and qtype.name == "int4_w4a8"
     model = torch.nn.Sequential(layer(il, 64, 64, fmt="bf16"), torch.nn.Linear(64, 64),
                                 layer(il, 64, 128, fmt="bf16"))
-    assert quantize.set_int4_activations(model, qtype, {}) == 2
+    assert il.configure_linears(model, "int4_w4a8", {}) == 2
     # the CPU has no FP8 units: the table's default for int4_w4a8 is int8
     assert [getattr(m, "kernel", None) and m.kernel.activations for m in model] == ["int8", None, "int8"]
-    assert quantize.set_int4_activations(model, quantize.get_qtype("int4_fused"), {}) == 0
+    assert il.configure_linears(model, "int4_fused", {}) == 0
     assert [getattr(m, "kernel", None) and m.kernel.activations for m in model] == ["bf16", None, "bf16"]
-    assert quantize.set_int4_activations(model, quantize.get_qtype("uint4"), {}) == 0
+    assert il.configure_linears(model, "uint4", {}) == 0
 
 
 INTERPRETED = textwrap.dedent(
