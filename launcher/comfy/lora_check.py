@@ -6,6 +6,15 @@ ComfyUI's loader (`comfy.lora`) patches a FLUX.2 weight only for tensors named
 reads: a LyCORIS network (LoKr, LoHa, ...) from the same trainer loads nothing, and the images
 look exactly like the base model's. Only safetensors headers are read (names and shapes), so
 the check takes a moment even against the 64 GB base checkpoint.
+
+The rule is ComfyUI's generic LoRA key map, `model_lora_keys_unet` in comfy/lora.py
+(https://github.com/comfyanonymous/ComfyUI/blob/master/comfy/lora.py): every
+`diffusion_model.<module>.weight` of the loaded model's state dict is patched by the LoRA tensors
+named `diffusion_model.<module>` + `.lora_A.weight` / `.lora_B.weight` / `.alpha` (comfy/weight_adapter/lora.py).
+It holds for any model whose ComfyUI state dict keeps the checkpoint's own names, as FLUX.2 does;
+FLUX.2 klein (4B, 9B) is the same Flux2 module tree, so its LoRA is checked the same way, against
+its own checkpoint (`flux-2-klein-base-4b.safetensors` / `-9b`): a module of FLUX.2 [dev] that
+klein lacks, or another width, is named.
 """
 
 import re
@@ -13,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import LauncherError
+from launcher.runs.klein import KLEIN
 from launcher.runs.validate import TRANSFORMER_FILE, safetensors_header
 
 LORA_KEY = re.compile(r"^diffusion_model\.(?P<module>.+)\.(?P<part>lora_A\.weight|lora_B\.weight|alpha)$")
@@ -36,10 +46,12 @@ class LoraSummary:
     ranks: tuple[int, ...]
 
 
-def base_checkpoint(name_or_path: str) -> Path:
-    """The transformer checkpoint a run's config names: the file itself, or flux2-dev.safetensors in the folder."""
+def base_checkpoint(name_or_path: str, arch: str | None = None) -> Path:
+    """The transformer checkpoint a run's config names: the file itself, or in the folder the file the
+    trainer loads for the run's `arch` (flux2-dev.safetensors, or klein's own)."""
     path = Path(name_or_path)
-    return path if path.suffix == ".safetensors" else path / TRANSFORMER_FILE
+    klein = KLEIN.get(arch) if isinstance(arch, str) else None
+    return path if path.suffix == ".safetensors" else path / (klein.transformer_file if klein else TRANSFORMER_FILE)
 
 
 def check_lora(lora: Path, base: Path) -> LoraSummary:

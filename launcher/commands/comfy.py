@@ -58,7 +58,7 @@ def handle(args) -> int:
     prompt = args.prompt or caption_prompt(config)
     if not prompt:
         raise LauncherError(f"no caption found in the dataset named by {run.config}; pass --prompt \"...\"")
-    base = lora_check.base_checkpoint(process["model"]["name_or_path"])
+    base = lora_check.base_checkpoint(process["model"]["name_or_path"], process["model"].get("arch"))
     summary = lora_check.check_lora(lora, base)
     say(f"LoRA check: {lora.name}: {summary.modules} Linear modules, {summary.tensors} tensors, rank "
         f"{'/'.join(map(str, summary.ranks))}; every tensor is one ComfyUI's FLUX.2 loader matches")

@@ -57,7 +57,8 @@ def handle(args) -> int:
     if args.steps < 1:
         raise LauncherError(f"--steps {args.steps}: give at least 1 denoising step (20 is the FLUX.2 [dev] default)")
     lora = run.saved_lora(args.checkpoint)
-    summary = lora_check.check_lora(lora, lora_check.base_checkpoint(process["model"]["name_or_path"]))
+    summary = lora_check.check_lora(lora, lora_check.base_checkpoint(process["model"]["name_or_path"],
+                                                                      process["model"].get("arch")))
     samples.check_not_training(run)
     out = refuse_links(run.root, samples.sample_folder(run, lora))  # the PNGs go nowhere else
     python = venv_python(workdir.venv)
