@@ -26,7 +26,7 @@ def test_each_documented_hop_is_in_its_file(trainer_on_path):
 
 
 def test_the_name_is_not_turned_into_an_object_and_back(trainer_on_path):
-    """The kernel is chosen from the qtype's name: no helper takes get_qtype's object to read its name again."""
+    """The kernel is chosen from the qtype's name: no function takes get_qtype's object to read its name again."""
     quantize = importlib.import_module("toolkit.util.quantize")
     assert not [name for name in vars(quantize) if "int4_activations" in name]
     flux2 = (trainer_on_path / "extensions_built_in/diffusion_models/flux2/flux2_model.py").read_text(encoding="utf-8")
