@@ -188,7 +188,7 @@ def test_a_sampling_check_that_hangs_is_a_failure_not_a_hung_selftest(tmp_path, 
         limits.append(timeout)
         raise subprocess.TimeoutExpired(module, timeout)
 
-    monkeypatch.setattr(launch.tiny, "ensure_assets", lambda *args: {"name_or_path": "x"})
+    monkeypatch.setattr(launch.tiny, "ensure_assets", lambda *args: {"name_or_path": "x", "model_kwargs": {}})
     monkeypatch.setattr(launch, "run_module", hang)
     result = launch.sampling_check(Workdir(tmp_path), tmp_path / "python", {})
     assert limits == [launch.SAMPLING_LIMIT_S]

@@ -8,7 +8,7 @@ catalogue's kinds (`flag`, `whole`, `number`, `Text`) and checked by its rule, i
 optimizers, network types, dtypes, the keys each section reads) come from a `Vocabulary` read
 from the trainer itself (launcher/runs/vocabulary.py); without a trainer checkout those parts are
 not checked. `launcher.env` is launcher/runs/trainer_env.py, `flux2_params` launcher/runs/flux2_shape.py
-and `launcher.watchdog` launcher/watchdog/config_schema.py.
+and `launcher.watchdog` launcher/runs/watchdog_schema.py.
 """
 
 from launcher import trainer_rules
@@ -17,7 +17,7 @@ from launcher.runs.klein import arch_problems
 from launcher.runs.schema_nodes import (Anything, Block, Extension, ListOf, Nullable, OneOrList, PlainName, Text,
                                         Vocabulary, catalogued, flag, number, short, whole)
 from launcher.runs.trainer_env import env_block
-from launcher.watchdog.config_schema import watchdog_block
+from launcher.runs.watchdog_schema import watchdog_block
 
 MAX_STEPS = 10_000_000
 """Steps, save and sample cadences: a month of training at a step every quarter second."""
