@@ -22,6 +22,7 @@ Shapes follow the constraints of the FLUX.2 code and of 4-bit quantization:
 """
 
 import argparse
+import dataclasses
 import json
 import random
 import sys
@@ -84,6 +85,23 @@ CHAT_TEMPLATE = (
     "{% elif message['role'] == 'user' %}[INST]{{ part['text'] }}[/INST]"
     "{% else %}{{ part['text'] }}{{ eos_token }}{% endif %}"
     "{% endfor %}{% endfor %}"
+)
+KLEIN_DIR = "klein"
+"""The tiny FLUX.2 klein 4B, beside the tiny FLUX.2 in its own folder with its own manifest."""
+KLEIN_TRANSFORMER_FILE = "flux-2-klein-base-4b.safetensors"
+KLEIN_TEXT_ENCODER_DIR = "qwen3"
+KLEIN_TE_LAYERS = 27
+"""klein stacks Qwen3 hidden states 9, 18 and 27 (OUTPUT_LAYERS_QWEN3 in its pipeline), so the
+encoder needs 27 layers; at the same width as the tiny Mistral the transformer's context width
+(3 x 64) and so FLUX2_PARAMS fit klein too. klein's own difference, no guidance embedding, comes
+from the trainer's Klein4BParams, which FLUX2_PARAMS only reshapes."""
+QWEN_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+# Qwen3's template, reduced to what the klein pipeline sends: one user turn, a generation prompt,
+# and the empty thinking block that `enable_thinking=False` asks for.
+QWEN_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
 )
 COLORS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 70, 220), "yellow": (230, 210, 40)}
 BACKGROUNDS = {"white": (245, 245, 245), "black": (15, 15, 15)}
@@ -235,6 +253,56 @@ def build_checkpoints(trainer: Path, out: Path, seed: int) -> None:
         save_file({key: value.contiguous() for key, value in state.items()}, str(path))
 
 
+def build_qwen3_encoder(folder: Path, seed: int) -> Path:
+    """A 27-layer, 64-wide Qwen3 with a byte-level tokenizer (one token a byte, no merges): a
+    from_pretrained folder for Qwen3ForCausalLM and Qwen2Tokenizer, as klein loads its encoder."""
+    import torch
+    from tokenizers import pre_tokenizers
+    from transformers import Qwen2Tokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    vocab = {token: index for index, token in enumerate(QWEN_SPECIAL_TOKENS)}
+    for char in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab.setdefault(char, len(vocab))
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[], chat_template=QWEN_CHAT_TEMPLATE,
+                               additional_special_tokens=QWEN_SPECIAL_TOKENS[1:])
+    tokenizer.save_pretrained(folder)
+    config = Qwen3Config(vocab_size=len(vocab), hidden_size=TE_HIDDEN, intermediate_size=2 * TE_HIDDEN,
+                         num_hidden_layers=KLEIN_TE_LAYERS, num_attention_heads=2, num_key_value_heads=1,
+                         head_dim=TE_HIDDEN // 2, max_position_embeddings=1024,
+                         pad_token_id=vocab["<|endoftext|>"], eos_token_id=vocab["<|im_end|>"])
+    torch.manual_seed(seed)
+    Qwen3ForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+    return folder
+
+
+def build_klein(trainer: Path, out: Path, seed: int) -> dict:
+    """The tiny FLUX.2 klein 4B in `out` (transformer, VAE, Qwen3 encoder, dataset) unless it exists
+    for this seed; return its manifest, written last like the tiny FLUX.2's."""
+    import torch
+    from safetensors.torch import save_file
+
+    manifest = read_manifest(out, seed)
+    if manifest is not None:
+        return manifest
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST_NAME).unlink(missing_ok=True)
+    build_checkpoints(trainer, out, seed)  # the VAE, and a FLUX.2 transformer that klein's file replaces
+    from extensions_built_in.diffusion_models.flux2.src.model import Flux2, Klein4BParams
+
+    torch.manual_seed(seed)
+    state = Flux2(dataclasses.replace(Klein4BParams(), **FLUX2_PARAMS)).to(torch.bfloat16).state_dict()
+    save_file({key: value.contiguous() for key, value in state.items()}, str(out / KLEIN_TRANSFORMER_FILE))
+    (out / TRANSFORMER_FILE).unlink()
+    build_qwen3_encoder(out / KLEIN_TEXT_ENCODER_DIR, seed)
+    build_dataset(out, seed)
+    manifest = {"format": ASSETS_FORMAT, "seed": seed, "name_or_path": ".", "dataset": DATASET_DIR,
+                "resolution": IMAGE_SIZE, "arch": "flux2_klein_4b",
+                "model_kwargs": {"flux2_params": FLUX2_PARAMS, "ae_params": AE_PARAMS,
+                                 "text_encoder_path": KLEIN_TEXT_ENCODER_DIR}}
+    (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    return manifest
+
+
 def build(trainer: Path, out: Path, seed: int) -> dict:
     """Build the assets in `out` unless they already exist for this seed; return the manifest.
 
@@ -269,9 +337,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trainer", type=Path, required=True, help="the trainer checkout (for Flux2/AutoEncoder)")
     parser.add_argument("--out", type=Path, required=True, help="folder for the assets")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--klein", action="store_true", help="the tiny FLUX.2 klein 4B (a trainer with klein)")
     args = parser.parse_args(argv)
-    build(args.trainer, args.out, args.seed)
-    print(f"tiny FLUX.2 assets ready in {args.out}", flush=True)
+    (build_klein if args.klein else build)(args.trainer, args.out, args.seed)
+    print(f"tiny FLUX.2{' klein' if args.klein else ''} assets ready in {args.out}", flush=True)
     return 0
 
 
