@@ -128,6 +128,12 @@ SCENARIOS = {s.name: s for s in [
              ("bench.relaunch", "--workdir", "{workdir}", "--out", "{dir}"),
              "CPU (tiny preset) or GPU machine (Linux)", ANY + " with the launcher installed", ("relaunch",),
              ("rows.jsonl",), stdout_rows=True),
+    Scenario("rank_memory", "host memory of each rank of `launcher run --gpus N` against one rank (Linux): peak "
+             "anonymous, file-backed and Pss bytes per process and the tree's summed Pss; `--gpu-runtime` alone, on "
+             "a GPU, what the runtime adds to a process",
+             ("bench.rank_memory", "--workdir", "{workdir}", "--out", "{dir}"),
+             "CPU (tiny preset, ranks over gloo)", ANY + " with the launcher installed", ("rank_memory",),
+             ("rows.jsonl",), stdout_rows=True),
     Scenario("fullsize_pack", "packs what a full-width `launcher run` needs on an offline GPU machine into "
              ".bench-carry (then carry it along)",
              ("bench.fullsize", "pack", "--workdir", "{workdir}"), "here", ANY + " with the launcher installed",
