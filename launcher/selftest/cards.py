@@ -146,22 +146,29 @@ NO_TRITON = {verdict.FALLBACK_QTYPE: f"{verdict.FALLBACK_QTYPE}, uncompiled: {ve
 
 def markdown_table(cards: list[Card] = CARDS) -> str:
     """The README's "what runs on your card" table: the pick with Triton and Inductor working,
-    then what a missing Inductor or a missing Triton turns it into. Cards of one arch, memory and
-    preset get one verdict, so they share a row."""
+    then what a missing Inductor or a missing Triton turns it into. Cards of one arch and preset
+    whose verdicts agree share a row, and rows that differ only in their preset become one (the
+    klein 4B and 9B presets of a card, say)."""
     lines = ["| card | arch | preset | qtype | stream | compiled | 8-bit activations | no Inductor | no Triton |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    groups: dict[tuple, list[Card]] = {}
-    for card in cards:
-        groups.setdefault((card.arch, card.vram_gib, card.preset), []).append(card)
-    for members in groups.values():
-        card, names = members[0], ", ".join(member.name for member in members)
-        best, plain, bare = (outcome(card, *state) for state in STATES)
-        lost = NO_INDUCTOR if best.compile_blocks and not plain.compile_blocks else "-"
-        fallback = NO_TRITON[bare.qtype]
-        lines.append(f"| {names} | {card.arch} | {card.preset}.yaml | {best.candidate} | {best.stream_mode} | "
-                     f"{'yes' if best.compile_blocks else 'no'} | {eight_bit_path(card)} | {lost} | {fallback} |")
+    rows: dict[tuple, list[str]] = {}
+    for (arch, preset, cells), members in group_cards(cards).items():
+        rows.setdefault((", ".join(member.name for member in members), arch, cells), []).append(f"{preset}.yaml")
+    for (names, arch, cells), presets in rows.items():
+        lines.append(f"| {names} | {arch} | {', '.join(presets)} | {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
 
+
+def group_cards(cards: list[Card]) -> dict[tuple, list[Card]]:
+    """The cards by (arch, preset, verdict cells), in the table's order."""
+    groups: dict[tuple, list[Card]] = {}
+    for card in cards:
+        best, plain, bare = (outcome(card, *state) for state in STATES)
+        lost = NO_INDUCTOR if best.compile_blocks and not plain.compile_blocks else "-"
+        cells = (best.candidate, best.stream_mode, "yes" if best.compile_blocks else "no", eight_bit_path(card), lost,
+                 NO_TRITON[bare.qtype])
+        groups.setdefault((card.arch, card.preset, cells), []).append(card)
+    return groups
 
 if __name__ == "__main__":
     print(markdown_table(), end="")
