@@ -7,7 +7,7 @@ embedded tiny FLUX.2.
 
     launcher:
       tiny: true               # build and use the embedded tiny FLUX.2 (tests, CI)
-      env: {NAME: value}       # extra environment for the trainer process (allowed: schema.ENV_ALLOWED)
+      env: {NAME: value}       # extra environment for the trainer process (allowed: trainer_env.ENV_ALLOWED)
       platform: rocm | cuda | cpu          # what the preset was tuned for (doctor, docs)
       allocator: expandable_segments | default   # wall 7; `default` leaves PyTorch's allocator alone
       telemetry: {interval_s: 10}
