@@ -234,9 +234,10 @@ def check(preset: Preset, config: dict, workdir: Workdir, run: RunFolder,
             # a preset that reshapes the transformer (flux2_params other than FLUX.2 [dev]'s) is not the 64 GB model
             params = (model.get("model_kwargs") or {}).get("flux2_params")
             validate.check_model_dir(Path(model["name_or_path"]), full_size=not validate.reshapes(params),
-                                     flux2_params=params)
+                                     flux2_params=params, arch=model.get("arch"))
             validate.check_text_encoder(model.get("model_kwargs", {}).get("text_encoder_path", ""),
-                                        Path(os.environ.get(files.ENV_TEXT_CACHE_DIR) or workdir.text_cache))
+                                        Path(os.environ.get(files.ENV_TEXT_CACHE_DIR) or workdir.text_cache),
+                                        arch=model.get("arch"))
         for dataset in process["datasets"]:
             result = check_dataset(Path(dataset["folder_path"]), dataset.get("caption_ext", "txt"),
                                    dataset.get("bucket_tolerance", DEFAULT_BUCKET_TOLERANCE), preset.skip_bad_images)

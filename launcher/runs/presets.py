@@ -30,6 +30,7 @@ from launcher.atomic import write_text_atomic
 from launcher import trainer_rules
 from launcher.errors import LauncherError
 from launcher.runs.inheritance import MergedPreset, Origins, read_merged, shipped_names
+from launcher.runs.klein import KLEIN
 from launcher.runs.schema import Vocabulary, check_preset
 
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
@@ -39,7 +40,7 @@ LAUNCHER_DEFAULTS = {name: copy.deepcopy(item.default) for name, item in trainer
 """The `launcher:` block's defaults: the settings catalogue's (overlay/toolkit/settings.py)."""
 PLACEHOLDER = "filled-in-by-the-launcher"
 REQUIRED_PLACES = {
-    "model_dir": "--model-dir (or $FLUX2_MODEL_DIR): the folder holding flux2-dev.safetensors and ae.safetensors",
+    "model_dir": "--model-dir (or $FLUX2_MODEL_DIR): the folder holding {transformer} and ae.safetensors",
     "dataset": "--dataset (or $FLUX2_DATASET): the folder of captioned images",
 }
 DEFAULT_TEXT_ENCODER = "mistralai/Mistral-Small-3.1-24B-Instruct-2503"  # the fork's hub id
@@ -157,15 +158,17 @@ def render(preset: Preset, run_dir: Path, tiny_manifest: dict | None = None, pla
 
 def fill_places(process: dict, places: dict, preset_path: Path) -> None:
     """Point one trainer process at the user's model, text encoder and dataset folders."""
+    model = process.setdefault("model", {})
+    klein = KLEIN.get(model.get("arch")) if isinstance(model.get("arch"), str) else None
     for needed, how in REQUIRED_PLACES.items():
         if needed not in places:
-            raise LauncherError(f"{preset_path.name} needs {how}")
-    model = process.setdefault("model", {})
+            transformer = klein.transformer_file if klein else "flux2-dev.safetensors"
+            raise LauncherError(f"{preset_path.name} needs {how.format(transformer=transformer)}")
     model["name_or_path"] = str(places["model_dir"])
     if "text_encoder" in places:
         model["model_kwargs"] = {**(model.get("model_kwargs") or {}), "text_encoder_path": str(places["text_encoder"])}
     elif (model.get("model_kwargs") or {}).get("text_encoder_path") == PLACEHOLDER:
-        model["model_kwargs"]["text_encoder_path"] = DEFAULT_TEXT_ENCODER
+        model["model_kwargs"]["text_encoder_path"] = klein.text_encoder if klein else DEFAULT_TEXT_ENCODER
     for dataset in process.get("datasets", []):
         dataset["folder_path"] = str(places["dataset"])
 

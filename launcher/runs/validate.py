@@ -5,6 +5,7 @@ launcher/runs/dataset.py.)"""
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import LauncherError
@@ -12,6 +13,7 @@ from launcher.patching.lock import find_target
 from launcher.trainer_rules import import_module as overlay_module
 from launcher.progress import say
 from launcher.runs.files import TEXT_ENCODER_RECORD
+from launcher.runs.klein import KLEIN
 
 TRANSFORMER_FILE = "flux2-dev.safetensors"
 VAE_FILE = "ae.safetensors"
@@ -64,23 +66,50 @@ def check_block_counts(path: Path, header: dict, flux2_params: dict) -> None:
                                 f"set flux2_params to the file's shape, or point --model-dir at the model it describes")
 
 
-def check_model_dir(model_dir: Path, full_size: bool, flux2_params: dict | None = None) -> None:
+@dataclass(frozen=True)
+class ModelKind:
+    """What the trainer reads for one arch: the transformer file in the model folder, and the text
+    encoder folder (FLUX.2 [dev]: Mistral3 with its processor; klein: Qwen3 with a tokenizer only)."""
+
+    label: str
+    transformer_file: str
+    encoder: str
+    encoder_snapshot: str
+    encoder_processor: bool
+    encoder_model_type: str | None  # config.json's model_type the trainer's class loads; None: not checked
+
+
+FLUX2_DEV = ModelKind("FLUX.2-dev", TRANSFORMER_FILE, "Mistral3", "mistralai/Mistral-Small-3.1-24B-Instruct-2503",
+                      True, None)
+
+
+def model_kind(arch) -> ModelKind:
+    klein = KLEIN.get(arch) if isinstance(arch, str) else None
+    if klein is None:
+        return FLUX2_DEV
+    return ModelKind(klein.label, klein.transformer_file, "Qwen3", klein.text_encoder, False, "qwen3")
+
+
+def check_model_dir(model_dir: Path, full_size: bool, flux2_params: dict | None = None, arch: str = "flux2") -> None:
+    kind = model_kind(arch)
     if model_dir.exists() and not model_dir.is_dir():
         raise LauncherError(f"model folder {model_dir} is a file, not a folder; pass --model-dir (or FLUX2_MODEL_DIR) "
-                            f"the folder holding {TRANSFORMER_FILE} and {VAE_FILE}")
+                            f"the folder holding {kind.transformer_file} and {VAE_FILE}")
     if not model_dir.is_dir():
         raise LauncherError(
             f"model folder {model_dir} does not exist; pass --model-dir (or FLUX2_MODEL_DIR) pointing at "
-            f"the folder holding {TRANSFORMER_FILE} and {VAE_FILE}"
+            f"the folder holding {kind.transformer_file} and {VAE_FILE}"
         )
-    for name in (TRANSFORMER_FILE, VAE_FILE):
+    for name in (kind.transformer_file, VAE_FILE):
         if not (model_dir / name).is_file():
+            other = (f" (the folder holds {TRANSFORMER_FILE}, FLUX.2 [dev]'s transformer, not {kind.label}'s)"
+                     if name != TRANSFORMER_FILE and (model_dir / TRANSFORMER_FILE).is_file() else "")
             raise LauncherError(
-                f"{model_dir / name} is missing; download {name} from the root of the FLUX.2-dev model "
+                f"{model_dir / name} is missing{other}; download {name} from the root of the {kind.label} model "
                 "repository (the single file, not the diffusers transformer/ folder) into that folder"
             )
         header = safetensors_header(model_dir / name)
-        if name == TRANSFORMER_FILE and isinstance(flux2_params, dict):
+        if name == kind.transformer_file and isinstance(flux2_params, dict):
             check_block_counts(model_dir / name, header, flux2_params)
     if full_size and (model_dir / TRANSFORMER_FILE).stat().st_size < FULL_MODEL_BYTES:
         raise LauncherError(
@@ -89,21 +118,28 @@ def check_model_dir(model_dir: Path, full_size: bool, flux2_params: dict | None 
         )
 
 
-def check_text_encoder(path_or_id: str, text_cache: Path | None = None) -> None:
-    """A local folder with config, processor and complete weight shards, or a hub id already in the
-    local cache, or a folder gone whose prompts the text phase may all have cached (`text_cache`)."""
+def check_text_encoder(path_or_id: str, text_cache: Path | None = None, arch: str = "flux2") -> None:
+    """A local folder with config, tokenizer (and for FLUX.2 [dev] processor) and complete weight
+    shards, or a hub id already in the local cache, or a folder gone whose prompts the text phase
+    may all have cached (`text_cache`)."""
+    kind = model_kind(arch)
     local = Path(path_or_id)
     if local.is_dir():
         missing = [name for name in ("config.json",) if not (local / name).is_file()]
-        if not any((local / name).is_file() for name in ("tokenizer.json", "tekken.json", "tokenizer.model")):
-            missing.append("tokenizer.json (or tekken.json)")
-        if not any((local / name).is_file() for name in ("processor_config.json", "preprocessor_config.json")):
-            missing.append("processor_config.json / preprocessor_config.json")
+        if kind.encoder_processor:
+            if not any((local / name).is_file() for name in ("tokenizer.json", "tekken.json", "tokenizer.model")):
+                missing.append("tokenizer.json (or tekken.json)")
+            if not any((local / name).is_file() for name in ("processor_config.json", "preprocessor_config.json")):
+                missing.append("processor_config.json / preprocessor_config.json")
+        elif not (local / "tokenizer.json").is_file() and not all((local / name).is_file()
+                                                                 for name in ("vocab.json", "merges.txt")):
+            missing.append("tokenizer.json (or vocab.json and merges.txt)")
         if missing:
             raise LauncherError(
-                f"text encoder folder {local} lacks {', '.join(missing)}; it must hold the Mistral3 model "
-                "and its processor (a snapshot of mistralai/Mistral-Small-3.1-24B-Instruct-2503)"
+                f"text encoder folder {local} lacks {', '.join(missing)}; it must hold the {kind.encoder} model "
+                f"and its {'processor' if kind.encoder_processor else 'tokenizer'} (a snapshot of {kind.encoder_snapshot})"
             )
+        check_model_type(local / "config.json", kind)
         check_weight_shards(local)
         return
     if "/" in path_or_id and not local.exists() and _hub_cached(path_or_id):
@@ -114,9 +150,21 @@ def check_text_encoder(path_or_id: str, text_cache: Path | None = None) -> None:
         return
     raise LauncherError(
         f"text encoder {path_or_id!r} is neither a local folder nor in the Hugging Face cache; pass "
-        "--text-encoder (or FLUX2_TEXT_ENCODER) with a local snapshot of "
-        "mistralai/Mistral-Small-3.1-24B-Instruct-2503"
+        f"--text-encoder (or FLUX2_TEXT_ENCODER) with a local snapshot of {kind.encoder_snapshot}"
     )
+
+
+def check_model_type(config: Path, kind: ModelKind) -> None:
+    """The encoder's config.json names the model class the trainer loads for this arch."""
+    if kind.encoder_model_type is None:
+        return
+    try:
+        found = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as error:
+        raise LauncherError(f"{config} is not a model config ({error}); download it again") from None
+    if found != kind.encoder_model_type:
+        raise LauncherError(f"{config} says model_type {found!r}, but {kind.label} reads a {kind.encoder} encoder "
+                            f"({kind.encoder_model_type!r}); pass --text-encoder a snapshot of {kind.encoder_snapshot}")
 
 
 def check_weight_shards(folder: Path) -> None:
