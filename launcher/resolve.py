@@ -30,6 +30,8 @@ class Resolution:
     """The self-test report this launch read (run.json keeps its summary)."""
     planner: memory_plan.Planner
     """The plans this launch made (each card's plan of `run --gpus N` asks it too)."""
+    launch_plans: list[str | None]
+    """Per process, the plan `run` hands the trainer (model_kwargs launch_plan, files.hand_over)."""
 
 
 def resolve_run(config: dict, workdir: Workdir, sampling_setting: str, preset_path: Path) -> Resolution:
@@ -51,7 +53,8 @@ def resolve_run(config: dict, workdir: Workdir, sampling_setting: str, preset_pa
         model = process.get("model") or {}
         model["model_kwargs"] = concrete(model.get("model_kwargs") or {})
     lines = [line for line in (*chosen, sampled, streams, compiled, blas) if line]
-    return Resolution(lines + memory_plan.check_plans(config, preset_path, planner), verdicts, planner)
+    lines += memory_plan.check_plans(config, preset_path, planner)
+    return Resolution(lines, verdicts, planner, memory_plan.launch_plans(config, planner))
 
 
 def last(lines) -> str | None:

@@ -41,6 +41,11 @@ def test_a_launch_reads_the_selftest_once_and_plans_once(places, tmp_path, capsy
     assert model["model_kwargs"]["w4a8_gemm"] == "scaled_mm"
     assert len(reads) == 1, f"selftest.json read {len(reads)} times in one launch"
     assert asks == [16.0], f"the planner was asked {len(asks)} times in one launch: {asks}"
+    # the plan goes to the trainer with the config, with the budget bytes and run shape it was made for
+    ask, handed = planner.handed(model["model_kwargs"]["launch_plan"])
+    assert ask["budget_bytes"] == 15 * 2**30 and (ask["resolution"], ask["batch"], ask["in_flight"]) == (512, 1, 1)
+    process = rendered_config(out)["config"]["process"][0]
+    assert handed.to_json() == memory_plan.plan_for(process).to_json() and handed.streamed()
 
 
 def test_cards_of_one_budget_share_the_launchs_plan(monkeypatch):

@@ -4,11 +4,13 @@ self-test's overlapped-streaming result (serialized unless it passed on a GPU), 
 the numbers when it cannot hold the resident minimum."""
 
 import pytest
+import yaml
 from test_selftest import GPU_RESULT, workdir_with
 from tiny_run import tiny_preset
 
 from launcher import resolve
 from launcher.cli import main
+from launcher.runs import files, resume
 from launcher.selftest.verdict import Verdicts
 
 
@@ -73,3 +75,42 @@ def test_dry_run_prints_the_trainers_plan_and_refuses_a_budget_below_the_minimum
     err = capsys.readouterr().err
     assert str(path) in err and "a VRAM budget of 0.10 MiB cannot hold the resident minimum of 3." in err
     assert "LoRA + optimizer" in err and "vram_budget_gib" in err
+
+
+def budgeted_run(budget_gib=None, **kwargs) -> dict:
+    kwargs = {"memory_plan": "auto", "launch_plan": '{"written": "by hand"}', **kwargs}
+    if budget_gib is not None:
+        kwargs["vram_budget_gib"] = budget_gib
+    process = {"model": {"qtype": "int4_fused", "model_kwargs": kwargs}, "datasets": [{"resolution": [512]}]}
+    return {"job": "extension", "config": {"name": "run", "process": [process]}}
+
+
+def launched(config: dict, workdir, tmp_path) -> dict:
+    """The config as `run` writes it for the trainer: resolved, then handed over."""
+    resolution = resolve.resolve_run(config, workdir, "auto", tmp_path / "p.yaml")
+    files.hand_over(config, {}, {}, resolution.launch_plans)
+    return config
+
+
+def test_run_hands_its_plan_only_where_it_made_one(tmp_path):
+    """A budget's plan replaces whatever launch_plan the preset wrote; without a budget the
+    trainer plans from the VRAM it finds, and no launch_plan goes to it."""
+    workdir = workdir_with(tmp_path, GPU_RESULT)
+    for budget, handed in ((16, True), (None, False)):
+        config = launched(budgeted_run(budget), workdir, tmp_path)
+        kwargs = config["config"]["process"][0]["model"]["model_kwargs"]
+        assert ("launch_plan" in kwargs) == handed
+        assert not handed or kwargs["launch_plan"].startswith(f'{{"ask":{{"batch":1,"budget_bytes":{15 * 2**30},')
+
+
+def test_a_resume_accepts_a_handed_plan_without_a_flag(tmp_path, capsys):
+    """A run trained before `run` handed its plan over resumes with one, and with another
+    plan (another budget), without --accept-changes."""
+    workdir = workdir_with(tmp_path, GPU_RESULT)
+    trained = launched(budgeted_run(16), workdir, tmp_path)
+    del trained["config"]["process"][0]["model"]["model_kwargs"]["launch_plan"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(trained), encoding="utf-8")
+    for budget in (16, 20):
+        config = launched(budgeted_run(budget), workdir, tmp_path)
+        changes = resume.check_changes(tmp_path / "config.yaml", config, accept=False)
+        assert changes == [] and "launch_plan was None, now '{\"ask\"" in capsys.readouterr().out

@@ -115,7 +115,8 @@ def handle(args) -> int:
                            workdir=None if "output" in places else workdir.root)
     run.refuse_foreign()
     if preset.tiny:
-        manifest = tiny.ensure_assets(workdir.assets / "tiny", workdir.trainer, checked_python(workdir))
+        arch = preset.config["config"]["process"][0]["model"].get("arch")
+        manifest = tiny.ensure_for_arch(workdir.assets, arch, workdir.trainer, checked_python(workdir))
         config = render(preset, run.root, tiny_manifest=manifest, places=tiny_places(places))
     else:
         config = render(preset, run.root, places=places)
@@ -127,7 +128,8 @@ def handle(args) -> int:
     env = trainer_env(preset, run, workdir, extra)
     team = plan_ranks(args.gpus or preset.gpus, workdir, env)
     env.update(team.env())
-    files.hand_over(config, handed_over(run, preset, args.profile, team.count), cache_folders(workdir))
+    files.hand_over(config, handed_over(run, preset, args.profile, team.count), cache_folders(workdir),
+                    resolved.launch_plans)
     for line in team.lines + tuple(memory_plan.card_plans(config, team.cards, resolved.planner)):
         say(f"# {line}" if args.dry_run else line)
     if args.dry_run:

@@ -33,12 +33,17 @@ ENV_TEXT_CACHE_DIR = "AITK_TEXT_CACHE_DIR"
 (walls 8, 3-4); the trainer is handed the folders in its config and reads no variable."""
 
 
-def hand_over(config: dict, written: dict, fallbacks: dict) -> None:
+def hand_over(config: dict, written: dict, fallbacks: dict, launch_plans: list | tuple = ()) -> None:
     """What `run` hands the trainer, as model_kwargs settings of every process's config (each marked
     `written_by_run` in overlay/toolkit/settings.py): `written` replaces the preset's value (the run
-    folder's files, the profiler), `fallbacks` fills only what the preset leaves unset (the caches)."""
-    for process in config["config"]["process"]:
+    folder's files, the profiler), `fallbacks` fills only what the preset leaves unset (the caches),
+    and `launch_plans` gives each process the memory plan `run` made for it (launch_plan; none where
+    the entry is None or missing: the trainer plans from the VRAM it finds)."""
+    for index, process in enumerate(config["config"]["process"]):
         if "model" in process:
             kwargs = process["model"].setdefault("model_kwargs", {})
             kwargs.update({name: value for name, value in fallbacks.items() if kwargs.get(name) is None})
             kwargs.update(written)
+            kwargs.pop("launch_plan", None)
+            if index < len(launch_plans) and launch_plans[index] is not None:
+                kwargs["launch_plan"] = launch_plans[index]

@@ -11,7 +11,9 @@ budget. So a preset whose plan streams with such a qtype is refused here, not sh
 trainer would not carry out.
 
 One launch asks the planner once for each budget and run shape (`Planner`): `qtype: auto`, the
-printed plan and each card's plan of `run --gpus N` share the answer.
+printed plan and each card's plan of `run --gpus N` share the answer, and the plan goes to the
+trainer with the config (model_kwargs `launch_plan`, with the budget bytes and run shape it was made
+for), which plans again only where it finds others, and says so.
 """
 
 import json
@@ -118,9 +120,24 @@ def check_plans(config: dict, preset_path: Path, planner: Planner) -> list[str]:
         except trainer_rules.memory_plan().PlanError as error:
             raise LauncherError(f"{preset_path}: {words}: {error}") from None
         refuse_unstreamable(plan.to_json(), model, kwargs, f"{preset_path}: config.process[{index}].model")
-        lines += plan.summary() + ["  (from the preset's vram_budget_gib; the trainer plans again from the "
-                                   "sizes of the loaded blocks)"]
+        lines += plan.summary() + ["  (from the preset's vram_budget_gib, handed to the trainer: it plans again "
+                                   "where it finds other free VRAM or loaded block sizes)"]
     return lines
+
+
+def launch_plans(config: dict, planner: Planner) -> list[str | None]:
+    """Per process, what `run` hands the trainer as model_kwargs launch_plan (files.hand_over): the
+    plan this launch made for its preset budget with what it was made for, from the planner's
+    answers (check_plans asked it); None where the trainer plans from the VRAM it finds."""
+    handed = []
+    for process in config["config"]["process"]:
+        kwargs = (process.get("model") or {}).get("model_kwargs") or {}
+        if not plans(kwargs) or kwargs.get("vram_budget_gib") is None:
+            handed.append(None)
+            continue
+        planned = trainer_rules.memory_plan()
+        handed.append(planned.hand_over(planned.ask_for_budget(*plan_inputs(process)), planner.plan(process)))
+    return handed
 
 
 def refuse_unstreamable(plan: dict, model: dict, kwargs: dict, where: str) -> None:

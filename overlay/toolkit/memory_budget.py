@@ -3,11 +3,13 @@ makes a large GPU behave as the small card, and the plan applied to the loaded t
 
 model_kwargs (toolkit/settings.py): memory_plan, stream_mode, vram_budget_gib (the budget: the
 trainer's allocator is capped there too, with set_per_process_memory_fraction, where CUDA/HIP
-exists) and vram_margin_gib.
+exists), vram_margin_gib, and launch_plan: the plan `run` made for a preset's budget.
 
-The plan is made twice per launch from the same budget: before the transformer loads, from its
-shapes (where each block goes as it is built: LoadPlacement), and after, from the bytes of each
-loaded block. Both are printed; the second is the one carried out and recorded.
+Before the transformer loads, the plan from its shapes decides where each block goes as it is built
+(LoadPlacement): `run`'s plan where the budget bytes and run shape found here are the ones it
+planned for, else a plan made here (saying why). Once loaded, the plan is made again from the bytes
+of each loaded block only where they differ from the ones it assumed (saying so). That plan is
+printed, carried out and recorded.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import torch
 from toolkit import block_streaming, trainer_telemetry
 from toolkit.qtypes import STREAMABLE
 from toolkit.settings import read
-from toolkit.memory_plan import GIB, Flux2Shape, PlanError, flux2_inputs, make_plan
+from toolkit.memory_plan import (GIB, Flux2Shape, PlanError, ask_differences, flux2_inputs, handed, make_plan,
+                                 plan_ask, size)
 
 def run_shape(process) -> dict:
     """Resolution (the largest of the datasets), batch and LoRA rank of a training process."""
@@ -68,12 +71,18 @@ def budget_bytes(model_kwargs: dict, device) -> int | None:
     return room - margin
 
 
+def in_flight(model_kwargs: dict) -> int:
+    return 2 if stream_mode(model_kwargs) == block_streaming.OVERLAPPED else 1
+
+
+def shape_of(params) -> Flux2Shape:
+    return Flux2Shape(params.hidden_size, params.num_heads, params.depth, params.depth_single_blocks,
+                      params.mlp_ratio, params.context_in_dim, params.in_channels)
+
+
 def plan_for(model_kwargs: dict, params, run: dict, budget: int, weight_bytes=None, nonblock_bytes=None):
-    in_flight = 2 if stream_mode(model_kwargs) == block_streaming.OVERLAPPED else 1
-    shape = Flux2Shape(params.hidden_size, params.num_heads, params.depth, params.depth_single_blocks,
-                       params.mlp_ratio, params.context_in_dim, params.in_channels)
-    inputs = flux2_inputs(shape, budget, run["resolution"], run["batch"], run["lora_rank"],
-                          weight_bytes=weight_bytes, nonblock_bytes=nonblock_bytes, in_flight=in_flight)
+    inputs = flux2_inputs(shape_of(params), budget, run["resolution"], run["batch"], run["lora_rank"],
+                          weight_bytes=weight_bytes, nonblock_bytes=nonblock_bytes, in_flight=in_flight(model_kwargs))
     try:
         return make_plan(inputs)
     except PlanError as error:
@@ -168,7 +177,7 @@ def before_load(base_model, params):
         return None
     run = getattr(base_model, "memory_plan_run", None) or {"resolution": 1024, "batch": 1, "lora_rank": 32}
     base_model.memory_plan_budget = (budget, run)
-    plan = plan_for(kwargs, params, run, budget)
+    plan = handed_or_planned(kwargs, params, run, budget)
     if plan.streamed() and base_model.model_config.qtype not in STREAMABLE:
         print(f"memory plan: {len(plan.streamed())} blocks would be streamed at a {budget / GIB:.2f} GiB budget, "
               f"but streaming carries only the qtypes {', '.join(STREAMABLE)} (this run: qtype "
@@ -178,12 +187,37 @@ def before_load(base_model, params):
     return plan
 
 
+def handed_or_planned(kwargs: dict, params, run: dict, budget: int):
+    """The plan `run` handed over (model_kwargs launch_plan) where this process finds the budget
+    bytes and run shape it was made for, else a plan made here, with a line saying why."""
+    text = read(kwargs, "launch_plan")
+    if text is None:
+        return plan_for(kwargs, params, run, budget)
+    found = plan_ask(shape_of(params), budget, run["resolution"], run["batch"], run["lora_rank"], in_flight(kwargs))
+    try:
+        ask, plan = handed(text)
+    except ValueError as error:
+        print(f"memory plan: {error}: planning again", flush=True)
+        return plan_for(kwargs, params, run, budget)
+    if ask == found:
+        return plan
+    print(f"memory plan: {'; '.join(ask_differences(ask, found))} `run` planned for: planning again", flush=True)
+    return plan_for(kwargs, params, run, budget)
+
+
 def after_load(base_model, transformer, params, plan):
-    """Re-plan from the loaded sizes, stream what the plan says, record the plan."""
+    """Re-plan where the loaded sizes differ from the plan's, stream what the plan says, record it."""
     kwargs = base_model.model_config.model_kwargs
     budget, run = base_model.memory_plan_budget
     weights, nonblock = measured(transformer, plan)
-    plan = plan_for(kwargs, params, run, budget, weight_bytes=weights, nonblock_bytes=nonblock)
+    blocks, outside = plan.assumed_sizes()
+    if (weights, nonblock) != (blocks, outside):
+        changed = sum(1 for name, nbytes in weights.items() if blocks.get(name) != nbytes)
+        rest = " and the weights outside them" if nonblock != outside else ""
+        print(f"memory plan: {changed} of {len(weights)} loaded blocks{rest} differ from the sizes planned from the "
+              f"shapes ({size(sum(weights.values()) + nonblock)} loaded, not {size(sum(blocks.values()) + outside)}): "
+              "planning again from the loaded sizes", flush=True)
+        plan = plan_for(kwargs, params, run, budget, weight_bytes=weights, nonblock_bytes=nonblock)
     mode = stream_mode(kwargs)
     block_streaming.install(transformer, plan, base_model.device_torch, mode)
     for line in plan.summary() + ([f"  stream mode: {mode}"] if plan.streamed() else []):

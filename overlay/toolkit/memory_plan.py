@@ -99,6 +99,14 @@ class MemoryPlan:
     def to_json(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_json(cls, data: dict) -> "MemoryPlan":
+        return cls(**{**data, "blocks": [BlockPlan(**block) for block in data["blocks"]]})
+
+    def assumed_sizes(self) -> tuple[dict, int]:
+        """The block and non-block weight bytes the plan was made for (what after_load measures)."""
+        return {b.name: b.weight_bytes for b in self.blocks}, self.fixed_bytes.get("non-block weights", 0)
+
     def summary(self) -> list[str]:
         """Lines for `run --dry-run` and the trainer's log."""
         n = len(self.blocks)
@@ -265,13 +273,69 @@ def flux2_inputs(shape: Flux2Shape, budget_bytes: int, resolution: int, batch: i
     )
 
 
+def budget_bytes_of(budget_gib: float, margin_gib: float) -> int:
+    """The bytes a plan may use under a preset's budget, rounded as the trainer rounds them
+    (toolkit/memory_budget.py budget_bytes, where nothing else holds VRAM)."""
+    return int(float(budget_gib) * GIB) - int(float(margin_gib) * GIB)
+
+
 def plan_for_budget(budget_gib: float, resolution: int, batch: int = 1, rank: int = 32, in_flight: int = 2,
                     flux2_params: dict | None = None, margin_gib: float = DEFAULT_MARGIN_GIB) -> MemoryPlan:
     """The plan from the shapes for a budget in GiB (what `run --dry-run` shows); PlanError when the
     budget cannot hold the resident minimum."""
     shape = Flux2Shape.from_params(flux2_params or {})
-    return make_plan(flux2_inputs(shape, int((budget_gib - margin_gib) * GIB), resolution, batch, rank,
+    return make_plan(flux2_inputs(shape, budget_bytes_of(budget_gib, margin_gib), resolution, batch, rank,
                                   in_flight=in_flight))
+
+
+# ---------------------------------------------------------------- the plan `run` hands the trainer
+
+
+def plan_ask(shape: Flux2Shape, budget_bytes: int, resolution: int, batch: int, lora_rank: int,
+             in_flight: int) -> dict:
+    """Everything a plan from the shapes is made of, besides the planner's own constants: two equal
+    asks get the same plan. `run` hands its ask with its plan; the trainer compares its own."""
+    return {"budget_bytes": int(budget_bytes), "resolution": int(resolution), "batch": int(batch),
+            "lora_rank": int(lora_rank), "in_flight": int(in_flight), "shape": asdict(shape)}
+
+
+def ask_for_budget(budget_gib: float, resolution: int, batch: int = 1, rank: int = 32, in_flight: int = 2,
+                   flux2_params: dict | None = None, margin_gib: float = DEFAULT_MARGIN_GIB) -> dict:
+    """The ask of plan_for_budget with the same arguments."""
+    return plan_ask(Flux2Shape.from_params(flux2_params or {}), budget_bytes_of(budget_gib, margin_gib),
+                    resolution, batch, rank, in_flight)
+
+
+def hand_over(ask: dict, plan: MemoryPlan) -> str:
+    """model_kwargs launch_plan: the plan and its ask as one line of JSON."""
+    return json.dumps({"ask": ask, "plan": plan.to_json()}, separators=(",", ":"), sort_keys=True)
+
+
+def handed(text: str) -> tuple[dict, MemoryPlan]:
+    """The ask and plan of a model_kwargs launch_plan; ValueError naming what is wrong."""
+    try:
+        data = json.loads(text)
+        return data["ask"], MemoryPlan.from_json(data["plan"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"model_kwargs launch_plan is not a plan `python -m launcher run` wrote ({error!r})") from None
+
+
+def ask_differences(planned: dict, found: dict) -> list[str]:
+    """How the ask the trainer finds differs from the one `run` planned for, in words."""
+    words = []
+    for key in [*found, *(key for key in planned if key not in found)]:
+        was, now = planned.get(key), found.get(key)
+        if was == now:
+            continue
+        if key == "budget_bytes" and isinstance(was, int) and isinstance(now, int):
+            shown = (size(now), size(was)) if size(now) != size(was) else (f"{now:,} bytes", f"{was:,}")
+            words.append(f"{shown[0]} found, not the {shown[1]}")
+        elif key == "shape" and isinstance(was, dict) and isinstance(now, dict):
+            words += [f"{name} {now.get(name)} found, not the {was.get(name)}"
+                      for name in sorted(was.keys() | now.keys()) if was.get(name) != now.get(name)]
+        else:
+            words.append(f"{key} {now} found, not the {was}")
+    return words
 
 
 def main(argv: list[str] | None = None) -> int:

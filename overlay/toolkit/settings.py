@@ -164,6 +164,10 @@ CATALOGUE: Dict[str, Setting] = _settings(
         resume_may_change=True),
     _kw("vram_margin_gib", "number", 1.0, "VRAM the plan leaves free (allocator slack)", minimum=0, maximum=1024,
         resume_may_change=True),
+    _kw("launch_plan", "text", None, "the memory plan `run` made for the preset's vram_budget_gib, with the budget "
+        "bytes and run shape it was made for, as one line of JSON: the trainer carries it out where it finds the "
+        "same, else plans again and says so; unset (no vram_budget_gib): the trainer plans from the VRAM free at "
+        "load time", written_by_run=True, resume_may_change=True),
     # wall 11 and the 4-bit kernels
     _kw("compile_blocks", "bool", False, "wall 11: torch.compile each transformer block class (fuses the "
         "elementwise chains around the 4-bit matmuls)", auto=RUN, resume_may_change=True),

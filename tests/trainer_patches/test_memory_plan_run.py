@@ -1,11 +1,14 @@
 """`python -m launcher run` of the tiny FLUX.2 under a memory plan, on the CPU: a budget that
 keeps every block resident, then one so small both blocks are streamed from host memory. The streamed run's loss matches the resident
-run's step for step; the plan lands in run.json and the telemetry rows carry the bytes streamed."""
+run's step for step; the plan lands in run.json and the telemetry rows carry the bytes streamed. The
+trainer carries out the plan `run` hands it (model_kwargs launch_plan) before the load: on the CPU it
+finds the budget and run shape `run` planned for."""
 
 import json
 import re
 
 import pytest
+import yaml
 from conftest import launch_env, launcher_python
 from tiny_run import RUN_NAME, run_tiny, tiny_preset
 
@@ -31,6 +34,9 @@ def run(workdir, tmp, budget_gib):
     result = run_tiny(workdir, path, tmp / "out", python=launcher_python(), env=launch_env(tmp / "caches"))
     assert result.returncode == 0, result.stdout[-8000:]
     folder = tmp / "out" / RUN_NAME
+    kwargs = yaml.safe_load((folder / "config.yaml").read_text())["config"]["process"][0]["model"]["model_kwargs"]
+    assert kwargs["launch_plan"].startswith('{"ask":')
+    assert "`run` planned for" not in (folder / "train.log").read_text(errors="replace")
     metadata = json.loads((folder / RUN_NAME / "run.json").read_text())
     rows = [json.loads(line) for line in (folder / "trainer-telemetry.jsonl").read_text().splitlines()]
     return folder, metadata["memory_plan"], rows
