@@ -43,6 +43,7 @@ WHAT = {
     "klein9b_512": "FLUX.2 klein 9B (target upstream-main): as `klein4b_512.yaml`",
     "klein9b_amd_512": "as `klein9b_512.yaml` on ROCm, blocks quantized on the CPU, watchdog on",
     "tiny": "the embedded tiny FLUX.2: 2 steps, used by the tests",
+    "tiny_klein": "the embedded tiny FLUX.2 klein 4B (target upstream-main): 2 steps, used by the tests",
 }
 """The README's preset table, in its order: what each shipped preset is (its card column is the preset's label)."""
 
