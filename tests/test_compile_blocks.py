@@ -144,5 +144,6 @@ def test_the_selftest_prints_the_check_and_what_auto_does():
 
 def test_every_full_size_preset_lets_the_selftest_decide():
     for path in sorted(PRESETS_DIR.glob("*.yaml")):
-        kwargs = load_preset(path.stem).config["config"]["process"][0]["model"].get("model_kwargs") or {}
-        assert kwargs.get("compile_blocks") == ("auto" if path.stem != "tiny" else None), path.name
+        preset = load_preset(path.stem)
+        kwargs = preset.config["config"]["process"][0]["model"].get("model_kwargs") or {}
+        assert kwargs.get("compile_blocks") == (None if preset.settings["tiny"] else "auto"), path.name
