@@ -1,10 +1,13 @@
-"""A ComfyUI workflow for a trained LoRA, built from ComfyUI's own FLUX.2 [dev] template.
+"""A ComfyUI workflow for a trained LoRA, built from ComfyUI's own FLUX.2 template for the run's model.
 
-No node graph is written here: the official template `image_flux2_text_to_image` (package
-`comfyui-workflow-templates-json`, the template library ComfyUI itself ships) is loaded and
-edited. A copy of the template's own `LoraLoaderModelOnly` node goes between the model loader
-and everything the loader fed (the guider path, and the template's optional turbo-LoRA branch);
-the prompt, a fixed seed and an output prefix are set. Two forms come out:
+No node graph is written here: an official template (package `comfyui-workflow-templates-json`,
+the template library ComfyUI itself ships; which one a run gets: launcher/comfy/templates.py) is
+loaded and edited. Where the template offers several subgraphs (klein 4B: base and distilled),
+only the one named is kept. A `LoraLoaderModelOnly` node (a copy of the template's own, or one
+built the way ComfyUI saves it where the template has none) goes between the model loader and
+everything the loader fed (the guider path, and the [dev] template's optional turbo-LoRA branch);
+the prompt, a fixed seed and an output prefix are set, where a subgraph exposes them also on the
+node that feeds them from outside. Two forms come out:
 
 - UI format (what ComfyUI saves): drag it onto the canvas; layout and subgraph as in the template.
 - API format (`POST /prompt`): the same graph flattened, widget values named, the template's
@@ -24,12 +27,18 @@ from launcher.errors import LauncherError
 
 TEMPLATE_PACKAGE = "comfyui_workflow_templates_json"
 TEMPLATE = "image_flux2_text_to_image"
+"""The FLUX.2 [dev] text-to-image template, the default."""
 SEED = 42
 MODEL_LOADER = "UNETLoader"
 LORA_LOADER = "LoraLoaderModelOnly"
 CONTROL = "control_after_generate"
 """The frontend-only widget after a seed: what to do with it after each run."""
+PROMPT_TITLE = "Positive Prompt"
+"""How the templates title the text encoder of the prompt (the klein ones also have a negative one)."""
 WIDGETS = {
+    # ComfyUI's node definitions, e.g. https://github.com/comfyanonymous/ComfyUI/blob/master/nodes.py,
+    # https://github.com/comfyanonymous/ComfyUI/blob/master/comfy_extras/nodes_custom_sampler.py,
+    # https://github.com/comfyanonymous/ComfyUI/blob/master/comfy_extras/nodes_primitive.py
     "UNETLoader": ("unet_name", "weight_dtype"),
     "CLIPLoader": ("clip_name", "type", "device"),
     "VAELoader": ("vae_name",),
@@ -43,7 +52,10 @@ WIDGETS = {
     "SaveImage": ("filename_prefix",),
     "PrimitiveInt": ("value", CONTROL),
     "PrimitiveBoolean": ("value",),
+    "PrimitiveStringMultiline": ("value",),
     "ComfySwitchNode": ("switch",),
+    "CFGGuider": ("cfg",),
+    "ConditioningZeroOut": (),
     "BasicGuider": (),
     "SamplerCustomAdvanced": (),
     "VAEDecode": (),
@@ -66,21 +78,27 @@ class Workflow:
     every loader's file when the canvas queues, both sides of a switch included, so they must exist."""
 
 
-def load_template() -> dict:
+def load_template(name: str = TEMPLATE) -> dict:
     try:
-        folder = importlib.resources.files(TEMPLATE_PACKAGE) / "templates"
+        path = importlib.resources.files(TEMPLATE_PACKAGE) / "templates" / f"{name}.json"
     except ModuleNotFoundError:
         raise LauncherError(
             "ComfyUI's templates package is not installed: run `pip install -e .` in the project folder"
         ) from None
-    return json.loads((folder / f"{TEMPLATE}.json").read_text(encoding="utf-8"))
+    if not path.is_file():
+        raise LauncherError(f"ComfyUI's templates package has no template {name}: it is not the pinned version; "
+                            "run `pip install -e .` in the project folder")
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
-def build(template: dict, lora_name: str, prompt: str, output_prefix: str) -> Workflow:
-    """The template with this LoRA, prompt and a fixed seed, in both formats, checked against the template."""
+def build(template: dict, lora_name: str, prompt: str, output_prefix: str, subgraph: str | None = None) -> Workflow:
+    """The template (only its subgraph named `subgraph`, where given) with this LoRA, prompt and a fixed
+    seed, in both formats, checked against the template."""
     ui = copy.deepcopy(template)
+    if subgraph is not None:
+        keep_subgraph(ui, subgraph)
     insert_lora(ui, lora_name)
-    set_widget(ui, "CLIPTextEncode", "text", prompt)
+    set_widget(ui, "CLIPTextEncode", "text", prompt, titled=PROMPT_TITLE)
     set_widget(ui, "RandomNoise", "noise_seed", SEED)
     set_widget(ui, "RandomNoise", CONTROL, "fixed")
     set_widget(ui, "SaveImage", "filename_prefix", output_prefix)
@@ -107,27 +125,86 @@ def links_of(graph: dict) -> dict[int, dict]:
     return found
 
 
-def only_node(ui: dict, node_type: str) -> tuple[dict, dict]:
-    """(graph, node) of the one node of a type; the template must have exactly one."""
-    found = [(graph, node) for graph in graphs(ui) for node in graph["nodes"] if node["type"] == node_type]
+def only_node(ui: dict, node_type: str, titled: str = "") -> tuple[dict, dict]:
+    """(graph, node) of the one node of a type (whose title holds `titled`); the template must have exactly one."""
+    found = [(graph, node) for graph in graphs(ui) for node in graph["nodes"]
+             if node["type"] == node_type and titled in node.get("title", "")]
     if len(found) != 1:
         raise LauncherError(
-            f"the ComfyUI template {TEMPLATE} has {len(found)} {node_type} nodes where one was expected: "
-            "the templates package is not the pinned version; run `pip install -e .` again"
+            f"the ComfyUI template has {len(found)} {node_type} nodes{f' titled {titled!r}' if titled else ''} "
+            "where one was expected: the templates package is not the pinned version; run `pip install -e .` again"
         )
     return found[0]
 
 
-def set_widget(ui: dict, node_type: str, name: str, value) -> None:
-    _, node = only_node(ui, node_type)
+def set_widget(ui: dict, node_type: str, name: str, value, titled: str = "") -> None:
+    graph, node = only_node(ui, node_type, titled)
     node["widgets_values"][WIDGETS[node_type].index(name)] = value
+    _set_from_outside(ui, graph, node, name, value)
+
+
+def _set_from_outside(ui: dict, graph: dict, node: dict, name: str, value) -> None:
+    """Where the widget is a subgraph input, the value the subgraph node gives it wins in ComfyUI: set
+    there too, on the node linked to that input (a primitive) or the subgraph node's own widget value."""
+    socket = next((s for s in node.get("inputs", []) if s["name"] == name and s.get("link") is not None), None)
+    link = links_of(graph)[socket["link"]] if socket and graph is not ui else None
+    if link is None or link["origin_id"] != SUBGRAPH_INPUT:
+        return
+    slot = link["origin_slot"]
+    for instance in (n for n in ui["nodes"] if n["type"] == graph["id"]):
+        outer = next((s for s in instance.get("inputs", []) if s["name"] == graph["inputs"][slot]["name"]), {})
+        if outer.get("link") is not None:
+            feeder = next(n for n in ui["nodes"] if n["id"] == links_of(ui)[outer["link"]]["origin_id"])
+            if "value" not in WIDGETS.get(feeder["type"], ()):
+                raise LauncherError(f"the ComfyUI template feeds {name} from a {feeder['type']} node, where the launcher "
+                                    "expects a primitive: the templates package is not the pinned version")
+            feeder["widgets_values"][WIDGETS[feeder["type"]].index("value")] = value
+        elif len(instance.get("widgets_values") or []) == len(graph["inputs"]):  # one value per subgraph input
+            instance["widgets_values"][slot] = value
+
+
+def keep_subgraph(ui: dict, name: str) -> None:
+    """Only the subgraph named `name` (e.g. klein base where the template also has klein distilled): the
+    other subgraphs, their nodes on the top level and the nodes only they fed (their SaveImage) go."""
+    subgraphs = graphs(ui)[1:]
+    kept = [graph for graph in subgraphs if graph.get("name") == name]
+    if len(kept) != 1:
+        raise LauncherError(f"the ComfyUI template has no subgraph named {name!r} (it has "
+                            f"{', '.join(repr(g.get('name')) for g in subgraphs)}): the templates package is not "
+                            "the pinned version; run `pip install -e .` again")
+    links = links_of(ui)
+    dropped = {graph["id"] for graph in subgraphs} - {kept[0]["id"]}
+    gone = {node["id"] for node in ui["nodes"] if node["type"] in dropped}
+    gone |= {node["id"] for node in ui["nodes"] if _fed_only_by(node, gone, links)}
+    cut = {i for i, link in links.items() if link["origin_id"] in gone or link["target_id"] in gone}
+    ui["nodes"] = [node for node in ui["nodes"] if node["id"] not in gone]
+    for node in ui["nodes"]:
+        for output in node.get("outputs", []):
+            if output.get("links"):
+                output["links"] = [i for i in output["links"] if i not in cut]
+    _write_links(ui, {i: link for i, link in links.items() if i not in cut})
+    ui["definitions"]["subgraphs"] = kept
+
+
+def _fed_only_by(node: dict, origins: set[int], links: dict[int, dict]) -> bool:
+    fed_by = [links[socket["link"]]["origin_id"] for socket in node.get("inputs", []) if socket.get("link") is not None]
+    return bool(fed_by) and set(fed_by) <= origins
+
+
+def new_lora_node() -> dict:
+    """A LoraLoaderModelOnly as ComfyUI's frontend saves one, for a template without one to copy: widgets in
+    the order of its definition (lora_name, strength_model; nodes.py in ComfyUI, see WIDGETS), model linked."""
+    return {"id": 0, "type": LORA_LOADER, "pos": [0, 0], "size": [300, 82], "flags": {}, "order": 0, "mode": 0,
+            "inputs": [{"localized_name": "model", "name": "model", "type": "MODEL", "link": None}],
+            "outputs": [{"localized_name": "MODEL", "name": "MODEL", "type": "MODEL", "links": []}],
+            "properties": {"Node name for S&R": LORA_LOADER}, "widgets_values": [None, 1.0]}
 
 
 def insert_lora(ui: dict, lora_name: str) -> None:
-    """A copy of the template's LoRA node, fed by the model loader, feeding what the loader fed."""
+    """A LoRA node (a copy of the template's, else a new one), fed by the model loader, feeding what the loader fed."""
     graph, loader = only_node(ui, MODEL_LOADER)
-    _, template_lora = only_node(ui, LORA_LOADER)
-    node = copy.deepcopy(template_lora)
+    has_lora = any(node["type"] == LORA_LOADER for g in graphs(ui) for node in g["nodes"])
+    node = copy.deepcopy(only_node(ui, LORA_LOADER)[1]) if has_lora else new_lora_node()
     node_id = _next_id(ui, graph, "lastNodeId", "last_node_id", max(n["id"] for g in graphs(ui) for n in g["nodes"]))
     node.update(id=node_id, title="LoRA of this run", widgets_values=[lora_name, 1.0],
                 pos=[loader["pos"][0], loader["pos"][1] - node["size"][1] - 120])  # above the loader, clear of it
@@ -193,7 +270,7 @@ def _api_node(node: dict, ui: dict, graph: dict, instance: dict | None) -> dict:
     names = WIDGETS.get(node["type"])
     if names is None:
         raise LauncherError(
-            f"the ComfyUI template {TEMPLATE} uses node type {node['type']}, which the launcher cannot write "
+            f"the ComfyUI template uses node type {node['type']}, which the launcher cannot write "
             "in the API format: the templates package is not the pinned version; run `pip install -e .` again"
         )
     values = node.get("widgets_values") or []
@@ -296,16 +373,19 @@ def check_against_template(ui: dict, api: dict, template: dict) -> list[str]:
 
 def template_nodes(template: dict) -> dict[str, dict]:
     """{node type: input names, input names that are widgets, sockets always linked, widget count}."""
+    nodes = [node for graph in graphs(template) for node in graph["nodes"]]
+    if not any(node["type"] == LORA_LOADER for node in nodes):
+        lora = new_lora_node()  # what insert_lora adds to this template, linked as it links it
+        nodes.append({**lora, "inputs": [{**socket, "link": 0} for socket in lora["inputs"]]})
     known: dict[str, dict] = {}
-    for graph in graphs(template):
-        for node in graph["nodes"]:
-            spec = known.setdefault(node["type"], {"inputs": set(), "widget_inputs": set(), "linked": None,
-                                                   "widgets": _widget_count(node)})
-            sockets = node.get("inputs", [])
-            spec["inputs"] |= {socket["name"] for socket in sockets}
-            spec["widget_inputs"] |= {socket["name"] for socket in sockets if "widget" in socket}
-            linked = {socket["name"] for socket in sockets if "widget" not in socket and socket.get("link") is not None}
-            spec["linked"] = linked if spec["linked"] is None else spec["linked"] & linked
+    for node in nodes:
+        spec = known.setdefault(node["type"], {"inputs": set(), "widget_inputs": set(), "linked": None,
+                                               "widgets": _widget_count(node)})
+        sockets = node.get("inputs", [])
+        spec["inputs"] |= {socket["name"] for socket in sockets}
+        spec["widget_inputs"] |= {socket["name"] for socket in sockets if "widget" in socket}
+        linked = {socket["name"] for socket in sockets if "widget" not in socket and socket.get("link") is not None}
+        spec["linked"] = linked if spec["linked"] is None else spec["linked"] & linked
     return known
 
 

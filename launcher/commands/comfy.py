@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from launcher.atomic import write_text_atomic
-from launcher.comfy import folder, lora_check, workflow
+from launcher.comfy import folder, lora_check, templates, workflow
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir
 from launcher.errors import LauncherError
 from launcher.nofollow import refuse_links
@@ -58,17 +58,23 @@ def handle(args) -> int:
     prompt = args.prompt or caption_prompt(config)
     if not prompt:
         raise LauncherError(f"no caption found in the dataset named by {run.config}; pass --prompt \"...\"")
-    base = lora_check.base_checkpoint(process["model"]["name_or_path"], process["model"].get("arch"))
+    arch = process["model"].get("arch")
+    base = lora_check.base_checkpoint(process["model"]["name_or_path"], arch)
     summary = lora_check.check_lora(lora, base)
     say(f"LoRA check: {lora.name}: {summary.modules} Linear modules, {summary.tensors} tensors, rank "
         f"{'/'.join(map(str, summary.ranks))}; every tensor is one ComfyUI's FLUX.2 loader matches")
-    built = workflow.build(workflow.load_template(), lora.name, prompt, f"{OUTPUT_PREFIX}/{lora.stem}")
+    template = templates.template_for(arch)  # FLUX.2 [dev]'s, or the klein size's base-model subgraph
+    built = workflow.build(workflow.load_template(template.name), lora.name, prompt, f"{OUTPUT_PREFIX}/{lora.stem}",
+                           template.subgraph)
     if comfy_dir is not None:
         placed = folder.place_lora(lora, comfy_dir, link=args.link, force=args.force)
         say(f"LoRA in place: {placed}")
     write_workflows(run, lora, built)
     say(f"prompt: {prompt}")
     report_models(built.models, comfy_dir)
+    note = templates.base_model_note(template, built.models, base, comfy_dir)
+    if note:
+        say(note)
     report_canvas_models(built.canvas_models, comfy_dir)
     return 0
 
