@@ -379,9 +379,11 @@ def test_a_flag_a_command_does_not_take_is_caught():
                      "README.md:5: `python -m launcher nonsense`: no such command"], found
 
 
-def test_a_patch_number_a_count_and_a_slug_that_do_not_exist_are_caught():
-    last, fork_last = len(SERIES["upstream-main"]), len(SERIES["amd-fork"])
-    assert fork_last > last  # a number the fork has and upstream main has not
+def test_a_patch_number_a_count_and_a_slug_that_do_not_exist_are_caught(monkeypatch):
+    fork, last = SERIES["amd-fork"], len(SERIES["upstream-main"])
+    # a number the fork has and upstream main has not, whatever the two series' lengths are now
+    monkeypatch.setitem(SERIES, "amd-fork", fork + [f"00{n:02d}-more" for n in range(len(fork) + 1, last + 2)])
+    fork_last = len(SERIES["amd-fork"])
     text = (f"amd-fork 00{fork_last:02d} and upstream-main 00{last:02d} exist; upstream-main 00{last + 1:02d} does not,\n"
             "nor patch 0099, nor `0003-flux2-no-such-patch.patch`, nor patch `no-such-slug`.\n"
             f"The series has 11 patches.\n\n## On upstream main\n\nHere 00{fork_last:02d} is upstream's.\n")

@@ -1,16 +1,19 @@
 """The tiny FLUX.2 klein 4B trained end to end through `python -m launcher run tiny_klein` on the
 target that has klein (upstream-main): its Qwen3 encoder comes from the run's text_encoder_path
-(an empty Hugging Face cache and HF_HUB_OFFLINE, so the class's hub id could not serve it), the
-LoRA loads on klein's own checkpoint as ComfyUI maps it, and a relaunch finds the quantized
-transformer and every prompt's embedding cached and trains the same first step."""
+(an empty Hugging Face cache and HF_HUB_OFFLINE, so the class's hub id could not serve it),
+streamed layer by layer by the text phase, or loaded whole with `streamed_text_encoder: false`;
+the LoRA loads on klein's own checkpoint as ComfyUI maps it, and a relaunch with the encoder
+folder moved away finds the quantized transformer and every prompt's embedding cached and trains
+the same first step."""
 
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 from conftest import private_workdir
-from tiny_run import run_tiny
+from tiny_run import run_tiny, tiny_preset
 
 from launcher.comfy import lora_check
 from launcher.in_trainer import tiny_assets
@@ -39,7 +42,8 @@ def cached_embeddings(assets: Path) -> dict[Path, int]:
 
 @pytest.fixture(scope="module")
 def launches(klein_workdir, tmp_path_factory):
-    """Two launches in fresh output folders: the first builds the assets and both caches."""
+    """Launches in fresh output folders: the first builds the assets and both caches, the second
+    runs with the encoder folder moved away, the third loads the encoder whole."""
     root = tmp_path_factory.mktemp("klein-runs")
     env = {key: value for key, value in os.environ.items() if not key.startswith("AITK_")}
     env["HF_HUB_CACHE"] = str(root / "empty-hub")
@@ -47,18 +51,35 @@ def launches(klein_workdir, tmp_path_factory):
     assert first.returncode == 0, first.stdout[-6000:]
     assets = klein_workdir.assets / tiny.FOLDERS[ARCH]
     embeddings = cached_embeddings(assets)
-    second = run_tiny(klein_workdir.root, TINY_KLEIN, root / "second", env=env)
+    encoder, away = assets / tiny_assets.KLEIN_TEXT_ENCODER_DIR, root / "qwen3-moved-away"
+    shutil.move(encoder, away)
+    try:
+        second = run_tiny(klein_workdir.root, TINY_KLEIN, root / "second", env=env)
+    finally:
+        shutil.move(away, encoder)
     assert second.returncode == 0, second.stdout[-6000:]
-    return {"first": first.stdout, "second": second.stdout, "root": root, "assets": assets,
-            "embeddings": embeddings, "hub": root / "empty-hub"}
+    embeddings_again = cached_embeddings(assets)
+    whole = tiny_preset(root / "whole.yaml", name=RUN, model={"arch": ARCH, "model_kwargs": {"streamed_text_encoder": False}})
+    third = run_tiny(klein_workdir.root, whole, root / "whole", env=env)
+    assert third.returncode == 0, third.stdout[-6000:]
+    return {"first": first.stdout, "second": second.stdout, "whole": third.stdout, "root": root, "assets": assets,
+            "embeddings": embeddings, "embeddings_again": embeddings_again, "hub": root / "empty-hub"}
 
 
-def test_the_tiny_klein_trains_its_own_qwen3_folder_offline(launches):
+def test_the_text_phase_streams_the_tiny_klein_s_own_qwen3_folder_offline(launches):
     log, assets = launches["first"], launches["assets"]
     assert f"text_encoder_path: {assets / tiny_assets.KLEIN_TEXT_ENCODER_DIR}" in log.replace('"', "").replace(",", "")
-    assert "Loading Qwen3" in log and "Loading Mistral" not in log
+    assert re.search(r"text phase: \d+ prompt\(s\), 0 cached", log)
+    assert log.index("text phase: done") < log.index("Loading transformer")
+    assert "Loading Qwen3" not in log and "Loading Mistral" not in log
     assert not list(launches["hub"].glob("models--*")), "nothing came from the hub"
     assert (launches["root"] / "first" / RUN / RUN / f"{RUN}.safetensors").is_file()
+
+
+def test_without_the_text_phase_the_whole_qwen3_loads_from_text_encoder_path(launches):
+    log = launches["whole"]
+    assert "Loading Qwen3" in log and "Quantizing Qwen3" in log and "text phase: done" not in log
+    assert not list(launches["hub"].glob("models--*")), "nothing came from the hub"
 
 
 def test_the_klein_lora_fits_klein_s_checkpoint_as_comfyui_loads_it(launches):
@@ -70,16 +91,11 @@ def test_the_klein_lora_fits_klein_s_checkpoint_as_comfyui_loads_it(launches):
     assert summary.modules == int(made.group(1)) > 0 and summary.ranks == (4,)
 
 
-def test_a_relaunch_finds_the_quantized_transformer_and_the_text_embeddings(launches):
+def test_a_relaunch_without_the_encoder_folder_finds_both_caches_and_trains_the_same(launches):
     first, second = launches["first"], launches["second"]
     assert "quantized cache] wrote" in first and "Loaded quantized transformer from cache" in second
     assert "quantizing block by block" not in second
-    embeddings = launches["embeddings"]
-    assert embeddings and cached_embeddings(launches["assets"]) == embeddings, "no embedding was written again"
+    assert "every prompt is cached; the text encoder is not opened" in second and "Loading Qwen3" not in second
     assert FIRST_LOSS.search(first).group(1) == FIRST_LOSS.search(second).group(1)
-
-
-def test_the_relaunch_still_opens_the_qwen3_encoder(launches):
-    """The text phase streams only the Mistral encoder: klein's Qwen3 loads whole at every launch,
-    though every embedding is cached (the dataset's per-caption cache serves them)."""
-    assert "Loading Qwen3" in launches["second"]
+    assert launches["embeddings"] and launches["embeddings_again"] == launches["embeddings"], \
+        "no per-caption embedding was written again"

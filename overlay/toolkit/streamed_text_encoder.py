@@ -1,4 +1,5 @@
-"""The FLUX.2 text encoder (Mistral3) run one decoder layer at a time from its safetensors shards.
+"""The FLUX.2 text encoder (Mistral3; klein's Qwen3) run one decoder layer at a time from its
+safetensors shards.
 
 FLUX.2 reads three hidden states of the 24B Mistral encoder (after layers 10, 20 and 30 of
 40). Loading it whole costs ~48 GB of host RAM in bf16 (and ~12 GB of VRAM after a 4-bit
@@ -10,7 +11,9 @@ stays near one layer plus the group's hidden states; VRAM near one layer plus ac
 
 The layer, mask and rotary code are transformers' own (MistralDecoderLayer, its causal-mask
 builders, MistralRotaryEmbedding), called the way MistralModel.forward calls them, so the
-numbers are those of `Mistral3ForConditionalGeneration(..., output_hidden_states=True)`.
+numbers are those of `Mistral3ForConditionalGeneration(..., output_hidden_states=True)`. FLUX.2
+klein's Qwen3 encoder (hidden states 9, 18 and 27) goes the same way with transformers' Qwen3
+classes (FAMILIES), tokenized as klein's pipeline does: chat template as text, then the tokenizer.
 
 open_encoder() validates the folder (config, index, every shard's header, every needed
 tensor) before any long work, so a missing or truncated shard is named up front.
@@ -21,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -38,13 +41,39 @@ LANGUAGE_MODEL_PREFIXES = ("model.language_model.model.", "language_model.model.
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
     "tekken.json", "chat_template.jinja", "chat_template.json", "processor_config.json",
-    "preprocessor_config.json",
+    "preprocessor_config.json", "vocab.json", "merges.txt",
 )
 LAYER_TENSORS = (
     "input_layernorm.weight", "post_attention_layernorm.weight",
     "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
     "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
 )
+
+
+@dataclass(frozen=True)
+class EncoderFamily:
+    """A language model the text phase can stream: transformers' classes for it, and its files."""
+
+    model_type: str  # the text config's model_type
+    module: str  # transformers.models.<module>.modeling_<module>
+    classes: str  # the class-name prefix there (<classes>DecoderLayer, RotaryEmbedding, RMSNorm)
+    layer_tensors: Tuple[str, ...]
+    tokenizer: Optional[str]  # a transformers tokenizer class; None: the folder's processor
+    rotary_in_compute_dtype: bool  # the whole-encoder load casts the rotary buffer too
+
+    def modeling(self, name: str):
+        import importlib
+
+        module = importlib.import_module(f"transformers.models.{self.module}.modeling_{self.module}")
+        return getattr(module, self.classes + name)
+
+
+FAMILIES = {
+    "mistral": EncoderFamily("mistral", "mistral", "Mistral", LAYER_TENSORS, None, True),
+    # klein loads Qwen3ForCausalLM with its dtype and never casts it again (flux2_klein_model.py)
+    "qwen3": EncoderFamily("qwen3", "qwen3", "Qwen3", LAYER_TENSORS + ("self_attn.q_norm.weight", "self_attn.k_norm.weight"),
+                           "Qwen2Tokenizer", False),
+}
 
 
 class TextEncoderFolderError(ValueError):
@@ -58,14 +87,16 @@ class PromptTemplate:
     format_messages: Callable[[List[str]], list]  # the pipeline's chat messages for prompts
     max_length: int
     hidden_layers: Tuple[int, ...]  # indices into output.hidden_states (0 = embeddings)
+    chat_options: dict = field(default_factory=dict)  # apply_chat_template's options (klein's Qwen)
 
     def key(self) -> dict:
         """What the template contributes to an embedding's cache key."""
-        return {
+        key = {
             "messages": self.format_messages(["\u0000prompt\u0000"]),
             "max_length": self.max_length,
             "hidden_layers": list(self.hidden_layers),
         }
+        return {**key, "chat_options": self.chat_options} if self.chat_options else key
 
 
 @dataclass(frozen=True)
@@ -76,6 +107,7 @@ class EncoderFolder:
     weight_files: Dict[str, Path]  # tensor name -> shard
     prefix: str  # language-model prefix of the tensor names
     headers: Dict[Path, dict]  # shard -> its parsed header, for the identity
+    family: EncoderFamily = FAMILIES["mistral"]
 
     @property
     def hidden_size(self) -> int:
@@ -114,7 +146,7 @@ def _weight_map(folder: Path) -> Dict[str, Path]:
         with StreamedSafetensors(folder / SINGLE_FILE) as st:
             return {name: folder / SINGLE_FILE for name in st.keys()}
     _fail(folder, f"neither {INDEX_FILE} nor {SINGLE_FILE} found", "point text_encoder_path at a "
-          "snapshot of mistralai/Mistral-Small-3.1-24B-Instruct-2503 (safetensors weights)")
+          "snapshot of the model's encoder (safetensors weights)")
 
 
 def _text_config(folder: Path, config: dict):
@@ -125,9 +157,9 @@ def _text_config(folder: Path, config: dict):
     except (OSError, ValueError, KeyError) as e:
         _fail(folder, f"config.json cannot be read ({e})", "download it again")
     text_config = getattr(loaded, "text_config", loaded)
-    if getattr(text_config, "model_type", None) != "mistral":
-        _fail(folder, f"the language model is {getattr(text_config, 'model_type', None)!r}, not mistral",
-              "FLUX.2 needs the Mistral-Small-3.1 encoder")
+    if getattr(text_config, "model_type", None) not in FAMILIES:
+        _fail(folder, f"the language model is {getattr(text_config, 'model_type', None)!r}, not "
+              f"{' or '.join(FAMILIES)}", "FLUX.2 needs the Mistral-Small-3.1 encoder, FLUX.2 klein its Qwen3")
     # from_pretrained's default on torch >= 2.1; the layers then attend with SDPA
     text_config._attn_implementation = "sdpa"
     return text_config
@@ -137,9 +169,10 @@ def open_encoder(folder, deepest_layer: int) -> EncoderFolder:
     """Validate an encoder folder for hidden states up to `deepest_layer`; nothing is loaded."""
     folder = Path(folder)
     if not (folder / "config.json").is_file():
-        _fail(folder, "no config.json", "point text_encoder_path at the Mistral3 model folder")
+        _fail(folder, "no config.json", "point text_encoder_path at the text encoder's model folder")
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     text_config = _text_config(folder, config)
+    family = FAMILIES[text_config.model_type]
     if deepest_layer > text_config.num_hidden_layers:
         _fail(folder, f"the pipeline reads hidden state {deepest_layer} but the encoder has "
               f"{text_config.num_hidden_layers} layers", "use the encoder the model was trained with")
@@ -147,19 +180,19 @@ def open_encoder(folder, deepest_layer: int) -> EncoderFolder:
     prefix = next((p for p in LANGUAGE_MODEL_PREFIXES if p + "embed_tokens.weight" in weight_files), None)
     if prefix is None:
         _fail(folder, "no language-model embed_tokens.weight in the weights", "download the model again")
-    needed = _needed_tensors(prefix, deepest_layer, text_config.num_hidden_layers)
+    needed = _needed_tensors(prefix, deepest_layer, text_config.num_hidden_layers, family.layer_tensors)
     missing = [name for name in needed if name not in weight_files]
     if missing:
         _fail(folder, f"{len(missing)} tensors missing from the weight map (e.g. {missing[:3]})",
               "download the model again")
     headers = _check_shards(folder, {weight_files[name] for name in weight_files}, needed, weight_files)
-    return EncoderFolder(folder, config, text_config, weight_files, prefix, headers)
+    return EncoderFolder(folder, config, text_config, weight_files, prefix, headers, family)
 
 
-def _needed_tensors(prefix: str, deepest_layer: int, num_layers: int) -> List[str]:
+def _needed_tensors(prefix: str, deepest_layer: int, num_layers: int, layer_tensors: Sequence[str]) -> List[str]:
     names = [prefix + "embed_tokens.weight"]
     for index in range(deepest_layer):
-        names += [f"{prefix}layers.{index}.{name}" for name in LAYER_TENSORS]
+        names += [f"{prefix}layers.{index}.{name}" for name in layer_tensors]
     if deepest_layer == num_layers:
         names.append(prefix + "norm.weight")  # the last hidden state is read after the final norm
     return names
@@ -199,7 +232,7 @@ class LayerInputs:
 
 
 class StreamedTextEncoder:
-    """Hidden states of the Mistral encoder, computed one decoder layer at a time."""
+    """Hidden states of the encoder (Mistral, Qwen3), computed one decoder layer at a time."""
 
     def __init__(self, encoder: EncoderFolder, template: PromptTemplate, device,
                  dtype: torch.dtype = torch.bfloat16, micro_batch: int = 8,
@@ -213,16 +246,24 @@ class StreamedTextEncoder:
         self._tokenizer = None
 
     def tokenize(self, prompts: List[str]) -> Tuple[torch.Tensor, torch.Tensor]:
-        """input_ids and attention_mask exactly as the pipeline builds them."""
-        if self._tokenizer is None:
-            from transformers import AutoProcessor
+        """input_ids and attention_mask exactly as the pipeline builds them: Mistral's processor
+        tokenizes the chat itself; klein renders Qwen's chat template as text, then tokenizes it."""
+        import transformers
 
-            self._tokenizer = AutoProcessor.from_pretrained(str(self.encoder.folder))
-        inputs = self._tokenizer.apply_chat_template(
-            self.template.format_messages(prompts), add_generation_prompt=False, tokenize=True,
-            return_dict=True, return_tensors="pt", padding="max_length", truncation=True,
-            max_length=self.template.max_length,
-        )
+        family = self.encoder.family
+        if self._tokenizer is None:
+            loader = getattr(transformers, family.tokenizer or "AutoProcessor")
+            self._tokenizer = loader.from_pretrained(str(self.encoder.folder))
+        padding = {"return_tensors": "pt", "padding": "max_length", "truncation": True,
+                   "max_length": self.template.max_length}
+        messages = self.template.format_messages(prompts)
+        if family.tokenizer is None:
+            inputs = self._tokenizer.apply_chat_template(messages, add_generation_prompt=False, tokenize=True,
+                                                         return_dict=True, **padding)
+        else:
+            texts = [self._tokenizer.apply_chat_template(chat, tokenize=False, **self.template.chat_options)
+                     for chat in messages]
+            inputs = self._tokenizer(texts, **padding)
         return inputs["input_ids"], inputs["attention_mask"]
 
     @torch.no_grad()
@@ -271,13 +312,13 @@ class StreamedTextEncoder:
     def _layer_inputs(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> "LayerInputs":
         """Positions, rotary tables and one causal mask per micro-batch, as MistralModel builds them."""
         from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
-        from transformers.models.mistral.modeling_mistral import MistralRotaryEmbedding
 
         config = self.encoder.text_config
         cache_position = torch.arange(hidden.shape[1], device=self.device)
         positions = cache_position.unsqueeze(0)
-        # the fork moves the whole encoder, rotary buffer included, to the compute dtype
-        rotary = MistralRotaryEmbedding(config=config, device=self.device).to(dtype=self.dtype)
+        rotary = self.encoder.family.modeling("RotaryEmbedding")(config=config, device=self.device)
+        if self.encoder.family.rotary_in_compute_dtype:  # the fork moves the whole encoder, buffer included
+            rotary = rotary.to(dtype=self.dtype)
         make_mask = create_causal_mask if config.sliding_window is None else create_sliding_window_causal_mask
         batches = []
         for start in range(0, hidden.shape[0], self.micro_batch):
@@ -288,22 +329,18 @@ class StreamedTextEncoder:
         return LayerInputs(batches, positions, rotary(hidden, positions))
 
     def _layer(self, files, index: int) -> torch.nn.Module:
-        from transformers.models.mistral.modeling_mistral import MistralDecoderLayer
-
         prefix = f"{self.encoder.prefix}layers.{index}."
         with torch.device("meta"):
-            layer = MistralDecoderLayer(self.encoder.text_config, index)
-        state = self._tensors(files, [prefix + name for name in LAYER_TENSORS])
+            layer = self.encoder.family.modeling("DecoderLayer")(self.encoder.text_config, index)
+        state = self._tensors(files, [prefix + name for name in self.encoder.family.layer_tensors])
         layer.load_state_dict({name[len(prefix):]: t for name, t in state.items()}, assign=True)
         del state
         return layer.to(self.device).eval()
 
     def _final_norm(self, files, hidden: torch.Tensor) -> torch.Tensor:
-        from transformers.models.mistral.modeling_mistral import MistralRMSNorm
-
         config = self.encoder.text_config
         with torch.device("meta"):
-            norm = MistralRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+            norm = self.encoder.family.modeling("RMSNorm")(config.hidden_size, eps=config.rms_norm_eps)
         name = self.encoder.prefix + "norm.weight"
         norm.load_state_dict({"weight": self._tensors(files, [name])[name]}, assign=True)
         return norm.to(self.device)(hidden).cpu()

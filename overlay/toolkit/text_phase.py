@@ -5,8 +5,8 @@ captions, the empty caption of caption dropout, the unconditional prompt, the tr
 the sample prompts. run_prompts() lists them from the trainer's own caption code; the phase
 then takes each from the embedding cache or computes the missing ones with the streamed
 encoder (toolkit/streamed_text_encoder.py), and the model answers encode_prompt() from
-TextEmbeddings instead of a loaded encoder. The 24B encoder is never whole in memory, and a
-relaunch whose prompts are all cached does not open it at all.
+TextEmbeddings instead of a loaded encoder. The 24B encoder (or FLUX.2 klein's Qwen3) is never
+whole in memory, and a relaunch whose prompts are all cached does not open it at all.
 
 Switch: model_kwargs streamed_text_encoder (default true). A run that encodes captions at
 every step (no cache_text_embeddings, no unload_text_encoder) keeps the whole encoder.
@@ -188,7 +188,7 @@ class TextPhase:
         if facts is None:
             raise TextEncoderFolderError(
                 f"text encoder folder {self.encoder_path} not found, and no embedding cache was made "
-                "from it; set model_kwargs text_encoder_path to the Mistral3 model folder")
+                "from it; set model_kwargs text_encoder_path to the text encoder's model folder")
         self._check_width(facts["hidden_size"], f"the embedding cache's record of {self.encoder_path}")
         return facts["identity"]
 
@@ -265,7 +265,7 @@ def resolve_encoder_path(path_or_id: str) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    patterns = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "tekken.json"]
+    patterns = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "tekken.json", "merges.txt"]
     try:
         return Path(snapshot_download(path_or_id, allow_patterns=patterns, local_files_only=True))
     except LocalEntryNotFoundError:  # not cached yet: the whole-encoder path would download it too
