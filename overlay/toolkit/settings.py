@@ -120,7 +120,7 @@ CATALOGUE: Dict[str, Setting] = _settings(
         "kernel from the model_kwargs below), or one of the trainer's (uint4, qfloat8, ...); auto: the self-test's "
         "fastest 4-bit path that fits the card", auto=RUN, resume_may_change=SAME_CODES),
     # where the model and its parts come from
-    _kw("text_encoder_path", "text", None, "the Mistral text encoder folder (set by `run` from --text-encoder)",
+    _kw("text_encoder_path", "text", None, "the text encoder folder: Mistral3, FLUX.2 klein's Qwen3 (set by `run` from --text-encoder)",
         resume_may_change=True),
     _kw("flux2_params", "mapping", None, "the transformer's shape (Flux2Params); unset: FLUX.2 [dev]"),
     _kw("ae_params", "mapping", None, "the autoencoder's shape (AutoEncoderParams); unset: FLUX.2's"),
