@@ -2,7 +2,7 @@
 
 - config keys: the `kwargs.get('key'` of each config class in toolkit/config_modules.py and the
   `get_conf('key'` of the train processes; `model_kwargs` keys: every `model_kwargs.get('key'`
-  in the checkout;
+  and `settings.read(model_kwargs, 'key'` in the checkout;
 - model arches: the `arch = '...'` of each model class in extensions_built_in (a FLUX.2 klein
   preset on a checkout without klein names the target that has it, launcher/runs/klein.py);
 - optimizers, network types, dtypes and job types: the names the trainer's dispatch code
@@ -76,8 +76,10 @@ def model_kwargs_keys(trainer: Path) -> set[str] | None:
         for path in sorted((trainer / folder).rglob("*.py")):
             text = path.read_text(encoding="utf-8", errors="replace")
             if "model_kwargs" in text:
-                # model_kwargs.get("key", ...) in the fork; kwargs.get("key", ...) in modules handed them
+                # model_kwargs.get("key", ...) in the fork; kwargs.get("key", ...) in modules handed them;
+                # settings.read(model_kwargs, "key") where the series reads a setting of the catalogue
                 found |= set(re.findall(r"\b\w*kwargs\.get\(\s*['\"](\w+)['\"]", text))
+                found |= set(re.findall(r"\bsettings\.read\(\s*[\w.]+,\s*['\"](\w+)['\"]", text))
     return found or None
 
 
