@@ -12,12 +12,15 @@ Three steps, each a subcommand:
            assets: the FLUX.2 transformer (about 60 GiB at full depth; --single-blocks fewer)
            and the real VAE shape in --model-dir (a disk), a Mistral3 text encoder of the real
            Mistral-Small-3.1 text shape (44 GiB; --te-mlp narrows its MLP) and a captioned
-           dataset in R/assets (R may be a RAM disk)
+           dataset in R/assets (R may be a RAM disk); --model klein4b or klein9b: FLUX.2 klein's
+           transformer (the trainer's Klein4BParams / Klein9BParams, 7.2 / 17 GiB) and its Qwen3-4B /
+           Qwen3-8B encoder (7.5 / 15 GiB) in their real shapes instead
   launch   (there) one `launcher run` of a preset with the steps cut short, while the trainer's
            host memory is sampled every 0.2 s; one JSON object of figures
 
     python -m bench.fullsize pack --workdir W --image-freeze FREEZE.txt
     python3 -m bench.fullsize prepare --carry .bench-carry --root R
+    python3 -m bench.fullsize prepare --carry .bench-carry --root R --model klein9b
     python3 -m bench.fullsize launch --root R --preset presets/rtx4090_512.yaml --label first --steps 6
 
 FREEZE.txt is `python -m pip list --format=freeze` run with the GPU machine's Python. Random
@@ -65,6 +68,17 @@ WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_24_x86_64", "manylinux_
 TEXT_SHAPE = {"hidden_size": 5120, "num_hidden_layers": 40, "num_attention_heads": 32,
               "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 32768,
               "vocab_size": 131072, "max_position_embeddings": 131072, "rope_theta": 1e9}
+# klein's encoders: the text shapes of config.json of https://huggingface.co/Qwen/Qwen3-8B and
+# https://huggingface.co/Qwen/Qwen3-4B
+QWEN3_SHAPES = {
+    "klein9b": {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
+                "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
+                "rope_theta": 1000000, "rms_norm_eps": 1e-6, "tie_word_embeddings": False},
+    "klein4b": {"hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36, "num_attention_heads": 32,
+                "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
+                "rope_theta": 1000000, "rms_norm_eps": 1e-6, "tie_word_embeddings": True},
+}
+KLEIN_ARCH = {"klein4b": "flux2_klein_4b", "klein9b": "flux2_klein_9b"}
 SHARD_BYTES = 5 * 2**30
 REAL_AE = {"resolution": 256, "in_channels": 3, "ch": 128, "out_ch": 3, "ch_mult": [1, 2, 4, 4],
            "num_res_blocks": 2, "z_channels": 32}
@@ -107,15 +121,16 @@ def pack(args) -> int:
     workdir = Workdir(args.workdir.resolve())
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.trainer_only:
-        pack_site(workdir, args.image_freeze, args.out)
+        pack_site(workdir, args.image_freeze, args.out, args.stub or [])
     pack_trainer(workdir, args.out)
     for name in ("trainer.tar.xz",) if args.trainer_only else ("site.tar.xz", "trainer.tar.xz"):
         print(f"{args.out / name}: {(args.out / name).stat().st_size / 2**20:.1f} MiB", flush=True)
     return 0
 
 
-def pack_site(workdir, image_freeze: Path, out: Path) -> None:
-    """The packages a run imports that the GPU machine lacks, installed for cp312, as one archive."""
+def pack_site(workdir, image_freeze: Path, out: Path, stubs: list[str]) -> None:
+    """The packages a run imports that the GPU machine lacks, installed for cp312, as one archive;
+    each module of `stubs` an importable stand-in instead (stub())."""
     from launcher.envs.workdir import venv_python
 
     python = venv_python(workdir.venv)
@@ -134,6 +149,8 @@ def pack_site(workdir, image_freeze: Path, out: Path) -> None:
             if any(spec.split("==")[0] == name for spec in wanted):
                 copy_installed(dist, site_dir, tree)
         slim(tree)
+        for name in stubs:
+            stub(tree, name)
         write_tar(out / "site.tar.xz", tree, "site")
 
 
@@ -176,6 +193,22 @@ def slim(tree: Path) -> None:
         if "cuda130" not in library.name:
             library.unlink()
     shutil.rmtree(tree / "wandb" / "bin", ignore_errors=True)
+
+
+def stub(tree: Path, module: str) -> None:
+    """Replace a package that a run imports but never calls with a module that says so when used:
+    the trainer's data loader imports PyAV (with its 80 MB of FFmpeg libraries) for video
+    datasets only, and the whole carry to a GPU machine may be limited in size."""
+    for name in (module, f"{module}.libs"):
+        shutil.rmtree(tree / name, ignore_errors=True)
+    (tree / module).mkdir()
+    (tree / module / "__init__.py").write_text(
+        '"""A stand-in packed by bench/fullsize.py (pack --stub): this run never calls the package."""\n\n\n'
+        "def __getattr__(name):\n"
+        "    if name.startswith('__'):\n"
+        "        raise AttributeError(name)\n"
+        f"    raise ImportError(f'{module}.{{name}}: {module} was packed as a stub (bench/fullsize.py pack --stub {module})')\n",
+        encoding="utf-8")
 
 
 def write_tar(path: Path, folder: Path, arcname: str) -> None:
@@ -262,13 +295,40 @@ def build_assets(trainer: Path, out: Path, model_dir: Path, args) -> None:
     from extensions_built_in.diffusion_models.flux2.src.autoencoder import AutoEncoder, AutoEncoderParams
     from extensions_built_in.diffusion_models.flux2.src.model import Flux2, Flux2Params
 
-    transformer = meta_shapes(Flux2, Flux2Params(depth_single_blocks=args.single_blocks))
-    timed("transformer", lambda: write_random_checkpoint(transformer, model_dir / "flux2-dev.safetensors"))
+    if args.model == "flux2":
+        transformer = meta_shapes(Flux2, Flux2Params(depth_single_blocks=args.single_blocks or 48, **args.flux2_shape))
+        timed("transformer", lambda: write_random_checkpoint(transformer, model_dir / "flux2-dev.safetensors"))
+    else:
+        build_klein_transformer(args, model_dir)
     vae = meta_shapes(AutoEncoder, AutoEncoderParams(**REAL_AE))
     timed("vae", lambda: write_random_checkpoint(vae, model_dir / "ae.safetensors"))
-    timed("text encoder", lambda: build_text_encoder(out / tiny_assets.TEXT_ENCODER_DIR,
-                                                     {**TEXT_SHAPE, "intermediate_size": args.te_mlp}))
+    folder = out / tiny_assets.TEXT_ENCODER_DIR
+    if args.model == "flux2":
+        shape = {**TEXT_SHAPE, "intermediate_size": args.te_mlp or TEXT_SHAPE["intermediate_size"], **args.te_shape}
+        timed("text encoder", lambda: build_text_encoder(folder, shape))
+    else:
+        shape = {**QWEN3_SHAPES[args.model], **({"intermediate_size": args.te_mlp} if args.te_mlp else {}), **args.te_shape}
+        timed("text encoder", lambda: build_qwen3_encoder(folder, shape))
     tiny_assets.build_dataset(out, seed=0, size=args.image_size, count=args.images)
+
+
+def build_klein_transformer(args, model_dir: Path) -> None:
+    """klein's transformer from the trainer's own Klein4BParams / Klein9BParams, under the file name
+    the trainer looks for (launcher/runs/klein.py)."""
+    import dataclasses
+
+    from extensions_built_in.diffusion_models.flux2.src import model as flux2_model
+    from extensions_built_in.diffusion_models.flux2.src.model import Flux2
+
+    from launcher.runs.klein import KLEIN
+
+    params = getattr(flux2_model, f"Klein{args.model.removeprefix('klein').upper()}Params")()
+    if args.single_blocks:
+        params = dataclasses.replace(params, depth_single_blocks=args.single_blocks)
+    params = dataclasses.replace(params, **args.flux2_shape)
+    transformer = meta_shapes(Flux2, params)
+    path = model_dir / KLEIN[KLEIN_ARCH[args.model]].transformer_file
+    timed("transformer", lambda: write_random_checkpoint(transformer, path))
 
 
 def meta_shapes(module_class, *params) -> dict:
@@ -289,7 +349,27 @@ def build_text_encoder(folder: Path, shape: dict) -> None:
     tiny_assets.save_processor(folder, tokenizer)
     config = tiny_assets.text_encoder_config(tokenizer, **shape)
     config.save_pretrained(folder)
-    shapes = meta_shapes(Mistral3ForConditionalGeneration, config)
+    write_sharded(folder, meta_shapes(Mistral3ForConditionalGeneration, config))
+
+
+def build_qwen3_encoder(folder: Path, shape: dict) -> None:
+    """A Qwen3ForCausalLM folder of the given shape with the tiny klein's byte-level tokenizer (its
+    token ids stay far below any vocab size), written shard by shard from random tensors."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from launcher.in_trainer import tiny_assets
+
+    tiny_assets.build_qwen3_encoder(folder, seed=0)  # the tokenizer, and the special token ids of its config
+    for path in folder.glob("*.safetensors"):
+        path.unlink()
+    tiny = Qwen3Config.from_pretrained(folder)
+    config = Qwen3Config(**shape, pad_token_id=tiny.pad_token_id, eos_token_id=tiny.eos_token_id)
+    config.save_pretrained(folder)
+    write_sharded(folder, meta_shapes(Qwen3ForCausalLM, config))
+
+
+def write_sharded(folder: Path, shapes: dict) -> None:
+    """Random bf16 tensors of `shapes` as from_pretrained shards of SHARD_BYTES at most, with their index."""
     shards, current, size = [], {}, 0
     for name, tensor_shape in shapes.items():
         nbytes = 2 * math.prod(tensor_shape)
@@ -447,16 +527,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--image-freeze", type=Path, required=True, help="pip freeze of the GPU machine's Python")
     p.add_argument("--out", type=Path, default=Path(".bench-carry"))
     p.add_argument("--trainer-only", action="store_true", help="repack only the checkout")
+    p.add_argument("--stub", nargs="+", metavar="MODULE", help="pack these imported-but-unused packages as stubs "
+                   "(av: only video datasets use it; keeps the carry under a size limit)")
     p.set_defaults(handler=pack)
     p = verbs.add_parser("prepare")
     p.add_argument("--carry", type=Path, default=Path(".bench-carry"))
     p.add_argument("--root", type=Path, required=True)
     p.add_argument("--images", type=int, default=8)
     p.add_argument("--image-size", type=int, default=512, help="pixels per side (1024 for 1024 px runs)")
-    p.add_argument("--single-blocks", type=int, default=48,
-                   help="single-stream blocks of the transformer (48: the full 32B; fewer fits a 64 GiB disk)")
-    p.add_argument("--te-mlp", type=int, default=TEXT_SHAPE["intermediate_size"],
-                   help="the text encoder's MLP width (32768: the real one, 44 GiB; narrower for a small disk)")
+    p.add_argument("--model", choices=("flux2", *KLEIN_ARCH), default="flux2",
+                   help="FLUX.2 [dev] with its Mistral encoder, or FLUX.2 klein 4B / 9B with its Qwen3 encoder")
+    p.add_argument("--single-blocks", type=int,
+                   help="single-stream blocks of the transformer (default: the model's own, 48 for the full 32B; "
+                   "fewer fits a 64 GiB disk)")
+    p.add_argument("--te-mlp", type=int,
+                   help="the text encoder's MLP width (default: the real one, 32768 for Mistral, 44 GiB; narrower "
+                   "for a small disk)")
+    p.add_argument("--flux2-shape", nargs="+", type=shape_item, default=[], metavar="KEY=VALUE",
+                   help="override transformer params (a toy build: hidden_size=128 num_heads=2 ...)")
+    p.add_argument("--te-shape", nargs="+", type=shape_item, default=[], metavar="KEY=VALUE",
+                   help="override the text encoder's config (a toy build: hidden_size=64 num_hidden_layers=27 ...)")
     p.add_argument("--model-dir", type=Path, help="where the transformer and VAE files go (default: ROOT/assets)")
     p.set_defaults(handler=prepare)
     p = verbs.add_parser("launch")
@@ -475,7 +565,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json-out", type=Path)
     p.set_defaults(handler=launch)
     args = parser.parse_args(argv)
+    if args.verb == "prepare":
+        args.flux2_shape, args.te_shape = dict(args.flux2_shape), dict(args.te_shape)
     return args.handler(args)
+
+
+def shape_item(text: str) -> tuple:
+    """KEY=VALUE with a YAML value (64, [8, 8, 8, 8])."""
+    import yaml
+
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r}: give KEY=VALUE, e.g. hidden_size=64")
+    return key, yaml.safe_load(value)
 
 
 if __name__ == "__main__":
