@@ -1,12 +1,10 @@
 """A FLUX.2 klein LoRA is checked as ComfyUI loads it: against klein's own checkpoint, the one the
 trainer read from the run's model folder, so a LoRA of FLUX.2 [dev] is named as not fitting."""
 
-import json
-import math
-import struct
 from pathlib import Path
 
 import pytest
+from test_comfy import write_safetensors
 
 from launcher.comfy import lora_check
 from launcher.errors import LauncherError
@@ -19,18 +17,6 @@ def linear_shapes(hidden: int) -> dict[str, list[int]]:
     """The three Linears of MODULES at a hidden size, as the Flux2 module tree names and shapes them."""
     return {"double_blocks.0.img_attn.qkv": [3 * hidden, hidden], "double_blocks.0.img_attn.proj": [hidden, hidden],
             "single_blocks.0.linear2": [hidden, 4 * hidden]}
-
-
-def write_safetensors(path: Path, shapes: dict[str, list[int]]) -> Path:
-    header, offset = {}, 0
-    for name, shape in shapes.items():
-        size = 2 * math.prod(shape)
-        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + size]}
-        offset += size
-    blob = json.dumps(header).encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(struct.pack("<Q", len(blob)) + blob + bytes(offset))
-    return path
 
 
 def lora(path: Path, hidden: int, rank: int = 4) -> Path:
