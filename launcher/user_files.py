@@ -1,7 +1,7 @@
 """The one reader for every file the launcher reads on a user's behalf.
 
-Presets and their parents, run configs, run.json, captions, images, logs and telemetry all come
-from folders a user (or whoever shared a dataset or a run folder) controls. Read naively, a
+Presets and their parents, run configs, run.json, captions, images, logs, telemetry and the JSON
+files of a model folder all come from folders a user (or whoever shared a dataset or a run folder) controls. Read naively, a
 caption linked to /dev/zero fills the memory, a FIFO named like an image blocks forever, a
 folder named `x.txt` ends in a traceback, and a caption saved as UTF-16 without a byte-order
 mark decodes "fine" as UTF-8 into text full of NUL characters. Here every read:
@@ -30,6 +30,7 @@ KINDS = {
     "metadata": (1 * MIB, "a run's run.json is a few kB"),
     "caption": (1 * MIB, "a caption is a few hundred bytes"),
     "notes": (1 * MIB, "a notes or version file is a few kB"),
+    "model_json": (16 * MIB, "a model's config.json or safetensors index, or a text encoder record, is at most a few MB"),
     "image": (1024 * MIB, "the trainer opens no image larger than PIL's 179 Mpx limit"),
     "log": (256 * 1024, "only the end of a log is read"),
     "telemetry": (64 * 1024, "only the newest rows of a telemetry file are read"),

@@ -82,6 +82,9 @@ def test_a_dev_model_folder_is_refused_naming_klein_s_file(klein_places, capsys)
     ("mistral config", "config.json says model_type 'mistral3', but FLUX.2 klein"),
     ("no config", "lacks config.json"),
     ("no weights", "holds neither model.safetensors.index.json nor model.safetensors"),
+    ("huge config", "config.json is 16,777,217 bytes; a model's config.json or safetensors index"),
+    ("utf-16 config", "config.json is UTF-16 text (it starts with a byte-order mark); save it as UTF-8"),
+    ("huge index", "model.safetensors.index.json is 16,777,217 bytes; a model's config.json or safetensors index"),
 ])
 def test_a_text_encoder_folder_that_is_not_qwen3_is_refused_naming_the_file(klein_places, capsys, change, message):
     encoder = klein_places["encoder"]
@@ -92,6 +95,14 @@ def test_a_text_encoder_folder_that_is_not_qwen3_is_refused_naming_the_file(klei
         (encoder / "config.json").write_text(json.dumps({"model_type": "mistral3"}))
     elif change == "no config":
         (encoder / "config.json").unlink()
+    elif change == "huge config":  # the one reader's cap, not a read of the whole file (a sparse one here)
+        with (encoder / "config.json").open("r+b") as handle:
+            handle.truncate(16 * 2**20 + 1)
+    elif change == "utf-16 config":
+        (encoder / "config.json").write_text(json.dumps({"model_type": "qwen3"}), encoding="utf-16")
+    elif change == "huge index":
+        with (encoder / "model.safetensors.index.json").open("wb") as handle:
+            handle.truncate(16 * 2**20 + 1)
     else:
         (encoder / "model.safetensors").unlink()
     assert dry_run(klein_places) == 2

@@ -14,6 +14,7 @@ from launcher.trainer_rules import import_module as overlay_module
 from launcher.progress import say
 from launcher.runs.files import TEXT_ENCODER_RECORD
 from launcher.runs.klein import KLEIN
+from launcher.user_files import UserFileError, read_text
 
 TRANSFORMER_FILE = "flux2-dev.safetensors"
 VAE_FILE = "ae.safetensors"
@@ -159,8 +160,8 @@ def check_model_type(config: Path, kind: ModelKind) -> None:
     if kind.encoder_model_type is None:
         return
     try:
-        found = json.loads(config.read_text(encoding="utf-8")).get("model_type")
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as error:
+        found = json.loads(read_text(config, "model_json")).get("model_type")
+    except (ValueError, AttributeError) as error:
         raise LauncherError(f"{config} is not a model config ({error}); download it again") from None
     if found != kind.encoder_model_type:
         raise LauncherError(f"{config} says model_type {found!r}, but {kind.label} reads a {kind.encoder} encoder "
@@ -177,7 +178,7 @@ def check_weight_shards(folder: Path) -> None:
         safetensors_header(folder / "model.safetensors")
         return
     try:
-        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        shards = sorted(set(json.loads(read_text(index, "model_json"))["weight_map"].values()))
     except (ValueError, KeyError, TypeError) as error:
         raise LauncherError(f"{index} is not a safetensors index ({error}); download it again") from None
     absent = [name for name in shards if not (folder / name).is_file()]
@@ -193,9 +194,9 @@ def _remembered(text_cache: Path, folder: Path) -> bool:
     wanted = str(folder.resolve())
     for record in text_cache.glob(TEXT_ENCODER_RECORD.format("*")):
         try:
-            if json.loads(record.read_text(encoding="utf-8")).get("path") == wanted:
+            if json.loads(read_text(record, "model_json")).get("path") == wanted:
                 return True
-        except (OSError, ValueError, AttributeError):
+        except (UserFileError, ValueError, AttributeError):
             continue
     return False
 
