@@ -1,4 +1,5 @@
-"""Child processes of the compile benchmarks: fresh compile caches, and a time limit per child."""
+"""Child processes of the benchmarks: fresh compile caches, a time limit per child, and the process
+tree under a launch (Linux /proc)."""
 
 import os
 import signal
@@ -24,3 +25,18 @@ def run_within(argv: list[str], env: dict[str, str], seconds: float) -> int | No
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
         return None
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process under `pid` (those that exit while being listed are left out)."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            for task in Path(f"/proc/{current}/task").iterdir():
+                children = [int(child) for child in (task / "children").read_text().split()]
+                found += children
+                todo += children
+        except OSError:
+            continue
+    return found

@@ -31,24 +31,11 @@ from pathlib import Path
 
 import yaml
 
+from bench._children import descendants
+
 REPO = Path(__file__).resolve().parents[1]
 GIB = 2**30
 FIELDS = {"Anonymous:": "anon", "Pss:": "pss", "Rss:": "rss", "Pss_File:": "pss_file", "Shmem:": "shmem"}
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process under `pid` (those that exit while being listed are left out)."""
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        try:
-            for task in Path(f"/proc/{current}/task").iterdir():
-                children = [int(child) for child in (task / "children").read_text().split()]
-                found += children
-                todo += children
-        except OSError:
-            continue
-    return found
 
 
 def rollup(pid: int) -> dict:

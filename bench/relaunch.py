@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench._children import descendants
+
 REPO = Path(__file__).resolve().parents[1]
 GIB = 2**30
 IMPORT_PROBE = """
@@ -37,34 +39,19 @@ print(round(time.perf_counter() - started, 2), round(time.process_time(), 2), le
 """
 
 
-def tree_rss(pid: int) -> int:
-    """Resident bytes of `pid` and all its descendants (0 for those that just exited)."""
-    total, todo = 0, [pid]
-    while todo:
-        current = todo.pop()
-        try:
-            status = Path(f"/proc/{current}/status").read_text()
-            total += int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) * 1024
-            for task in Path(f"/proc/{current}/task").iterdir():
-                todo += [int(child) for child in (task / "children").read_text().split()]
-        except (OSError, StopIteration, ValueError):
-            continue
-    return total
-
-
 def launch(command: list[str]) -> tuple[int, float, int]:
     """Run the launcher; its exit code, wall seconds and the peak RSS of the trainer's process tree."""
     started = time.monotonic()
     child = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     peak = 0
     while child.poll() is None:
-        peak = max(peak, tree_rss(child.pid) - own_rss(child.pid))
+        peak = max(peak, sum(own_rss(pid) for pid in descendants(child.pid)))
         time.sleep(0.1)
     return child.returncode, time.monotonic() - started, peak
 
 
 def own_rss(pid: int) -> int:
-    """The launcher's own RSS, left out of the trainer's tree."""
+    """One process's RSS (0 for one that just exited)."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
         return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) * 1024
