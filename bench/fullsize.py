@@ -461,7 +461,8 @@ def launch(args) -> int:
     peak = sample_peak_rss(psutil.Process(launcher.pid), launcher)
     wall = time.time() - started
     result = {"label": args.label, "preset": str(args.preset), "rc": launcher.returncode, "wall_s": round(wall, 1),
-              "cap_gib": args.cap_gib, **{f"trainer_peak_{key}_gib": round(value / GIB, 2) for key, value in peak.items()},
+              "cap_gib": args.cap_gib, "trainer_anon_parts_gib": peak.pop("anon_parts"),
+              **{f"trainer_peak_{key}_gib": round(value / GIB, 2) for key, value in peak.items()},
               **telemetry_figures(output, started, 2 + (args.profile + 1 if args.profile else 0)), **profile_figures(output)}
     print(json.dumps(result), flush=True)
     if args.json_out:
@@ -474,17 +475,50 @@ def sample_peak_rss(launcher, child: subprocess.Popen) -> dict:
     launcher), and the largest of each part Linux counts in it (/proc/PID/status): "anon"
     (the heap, and pinned host memory, which the CUDA driver allocates anonymously), "file"
     (mapped files: the quantized cache read through mmap) and "shmem" (files on a RAM disk such as
-    /dev/shm, where the benchmark keeps the caches)."""
+    /dev/shm, where the benchmark keeps the caches). "anon_parts": where the largest process's
+    anonymous pages were at its anonymous peak (anon_parts), read again each time it grew 128 MiB."""
     peak = dict.fromkeys(("rss", "anon", "file", "shmem"), 0)
+    parts, parts_at = {}, 0
     while child.poll() is None:
         try:
             for process in launcher.children(recursive=True):
-                for key, value in {"rss": process.memory_info().rss, **rss_parts(process.pid)}.items():
+                found = rss_parts(process.pid)
+                for key, value in {"rss": process.memory_info().rss, **found}.items():
                     peak[key] = max(peak[key], value)
+                if found.get("anon", 0) > parts_at + 128 * 2**20:
+                    parts, parts_at = anon_parts(process.pid) or parts, found["anon"]
         except Exception:  # a child exited between listing and reading
             pass
         time.sleep(0.2)
-    return peak
+    return {**peak, "anon_parts": parts}
+
+
+def anon_parts(pid: int) -> dict:
+    """A process's anonymous pages in GiB by where they sit (/proc/PID/smaps): the brk heap, each
+    mapped file or device that holds some (library data, driver mappings), and the unnamed
+    mappings by size: >= 64 MiB (large tensors, pinned buffers), 1-64 MiB (malloc's arenas and
+    mmapped chunks), < 1 MiB."""
+    try:
+        text = Path(f"/proc/{pid}/smaps").read_text()
+    except OSError:
+        return {}
+    parts, name = {}, None
+    for line in text.splitlines():
+        fields = line.split()
+        if fields and "-" in fields[0] and not fields[0].endswith(":"):
+            name = fields[5] if len(fields) > 5 else ""
+        elif fields[:1] == ["Anonymous:"] and int(fields[1]):
+            kib = int(fields[1])
+            if name.startswith("/") or name.startswith("["):
+                where = name if name.startswith("[") else Path(name).name
+            else:
+                where = ("unnamed >= 64 MiB" if kib >= 64 * 1024 else "unnamed 1-64 MiB" if kib >= 1024
+                         else "unnamed < 1 MiB")
+            parts[where] = parts.get(where, 0) + kib
+    top = sorted(parts.items(), key=lambda item: -item[1])
+    shown = {where: round(kib / 2**20, 3) for where, kib in top[:12]}
+    rest = sum(kib for _, kib in top[12:])
+    return {**shown, **({"everything else": round(rest / 2**20, 3)} if rest else {})}
 
 
 def rss_parts(pid: int) -> dict:
@@ -506,9 +540,14 @@ def telemetry_figures(output: Path, started: float, skip: int = 2) -> dict:
     start = next((row["time"] for row in rows if row.get("event") == "start"), None)
     speeds = [row["s_per_it"] for row in rows if row.get("s_per_it") and row.get("step", 0) > skip]
     peaks = [row["vram_max_allocated_gib"] for row in rows if row.get("vram_max_allocated_gib")]
+    retries = [row["vram_alloc_retries"] for row in rows if row.get("vram_alloc_retries") is not None]
+    pinned = [row["host_pinned_gib"] for row in rows if row.get("host_pinned_gib") is not None]
     return {"to_first_step_s": round(start - started, 1) if start else None,
             "s_per_it": round(sum(speeds) / len(speeds), 3) if speeds else None,
+            "s_per_it_median": round(sorted(speeds)[len(speeds) // 2], 3) if speeds else None,
             "vram_peak_allocated_gib": max(peaks) if peaks else None,
+            "vram_alloc_retries": max(retries) if retries else None,
+            "host_pinned_peak_gib": max(pinned) if pinned else None,
             "telemetry_rows": len(rows)}
 
 

@@ -6,7 +6,12 @@
 #   first_CAP_PX     every cache emptied (text, quantized), then the preset: text phase, quantization
 #   relaunch_CAP_PX  the same launch again, the caches warm
 #   bf16_PX          bf16 weights, uncapped, memory plan off (checkpointing everywhere): the reference
-#   a suffix _mN     the memory plan's VRAM margin N GiB instead of the preset's 1 (vram_margin_gib)
+#   suffixes, any of: _mN  the memory plan's VRAM margin N GiB instead of the preset's 1 (vram_margin_gib):
+#                          also a smaller card's plan with more room left free (15_512_m5 plans as 11_512)
+#                     _pN  profile N steps (`run --profile N`: the step breakdown in LABEL.json)
+#                     _sN  N steps instead of 10 (7 above 512 px)
+#                     _c   blocks compiled (compile_blocks: true; Inductor's cache is the machine's, shared
+#                          by the launches of one call)
 # CAP is the card's free VRAM in GiB (klein is not cut down, so the cap is the card's: 22, 15, 11, 7
 # for 24, 16, 12 and 8 GB cards, bench/card_cap.py's --free-gib); 4-bit launches use what the
 # self-test picks on NVIDIA (int4_w4a8, FP8 through torch._scaled_mm, overlapped streaming),
@@ -32,19 +37,29 @@ PICK=(--set model.qtype int4_w4a8 --set $KW.w4a8_activations fp8 --set $KW.w4a8_
 BF16=(--cap-gib 0 --set $KW.memory_plan "'off'" --set model.quantize false --set model.qtype uint4
       --set $KW.quantized_cache false --set $KW.compile_blocks false)
 for label in "$@"; do
-  IFS=_ read -r kind cap px extra <<< "$label"
+  IFS=_ read -r -a part <<< "$label"
+  kind=${part[0]}
+  if [[ $kind == bf16 ]]; then cap=0 px=${part[1]} extras=("${part[@]:2}"); else cap=${part[1]} px=${part[2]} extras=("${part[@]:3}"); fi
   case $kind in
     first) args=(--cap-gib "$cap" "${PICK[@]}"); limit=360 ;;
     relaunch) args=(--cap-gib "$cap" "${PICK[@]}"); limit=150 ;;
-    bf16) extra=$px; px=$cap; args=("${BF16[@]}"); limit=200 ;;
+    bf16) args=("${BF16[@]}"); limit=200 ;;
     *) echo "unknown label $label: first_CAP_PX, relaunch_CAP_PX or bf16_PX"; exit 2 ;;
   esac
-  [[ $extra == m* ]] && args+=(--set $KW.vram_margin_gib "${extra#m}")
+  steps=$(( px > 512 ? 7 : 10 ))
+  for extra in "${extras[@]}"; do
+    case $extra in
+      m*) args+=(--set $KW.vram_margin_gib "${extra#m}") ;;
+      p*) args+=(--profile "${extra#p}"); limit=$(( limit + 60 )) ;;
+      s*) steps=${extra#s} ;;
+      c) args+=(--set $KW.compile_blocks true); limit=$(( limit + 240 )) ;;
+      *) echo "unknown suffix _$extra of $label: _mN, _pN, _sN or _c"; exit 2 ;;
+    esac
+  done
   if [[ -e $ROOT/done/$label ]]; then echo "=== $label: done in an earlier call"; continue; fi
   if [[ -n ${DEADLINE:-} ]] && (( $(date +%s) + limit > DEADLINE )); then
     echo "=== $label: skipped, its $limit s would pass DEADLINE"; continue; fi
   [[ $kind == first ]] && rm -rf "$ROOT/wd/cache/quantized" "$ROOT/wd/cache/text"
-  steps=$(( px > 512 ? 7 : 10 ))
   echo "=== $label ($(date -u +%T))"
   timeout "$limit" python3 -m bench.fullsize launch --root "$ROOT" --model-dir "$M/$MODEL" \
     --preset "presets/${MODEL}_512.yaml" --label "$label" --steps "$steps" --set datasets.0.resolution "[$px]" \

@@ -28,7 +28,11 @@ RDNA3 cards part by part, by what bounds each part:
   copied twice per step (forward; recompute + backward), at 25 GB/s (PCIe 4.0 x16, 31.5 GB/s
   raw), the plan's budget the card's memory less 1.5 GiB for the desktop.
 All figures scale by 56/44 to the full model. Each row keeps its compute-bound seconds at the
-central rate and the rest apart, so s/it = compute * 77 / R + rest for any rate R. The recipe reports ~20 s/step at 512 px (9-10 s/it
+central rate and the rest apart, so s/it = compute * 77 / R + rest for any rate R.
+FLUX.2 klein 9B (its preset klein9b_amd_512, 512 px) is predicted the same way from its own H200
+profiles at full width (all 32 blocks, so no scaling): the bf16 step with the plan off, and the
+requantization of its int4_w4a8 step at the 8 GB cap, where every block is recomputed as in a
+plan-off step (results/step_profile.csv, the "klein 9B" rows). The recipe reports ~20 s/step at 512 px (9-10 s/it
 with its stall watchdog) on uint4.
 
     python bench/predict_step.py     # writes results/prediction.csv; then python bench/report.py
@@ -51,6 +55,11 @@ CARDS = {  # name: (bf16 GEMM rate relative to the 7900 XTX's, bandwidth GB/s, m
     "RX 7900 XT": (103.0 / 122.8, 800.0, 20, "7900xt_512.yaml"),
     "RX 7800 XT": (74.6 / 122.8, 624.0, 16, "rx16gb_512.yaml"),
 }
+MODELS = {  # preset arch: (its bf16 profile row, the start of its requantization row, blocks scale, preset)
+    "flux2": ("bf16 weights, plan off (same calls)", "`int4_w4a8` FP8 Triton, 256 MiB slices", FULL, None),
+    "flux2_klein_9b": ("klein 9B: bf16 weights, plan off", "klein 9B: `int4_w4a8` FP8 `torch._scaled_mm`, 8 GB",
+                       1.0, "klein9b_amd_512.yaml"),
+}
 PCIE_GBS, COPIES_PER_STEP = 25.0, 2
 COMPILED_ELEMENTWISE = 469.3 / 881.2
 FUSED_EXTRA, UINT4_STEP_X = 0.37, 2.33
@@ -67,16 +76,16 @@ def read(name: str) -> list[dict]:
         return list(csv.DictReader(handle))
 
 
-def h200_breakdown(px: int) -> dict:
-    """The uncompiled bf16 step's parts in seconds, full width (the same-call row of that px)."""
-    row = next(r for r in read("step_profile") if r["run"] == "bf16 weights, plan off (same calls)" and r["px:"] == str(px))
-    part = {key: float(row[column]) / 1000 * FULL for key, column in (
+def h200_breakdown(model: str, px: int) -> dict:
+    """The uncompiled bf16 step's parts in seconds, full width (the profile row of that model and px)."""
+    bf16_run, requant_run, scale, _ = MODELS[model]
+    row = next(r for r in read("step_profile") if r["run"] == bf16_run and r["px:"] == str(px))
+    part = {key: float(row[column]) / 1000 * scale for key, column in (
         ("gemm", "block GEMMs:"), ("attention", "attention:"),
         ("elementwise", "elementwise (norms, modulation, RoPE, activations, casts):"), ("lora", "LoRA matmuls:"),
         ("optimizer", "optimizer:"), ("copies", "copies:"), ("idle", "GPU idle:"))}
-    requant = next(r for r in read("step_profile") if r["run"].startswith("`int4_w4a8` FP8 Triton, 256 MiB")
-                   and r["px:"] == str(px))
-    part["requant"] = float(requant["requantization (incl. activation quantization):"]) / 1000 * FULL
+    requant = next(r for r in read("step_profile") if r["run"].startswith(requant_run) and r["px:"] == str(px))
+    part["requant"] = float(requant["requantization (incl. activation quantization):"]) / 1000 * scale
     return part
 
 
@@ -86,19 +95,30 @@ def memory_plan():
     return trainer_rules.memory_plan()
 
 
-def streamed_gib(plan, memory_gib: int, px: int) -> float:
+def shape_of(plan, preset: str | None):
+    """The transformer shape a preset plans with (its flux2_params; none: FLUX.2 [dev])."""
+    if preset is None:
+        return plan.Flux2Shape()
+    from launcher.runs.presets import read_preset
+
+    kwargs = read_preset(str(HERE.parent / "presets" / preset)).data["config"]["process"][0]["model"]["model_kwargs"]
+    return plan.Flux2Shape.from_params(kwargs["flux2_params"])
+
+
+def streamed_gib(plan, memory_gib: int, px: int, shape) -> float:
     from launcher.runs.memory_plan import DESKTOP_GIB
 
     budget = int((memory_gib - DESKTOP_GIB - plan.DEFAULT_MARGIN_GIB) * plan.GIB)
-    made = plan.make_plan(plan.flux2_inputs(plan.Flux2Shape(), budget, px, in_flight=1))
+    made = plan.make_plan(plan.flux2_inputs(shape, budget, px, in_flight=1))
     return made.streamed_weight_bytes / plan.GIB
 
 
-def predict(card: str, path: str, px: int, compiled: bool, plan) -> dict:
+def predict(card: str, path: str, px: int, compiled: bool, plan, model: str = "flux2") -> dict:
     relative_rate, bandwidth, memory_gib, preset = CARDS[card]
+    preset = MODELS[model][3] or preset
     compute = H200["gemm_tflops"] / (RATES["central"] * relative_rate)
     memory = H200["bandwidth_gbs"] / bandwidth
-    h = h200_breakdown(px)
+    h = h200_breakdown(model, px)
     factor, extra, _ = PATHS[path]
     gemm = h["gemm"] * compute * factor
     if extra == "fused":
@@ -109,12 +129,12 @@ def predict(card: str, path: str, px: int, compiled: bool, plan) -> dict:
         overhead = h["requant"] * memory
     elementwise = h["elementwise"] * memory * (COMPILED_ELEMENTWISE if compiled else 1.0)
     other = (h["lora"] + h["optimizer"] + h["copies"]) * memory + h["idle"]
-    streamed = streamed_gib(plan, memory_gib, px)
+    streamed = streamed_gib(plan, memory_gib, px, shape_of(plan, MODELS[model][3]))
     stream = streamed * plan.GIB / 1e9 * COPIES_PER_STEP / PCIE_GBS
     bound = gemm + h["attention"] * compute
     rest = overhead + elementwise + other + stream
-    at = {name: Prediction(card, path, px, compiled, bound, rest).step_at(rate) for name, rate in RATES.items()}
-    return {"card": card, "preset": preset, "path": path, "px:": px, "compiled": "yes" if compiled else "no",
+    at = {name: Prediction(card, path, px, compiled, bound, rest, model).step_at(rate) for name, rate in RATES.items()}
+    return {"model": model, "card": card, "preset": preset, "path": path, "px:": px, "compiled": "yes" if compiled else "no",
             "GEMMs + attention s at 77:": f"{bound:.2f}", "4-bit overhead s:": f"{overhead:.2f}",
             "elementwise s:": f"{elementwise:.2f}", "LoRA + optimizer + idle s:": f"{other:.2f}",
             "streamed GiB:": f"{streamed:.1f}", "copies s:": f"{stream:.2f}", "rest s:": f"{rest:.2f}",
@@ -129,8 +149,11 @@ def main() -> int:
             for path in PATHS if card == "RX 7900 XTX" else ("int4_fused",):
                 for compiled in ((False, True) if path != "uint4" else (False,)):
                     rows.append(predict(card, path, px, compiled, plan))
+    for card in ("RX 7900 XTX", "RX 7800 XT"):  # klein 9B's AMD preset is for 16 to 24 GB cards
+        for compiled in (False, True):
+            rows.append(predict(card, "int4_fused", 512, compiled, plan, "flux2_klein_9b"))
     with (RESULTS / "prediction.csv").open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, [*rows[0], "date", "source"])
+        writer = csv.DictWriter(handle, [*rows[0], "date", "source"], lineterminator="\n")
         writer.writeheader()
         for row in rows:
             writer.writerow({**row, "date": "2026-12-04", "source": ""})

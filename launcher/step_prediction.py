@@ -32,6 +32,7 @@ class Prediction:
     compiled: bool
     bound_s: float  # GEMMs + attention at the central rate
     rest_s: float
+    model: str = "flux2"  # the preset's model arch: flux2 (FLUX.2 [dev]), flux2_klein_9b
 
     def step_at(self, rate: float) -> float:
         return self.bound_s * CENTRAL_RATE / rate + self.rest_s
@@ -64,7 +65,7 @@ def load_table(path: Path = TABLE) -> list[Prediction]:
         return []
     with path.open(newline="", encoding="utf-8") as handle:
         return [Prediction(row["card"], row["path"], int(row["px:"]), row["compiled"] == "yes",
-                           float(row["GEMMs + attention s at 77:"]), float(row["rest s:"]))
+                           float(row["GEMMs + attention s at 77:"]), float(row["rest s:"]), row["model"])
                 for row in csv.DictReader(handle)]
 
 
@@ -73,8 +74,9 @@ def rows_for_gpu(table: list[Prediction], gpu_name: str) -> list[Prediction]:
     return [row for row in table if re.search(r"(?<!\w)" + re.escape(row.card) + r"(?!\w)", gpu_name, re.IGNORECASE)]
 
 
-def run_shape(run: RunFolder) -> tuple[str, int, bool] | None:
-    """(table path, px, compiled) of a run's rendered config; None where the table has no such row."""
+def run_shape(run: RunFolder) -> tuple[str, str, int, bool] | None:
+    """(model arch, table path, px, compiled) of a run's rendered config; None where the table has no
+    such row."""
     try:
         process = load_yaml(run.config)["config"]["process"][0]
         model = process["model"]
@@ -84,7 +86,7 @@ def run_shape(run: RunFolder) -> tuple[str, int, bool] | None:
     except (LauncherError, OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
         return None
     path = PATHS_OF_QTYPES.get(str(model.get("qtype")))
-    return (path, px, kwargs.get("compile_blocks") is True) if path else None
+    return (str(model.get("arch", "flux2")), path, px, kwargs.get("compile_blocks") is True) if path else None
 
 
 def measured_step(run: RunFolder) -> float | None:
@@ -100,12 +102,12 @@ def report(gpu_names: list[str], runs: list[RunFolder], table: list[Prediction] 
     rows = [row for name in gpu_names for row in rows_for_gpu(table, name)]
     found = {"assumption": f"the card's bf16 GEMM rate through hipBLAS at FLUX.2 block shapes, "
                            f"{RATE_RANGE[0]}-{RATE_RANGE[1]} TFLOP/s (central {CENTRAL_RATE})",
-             "predicted": [{"path": r.path, "px": r.px, "compiled": r.compiled,
+             "predicted": [{"model": r.model, "path": r.path, "px": r.px, "compiled": r.compiled,
                             "s_per_it": [round(s, 2) for s in r.range_s]} for r in rows],
              "runs": []}
     for run in runs:
         shape, step = run_shape(run), measured_step(run)
-        match = next((r for r in rows if (r.path, r.px, r.compiled) == shape), None)
+        match = next((r for r in rows if (r.model, r.path, r.px, r.compiled) == shape), None)
         found["runs"].append({"run": run.root.name, "s_per_it": step,
                               "verdict": match.verdict(step) if match and step else None})
     return found

@@ -57,9 +57,9 @@ def test_a_card_is_matched_as_whole_words():
     assert rows_for_gpu(TABLE, "NVIDIA GeForce RTX 4090") == []
 
 
-def write_run(root, qtype="int4_fused", compiled=True, resolution=(512,), speeds=(6.0, 6.2, 6.1)):
+def write_run(root, qtype="int4_fused", compiled=True, resolution=(512,), speeds=(6.0, 6.2, 6.1), arch="flux2"):
     root.mkdir()
-    process = {"model": {"qtype": qtype, "model_kwargs": {"compile_blocks": compiled}},
+    process = {"model": {"arch": arch, "qtype": qtype, "model_kwargs": {"compile_blocks": compiled}},
                "datasets": [{"resolution": list(resolution)}]}
     (root / "config.yaml").write_text(yaml.safe_dump({"job": "extension", "config": {"process": [process]}}),
                                       encoding="utf-8")
@@ -71,12 +71,24 @@ def write_run(root, qtype="int4_fused", compiled=True, resolution=(512,), speeds
 
 def test_a_run_is_placed_against_its_own_row(tmp_path):
     run = write_run(tmp_path / "r1")
-    assert run_shape(run) == ("int4_fused", 512, True)
+    assert run_shape(run) == ("flux2", "int4_fused", 512, True)
     assert measured_step(run) == pytest.approx(6.1)
     found = report(["AMD Radeon RX 7900 XTX"], [run], TABLE)
     assert {(p["path"], p["px"], p["compiled"]) for p in found["predicted"]} >= {("int4_fused", 512, True)}
-    row = next(r for r in TABLE if (r.card, r.path, r.px, r.compiled) == ("RX 7900 XTX", "int4_fused", 512, True))
+    row = next(r for r in TABLE if (r.model, r.card, r.path, r.px, r.compiled)
+               == ("flux2", "RX 7900 XTX", "int4_fused", 512, True))
     assert found["runs"] == [{"run": "r1", "s_per_it": pytest.approx(6.1), "verdict": row.verdict(6.1)}]
+
+
+def test_a_klein_run_is_placed_against_the_klein_row_not_the_dev_one(tmp_path):
+    run = write_run(tmp_path / "k", arch="flux2_klein_9b", speeds=(1.0, 1.1, 1.2))
+    found = report(["AMD Radeon RX 7900 XTX"], [run], TABLE)
+    klein = next(r for r in TABLE if (r.model, r.card, r.path, r.px, r.compiled)
+                 == ("flux2_klein_9b", "RX 7900 XTX", "int4_fused", 512, True))
+    dev = next(r for r in TABLE if (r.model, r.card, r.path, r.px, r.compiled)
+               == ("flux2", "RX 7900 XTX", "int4_fused", 512, True))
+    assert klein.range_s[1] < dev.range_s[0]  # a 9B step is a fraction of the 32B one
+    assert found["runs"][0]["verdict"] == klein.verdict(1.1)
 
 
 @pytest.mark.parametrize("config", ["process: 5\n", "[]\n", "config: {process: [{}]}\n", "config: {process: []}\n"])

@@ -26,7 +26,7 @@ NAME = "telemetry_tiny"
 STEPS = 6
 SAVE_EVERY = 3
 INTERVAL = 0.1
-VRAM = ("vram_allocated_gib", "vram_reserved_gib", "vram_max_allocated_gib")
+VRAM = ("vram_allocated_gib", "vram_reserved_gib", "vram_max_allocated_gib", "vram_alloc_retries", "host_pinned_gib")
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,9 @@ telemetry_file nothing is opened and each call returns at once.
 
     {"time": unix seconds, "step": steps done, "loss": float, "s_per_it": mean since last row,
      "vram_allocated_gib", "vram_reserved_gib", "vram_max_allocated_gib": null without a GPU,
+     "vram_alloc_retries": times the allocator found the cap full, freed its cache and tried again
+       (each a device-wide synchronization: a step planned too close to the cap pays them),
+     "host_pinned_gib": pinned host memory the caching host allocator holds (staging, streamed blocks),
      "host_rss_gib", "host_peak_rss_gib",
      "event": "start" | "save" | "load" | "phase" | "first_step" | "sample_start" | "sample" (event rows only),
      "phase": {"name", "seconds", what the phase reports} (phase rows),
@@ -131,11 +134,16 @@ def vram() -> dict:
     import torch
 
     if not torch.cuda.is_available():
-        return {"vram_allocated_gib": None, "vram_reserved_gib": None, "vram_max_allocated_gib": None}
+        return dict.fromkeys(("vram_allocated_gib", "vram_reserved_gib", "vram_max_allocated_gib",
+                              "vram_alloc_retries", "host_pinned_gib"))
+    host = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}
+    pinned = host.get("allocated_bytes.current")
     return {
         "vram_allocated_gib": round(torch.cuda.memory_allocated() / GIB, 3),
         "vram_reserved_gib": round(torch.cuda.memory_reserved() / GIB, 3),
         "vram_max_allocated_gib": round(torch.cuda.max_memory_allocated() / GIB, 3),
+        "vram_alloc_retries": torch.cuda.memory_stats().get("num_alloc_retries", 0),
+        "host_pinned_gib": round(pinned / GIB, 3) if pinned is not None else None,
     }
 
 
