@@ -31,7 +31,7 @@ COLUMNS = ["model", "launch", "rc:", "cap:", "px:", "to training start:", "to fi
 
 def klein_row(figures: dict, reference: dict) -> dict:
     """first_launch's row with the model, the card's name, host memory beyond the streamed bytes and
-    the step against `reference` ({(model, px): s/it})."""
+    the step against `reference` ({reference_key: s/it})."""
     base = row(figures)
     model = Path(figures["preset"]).stem.removesuffix("_512")
     px = label_parts(figures["label"])[2]
@@ -61,6 +61,7 @@ def reference_key(figures: dict) -> tuple:
 
 
 def is_reference(figures: dict) -> bool:
+    """A plain relaunch at the 24 GB card's cap (the preset's margin, not profiled) with a step."""
     kind, cap, _, suffixes = label_parts(figures["label"])
     return (kind == "relaunch" and cap == "22" and bool(figures.get("s_per_it"))
             and not any(suffix[0] == "p" or (suffix[0] == "m" and suffix != "m1") for suffix in suffixes))
