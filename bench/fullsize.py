@@ -39,6 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench._children import descendants
+
 REPO = Path(__file__).resolve().parents[1]
 
 # The GPU machine provides these itself; packing them would add gigabytes.
@@ -426,7 +428,6 @@ def timed(label: str, work) -> None:
 
 
 def launch(args) -> int:
-    import psutil
     import yaml
 
     from launcher.runs.presets import read_preset
@@ -458,7 +459,7 @@ def launch(args) -> int:
         check_cap(root, args.cap_gib)
     started = time.time()
     launcher = subprocess.Popen(command, cwd=REPO, env=env)
-    peak = sample_peak_rss(psutil.Process(launcher.pid), launcher)
+    peak = sample_peak_rss(launcher)
     wall = time.time() - started
     result = {"label": args.label, "preset": str(args.preset), "rc": launcher.returncode, "wall_s": round(wall, 1),
               "cap_gib": args.cap_gib, "trainer_anon_parts_gib": peak.pop("anon_parts"),
@@ -470,7 +471,7 @@ def launch(args) -> int:
     return launcher.returncode
 
 
-def sample_peak_rss(launcher, child: subprocess.Popen) -> dict:
+def sample_peak_rss(launcher: subprocess.Popen) -> dict:
     """The trainer's peak resident set, every 0.2 s: "rss" (the largest of any process under the
     launcher), and the largest of each part Linux counts in it (/proc/PID/status): "anon"
     (the heap, and pinned host memory, which the CUDA driver allocates anonymously), "file"
@@ -479,16 +480,13 @@ def sample_peak_rss(launcher, child: subprocess.Popen) -> dict:
     anonymous pages were at its anonymous peak (anon_parts), read again each time it grew 128 MiB."""
     peak = dict.fromkeys(("rss", "anon", "file", "shmem"), 0)
     parts, parts_at = {}, 0
-    while child.poll() is None:
-        try:
-            for process in launcher.children(recursive=True):
-                found = rss_parts(process.pid)
-                for key, value in {"rss": process.memory_info().rss, **found}.items():
-                    peak[key] = max(peak[key], value)
-                if found.get("anon", 0) > parts_at + 128 * 2**20:
-                    parts, parts_at = anon_parts(process.pid) or parts, found["anon"]
-        except Exception:  # a child exited between listing and reading
-            pass
+    while launcher.poll() is None:
+        for pid in descendants(launcher.pid):
+            found = rss_parts(pid)  # {} for a process that exited since the walk
+            for key, value in found.items():
+                peak[key] = max(peak[key], value)
+            if found.get("anon", 0) > parts_at + 128 * 2**20:
+                parts, parts_at = anon_parts(pid) or parts, found["anon"]
         time.sleep(0.2)
     return {**peak, "anon_parts": parts}
 
@@ -522,8 +520,9 @@ def anon_parts(pid: int) -> dict:
 
 
 def rss_parts(pid: int) -> dict:
-    """RssAnon, RssFile and RssShmem of a process in bytes (Linux), {} where /proc has none."""
-    names = {"RssAnon:": "anon", "RssFile:": "file", "RssShmem:": "shmem"}
+    """VmRSS and its parts RssAnon, RssFile and RssShmem of a process in bytes (Linux), {} where /proc
+    has none."""
+    names = {"VmRSS:": "rss", "RssAnon:": "anon", "RssFile:": "file", "RssShmem:": "shmem"}
     try:
         lines = Path(f"/proc/{pid}/status").read_text().splitlines()
     except OSError:

@@ -4,6 +4,7 @@ the 24 GB step of its own kind, and an earlier machine's rows stay in the table.
 import csv
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -60,3 +61,15 @@ def test_the_sampler_finds_a_large_allocation_among_the_unnamed_mappings():
     after = fullsize.anon_parts(os.getpid())
     assert after["unnamed >= 64 MiB"] - before >= 0.15, after
     assert fullsize.anon_parts(2**22 + 12345) == {}   # no such process
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
+def test_the_sampler_sees_a_grandchild_s_memory():
+    """The trainer runs two levels below the benchmark (launcher -> trainer): its pages are counted."""
+    grandchild = ("b = bytearray(200 * 2**20)\nfor i in range(0, len(b), 4096): b[i] = 1\n"
+                  "import time; time.sleep(1.5)")
+    launcher = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {grandchild!r}])"])
+    peak = fullsize.sample_peak_rss(launcher)
+    assert launcher.returncode == 0
+    assert peak["anon"] >= 190 * 2**20 and peak["rss"] >= peak["anon"], peak
+    assert peak["anon_parts"]["unnamed >= 64 MiB"] >= 0.18, peak["anon_parts"]
