@@ -72,4 +72,6 @@ def test_the_sampler_sees_a_grandchild_s_memory():
     peak = fullsize.sample_peak_rss(launcher)
     assert launcher.returncode == 0
     assert peak["anon"] >= 190 * 2**20 and peak["rss"] >= peak["anon"], peak
-    assert peak["anon_parts"]["unnamed >= 64 MiB"] >= 0.18, peak["anon_parts"]
+    # the parts are read once the anonymous pages grew 128 MiB past the last reading, so they lag the
+    # peak by up to that much: the allocation is seen, at least the 128 MiB less the interpreter's own
+    assert peak["anon_parts"]["unnamed >= 64 MiB"] >= 0.1, peak["anon_parts"]
