@@ -2,10 +2,12 @@
 target that has klein (upstream-main): its Qwen3 encoder comes from the run's text_encoder_path
 (an empty Hugging Face cache and HF_HUB_OFFLINE, so the class's hub id could not serve it),
 streamed layer by layer by the text phase, or loaded whole with `streamed_text_encoder: false`;
-the LoRA loads on klein's own checkpoint as ComfyUI maps it, and a relaunch with the encoder
+the LoRA loads on klein's own checkpoint as ComfyUI maps it (and through ComfyUI's own loader where
+COMFYUI_DIR names a ComfyUI checkout), and a relaunch with the encoder
 folder moved away finds the quantized transformer and every prompt's embedding cached and trains
 the same first step."""
 
+import json
 import os
 import re
 import shutil
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import private_workdir
+from test_comfy import comfyui_checkout, in_comfyui  # noqa: F401 (fixture)
 from tiny_run import run_tiny, tiny_preset
 
 from launcher.comfy import lora_check
@@ -89,6 +92,19 @@ def test_the_klein_lora_fits_klein_s_checkpoint_as_comfyui_loads_it(launches):
     summary = lora_check.check_lora(lora, base)
     made = re.search(r"create LoRA for U-Net: (\d+) modules", launches["first"])
     assert summary.modules == int(made.group(1)) > 0 and summary.ranks == (4,)
+
+
+def test_comfyui_s_own_loader_patches_every_weight_of_the_tiny_klein_lora(comfyui_checkout, launches,  # noqa: F811
+                                                                         klein_workdir):
+    """ComfyUI's FLUX.2 model and LoRA loader, built from klein's own checkpoint (no guidance
+    embedding): every key matched, every weight patched to base + B @ A."""
+    lora = launches["root"] / "first" / RUN / RUN / f"{RUN}.safetensors"
+    base = lora_check.base_checkpoint(str(launches["assets"]), ARCH)
+    report = in_comfyui(klein_workdir, comfyui_checkout, "lora", "--base", str(base), "--lora", str(lora),
+                        "--params", json.dumps(tiny_assets.FLUX2_PARAMS))
+    assert report["unmatched"] == [] and report["tensors"] == 2 * report["patched"] > 0, report
+    assert report["max_delta"] > 0, "the LoRA changed no weight: lora_B is still zero?"
+    assert report["max_abs_error"] <= 1e-3 * report["max_delta"], report
 
 
 def test_a_relaunch_without_the_encoder_folder_finds_both_caches_and_trains_the_same(launches):
