@@ -5,7 +5,7 @@ Sets up a pinned, patched checkout of the ai-toolkit trainer and runs it.
 
 import os
 
-__version__ = "0.9.0"
+__version__ = "0.10.0"
 
 # GitPython refuses to import without a git executable; let it import so that the
 # launcher can say how to install git instead (launcher.patching.gitops.require_git).
