@@ -8,8 +8,9 @@ space-separated; empty where none was kept). In RESULTS.md a table sits between
 prose around it stays hand-written.
 
 Most tables show their other columns as they are: the column's name is its title, and a name
-ending in `:` is right-aligned (markdown's `---:`). A table with a renderer of its own (RENDERERS)
-keeps its figures in separate columns and builds the cells from them.
+ending in `:` is right-aligned (markdown's `---:`); a table of SOURCE_SHOWN ends with a column that
+links each row's raw file. A table with a renderer of its own (RENDERERS) keeps its figures in
+separate columns and builds the cells from them.
 
     python bench/report.py            # rewrite the tables in RESULTS.md
     python bench/report.py --check    # exit 1 if RESULTS.md and results/ disagree
@@ -46,6 +47,10 @@ def step_row(row: dict) -> str:
     return markdown_row(cells + [f"[raw]({row['source']})"])
 
 
+SOURCE_SHOWN = {"klein"}
+"""Tables whose rows come from several machines, each figure compared only with its own machine's:
+the raw file a row links names its batch."""
+
 RENDERERS = {
     "step": ("| weights | cap | shape | s/step | fwd / bwd+opt s | peak alloc / reserved GiB | TFLOP/s | MFU | x bf16 | raw |\n"
              "| --- | --- | --- | ---: | --- | --- | ---: | ---: | ---: | --- |", step_row),
@@ -76,9 +81,15 @@ def render(path: Path) -> str:
     shown = header[:-len(META)]
     titles = [name[:-1] if name.endswith(":") else name for name in shown]
     align = ["---:" if name.endswith(":") else "---" for name in shown]
-    lines = [markdown_row(titles), markdown_row(align)]
-    lines += [markdown_row(row[:-len(META)]) for row in rows]
+    linked = path.stem in SOURCE_SHOWN
+    lines = [markdown_row(titles + ["raw"] * linked), markdown_row(align + ["---"] * linked)]
+    lines += [markdown_row(row[:-len(META)] + [source_links(row[-1])] * linked) for row in rows]
     return "\n".join(lines) + "\n"
+
+
+def source_links(source: str) -> str:
+    """A row's raw files as links named by their stems."""
+    return " ".join(f"[{Path(name).stem}]({name})" for name in source.split())
 
 
 def generated(results: Path, document: str) -> str:

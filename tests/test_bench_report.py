@@ -95,3 +95,18 @@ def test_a_column_name_ending_in_a_colon_is_right_aligned(tmp_path):
     assert report("--results", tmp_path / "results", "--document", tmp_path / "RESULTS.md").returncode == 0
     assert (tmp_path / "RESULTS.md").read_text() == (
         "text\n<!-- results: t -->\n| what | s/step |\n| --- | ---: |\n| bf16 | 0.649 |\n<!-- end results -->\nmore\n")
+
+
+def test_each_klein_row_links_the_raw_file_of_its_batch(copy):
+    """klein's rows come from several machines: each names the archive its figures came from."""
+    rows = [line for line in report_table(copy / "RESULTS.md", "klein") if line.startswith("| klein")]
+    sources = (copy / "results" / "klein.csv").read_text(encoding="utf-8").splitlines()[1:]
+    assert len(rows) == len(sources) > 0
+    for row, source in zip(rows, sources):
+        name = source.rsplit(",", 1)[1]
+        assert row.endswith(f"| [{Path(name).stem}]({name}) |"), row
+
+
+def report_table(document: Path, name: str) -> list[str]:
+    text = document.read_text(encoding="utf-8")
+    return text.split(f"<!-- results: {name} -->\n", 1)[1].split("<!-- end results -->", 1)[0].splitlines()
