@@ -153,7 +153,7 @@ SCENARIOS = {s.name: s for s in [
     Scenario("klein_run", "FLUX.2 klein 9B or 4B in its real shapes (random weights, its Qwen3 encoder) through "
              "`launcher run` of its shipped preset: the first launch, relaunches at the free VRAM of 24 to 8 GB cards, "
              "bf16 uncapped (a label's suffixes: _mN margin, _pN profiled steps, _sN steps, _c compiled); then "
-             "`python -m bench.klein_table OUT --write --date DATE`",
+             "`python -m bench.klein_table OUT --write --date DATE` and `python bench/report.py`",
              ("bash", "bench/klein_run.sh"), "GPU", "the GPU machine's python3", ("klein",), env=(("OUT", "{out}"),),
              needs="MODEL LABEL... (klein9b first_22_512 relaunch_7_512 bf16_512), with R and M set"),
 ]}
