@@ -1,6 +1,7 @@
 """bench/RESULTS.md's tables are generated from bench/results/: `report.py --check` (run by CI)
 passes on the repository as it is and fails when a figure, a source file or a table disagrees."""
 
+import csv
 import shutil
 import subprocess
 import sys
@@ -100,10 +101,10 @@ def test_a_column_name_ending_in_a_colon_is_right_aligned(tmp_path):
 def test_each_klein_row_links_the_raw_file_of_its_batch(copy):
     """klein's rows come from several machines: each names the archive its figures came from."""
     rows = [line for line in report_table(copy / "RESULTS.md", "klein") if line.startswith("| klein")]
-    sources = (copy / "results" / "klein.csv").read_text(encoding="utf-8").splitlines()[1:]
+    with (copy / "results" / "klein.csv").open(newline="", encoding="utf-8") as handle:
+        sources = [row["source"] for row in csv.DictReader(handle)]
     assert len(rows) == len(sources) > 0
-    for row, source in zip(rows, sources):
-        name = source.rsplit(",", 1)[1]
+    for row, name in zip(rows, sources):
         assert row.endswith(f"| [{Path(name).stem}]({name}) |"), row
 
 

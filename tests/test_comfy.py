@@ -356,8 +356,14 @@ def test_comfyui_loads_the_tiny_lora(comfyui_checkout, tiny_comfy):
     assert result.returncode == 0, result.stdout + result.stderr
     config = yaml.safe_load(run.config.read_text())
     base = Path(config["config"]["process"][0]["model"]["name_or_path"]) / "flux2-dev.safetensors"
-    report = in_comfyui(workdir, comfyui_checkout, "lora", "--base", str(base),
-                        "--lora", str(run.job_dir / "tiny_flux2.safetensors"), "--params", json.dumps(FLUX2_PARAMS))
+    assert_comfyui_patches_every_weight(workdir, comfyui_checkout, base, run.job_dir / "tiny_flux2.safetensors")
+
+
+def assert_comfyui_patches_every_weight(workdir, checkout: str, base: Path, lora: Path) -> None:
+    """tests/comfyui_load_lora.py's `lora` check of a tiny run's LoRA on its base checkpoint: every
+    key matched, every weight patched to base + B @ A."""
+    report = in_comfyui(workdir, checkout, "lora", "--base", str(base), "--lora", str(lora),
+                        "--params", json.dumps(FLUX2_PARAMS))
     assert report["unmatched"] == [] and report["tensors"] == 2 * report["patched"] > 0, report
     assert report["max_delta"] > 0, "the LoRA changed no weight: lora_B is still zero?"
     assert report["max_abs_error"] <= 1e-3 * report["max_delta"], report

@@ -7,7 +7,6 @@ COMFYUI_DIR names a ComfyUI checkout), and a relaunch with the encoder
 folder moved away finds the quantized transformer and every prompt's embedding cached and trains
 the same first step."""
 
-import json
 import os
 import re
 import shutil
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import private_workdir
-from test_comfy import comfyui_checkout, in_comfyui  # noqa: F401 (fixture)
+from test_comfy import assert_comfyui_patches_every_weight, comfyui_checkout  # noqa: F401 (fixture)
 from tiny_run import run_tiny, tiny_preset
 
 from launcher.comfy import lora_check
@@ -98,13 +97,9 @@ def test_comfyui_s_own_loader_patches_every_weight_of_the_tiny_klein_lora(comfyu
                                                                          klein_workdir):
     """ComfyUI's FLUX.2 model and LoRA loader, built from klein's own checkpoint (no guidance
     embedding): every key matched, every weight patched to base + B @ A."""
-    lora = launches["root"] / "first" / RUN / RUN / f"{RUN}.safetensors"
-    base = lora_check.base_checkpoint(str(launches["assets"]), ARCH)
-    report = in_comfyui(klein_workdir, comfyui_checkout, "lora", "--base", str(base), "--lora", str(lora),
-                        "--params", json.dumps(tiny_assets.FLUX2_PARAMS))
-    assert report["unmatched"] == [] and report["tensors"] == 2 * report["patched"] > 0, report
-    assert report["max_delta"] > 0, "the LoRA changed no weight: lora_B is still zero?"
-    assert report["max_abs_error"] <= 1e-3 * report["max_delta"], report
+    assert_comfyui_patches_every_weight(klein_workdir, comfyui_checkout,
+                                        lora_check.base_checkpoint(str(launches["assets"]), ARCH),
+                                        launches["root"] / "first" / RUN / RUN / f"{RUN}.safetensors")
 
 
 def test_a_relaunch_without_the_encoder_folder_finds_both_caches_and_trains_the_same(launches):
