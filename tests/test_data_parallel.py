@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -212,13 +213,43 @@ def test_the_rank_that_keeps_the_others_waiting_is_named():
     assert rank_watch.stalled(states, telemetry, 100.0 + 29, 30) is None  # not yet past the limit
     rank, line = rank_watch.stalled(states, telemetry, 100.0 + 31, 30)
     assert rank == 1 and line.startswith("rank 1 (pid 11) stalled: rank 0 has waited 31 s") and "last step 7" in line
-    both = {0: {"pid": 10, "entered": 8, "waiting_since": 100.0}, 1: {"pid": 11, "entered": 8, "waiting_since": 101.0}}
-    assert rank_watch.stalled(both, telemetry, 1000.0, 30) is None  # all in the same collective: no culprit here
     behind = {0: {"pid": 10, "entered": 8, "waiting_since": 100.0}, 1: {"pid": 11, "entered": 7, "waiting_since": 50.0}}
     assert rank_watch.stalled(behind, telemetry, 1000.0, 30)[0] == 1  # stopped inside the collective before
     sampling = {0: {"pid": 10, "waiting_since": None}, 1: {"pid": 11, "waiting_since": 100.0}}
     assert rank_watch.stalled(sampling, {0: (7, True), 1: (7, False)}, 1000.0, 30) is None
     assert rank_watch.stalled(sampling, {0: (7, False), 1: (7, False)}, 1000.0, 30)[0] == 0
+
+
+@pytest.mark.parametrize("frozen", [0, 1])
+def test_a_rank_frozen_inside_the_collective_the_others_wait_in_is_named(frozen):
+    """Both files say "waiting in collective 8": the one whose heartbeat stopped is the frozen one,
+    whichever entered first, and the line names the live rank that waits for it."""
+    live = 1 - frozen
+    states = {frozen: {"pid": 10 + frozen, "entered": 8, "waiting_since": 100.0, "beat": 100.0},
+              live: {"pid": 10 + live, "entered": 8, "waiting_since": 100.0 + 5 * live, "beat": 0.0}}
+    states[live]["beat"] = 1000.0
+    telemetry = {0: (7, False), 1: (7, False)}
+    rank, line = rank_watch.stalled(states, telemetry, 100.0 + 5 * live + 31, 30)
+    assert rank == frozen, line
+    assert line.startswith(f"rank {frozen} (pid {10 + frozen}) stalled: rank {live} has waited 31 s"), line
+    assert "has not run for" in line and "last step 7" in line
+    assert rank_watch.stalled(states, telemetry, 100.0 + 5 * live + 29, 30) is None  # the live one: not yet
+    frozen_computing = {**states, frozen: {**states[frozen], "entered": 7, "waiting_since": None}}
+    assert rank_watch.stalled(frozen_computing, telemetry, 1000.0, 30)[0] == frozen
+    sampling = {0: (7, True), 1: (7, False)}  # sampling is no excuse for a process that does not run
+    assert rank_watch.stalled(frozen_computing, sampling, 1000.0, 30)[0] == frozen
+
+
+def test_every_rank_waiting_alive_in_one_collective_is_a_hung_collective():
+    states = {0: {"pid": 10, "entered": 8, "waiting_since": 100.0, "beat": 995.0},
+              1: {"pid": 11, "entered": 8, "waiting_since": 101.0, "beat": 996.0}}
+    telemetry = {0: (7, False), 1: (7, False)}
+    assert rank_watch.stalled(states, telemetry, 129.0, 30) is None
+    rank, line = rank_watch.stalled(states, telemetry, 1000.0, 30)
+    assert rank == 0 and line.startswith("ranks 0, 1 have waited 900 s in the same gradient all-reduce"), line
+    assert "the collective itself hangs" in line and "stopping rank 0 (pid 10)" in line
+    old_overlay = {rank: {key: value for key, value in state.items() if key != "beat"} for rank, state in states.items()}
+    assert "collective itself hangs" in rank_watch.stalled(old_overlay, telemetry, 1000.0, 30)[1]
 
 
 def test_the_watch_reads_each_ranks_files_and_forgets_an_earlier_launch(tmp_path):
@@ -236,38 +267,58 @@ def test_the_watch_reads_each_ranks_files_and_forgets_an_earlier_launch(tmp_path
         assert not list(tmp_path.glob("rank-state.rank*.json"))
 
 
+def _waiting_for(state: Path, seconds: float) -> bool:
+    since = (rank_watch.read_json(state) or {}).get("waiting_since")
+    return isinstance(since, (int, float)) and time.time() - since > seconds
+
+
 @pytest.mark.trainer
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds rank 1 through /proc")
-def test_a_stalled_rank_stops_the_others_with_one_line_naming_it(trainer_workdir, tmp_path):
-    """Rank 1 stopped (SIGSTOP: alive, never reaching the next all-reduce) once it has trained a step."""
-    preset = tiny_preset(tmp_path / "long.yaml", steps=2000, launcher={"watchdog": {"rank_stall_s": 8}})
-    state = rank_watch.rank_file(tmp_path / RUN_NAME / rank_watch.STATE_FILE, 1)
-    stopped, done = [], threading.Event()
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the ranks through /proc")
+def test_a_rank_frozen_inside_the_all_reduce_stops_the_others_with_one_line_naming_it(trainer_workdir, tmp_path):
+    """The state no file tells apart: rank 1 frozen (SIGSTOP) inside the collective that rank 0 then
+    waits in. Made so on purpose, not by chance: rank 0 held (SIGSTOP) until rank 1 has waited for
+    it a second, rank 1 frozen there, rank 0 let go into the same collective. Rank 0 is held for a
+    step at most, far under the limit, so the watch cannot take it for the stalled one."""
+    preset = tiny_preset(tmp_path / "long.yaml", steps=2000, launcher={"watchdog": {"rank_stall_s": 20}})
+    state = {rank: rank_watch.rank_file(tmp_path / RUN_NAME / rank_watch.STATE_FILE, rank) for rank in (0, 1)}
+    held, stopped, done = [], [], threading.Event()
 
-    def stop_rank_1():  # polled: the trainer's progress bar reaches the log only at a newline
+    def freeze_rank_1_inside_the_collective():
         while not done.wait(0.2):
-            if (rank_watch.read_json(state) or {}).get("entered", 0) >= 2:
-                stopped.extend(rank_pids(1))
+            if (rank_watch.read_json(state[1]) or {}).get("entered", 0) < 2:
+                continue
+            held.extend(rank_pids(0))
+            for pid in held:
+                os.kill(pid, signal.SIGSTOP)
+            while not done.wait(0.1) and not _waiting_for(state[1], 1.0):
+                pass
+            stopped.extend(rank_pids(1))
+            for pid in stopped:
+                os.kill(pid, signal.SIGSTOP)
+            for pid in held:
+                os.kill(pid, signal.SIGCONT)
+            if not done.wait(180):  # the watch missed it: end the run all the same (the test fails below)
                 for pid in stopped:
-                    os.kill(pid, signal.SIGSTOP)
-                if not done.wait(120):  # the watch missed it: end the run all the same (the test fails below)
-                    for pid in stopped:
-                        with contextlib.suppress(OSError):
-                            os.kill(pid, signal.SIGKILL)
-                return
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+            return
 
-    stopper = threading.Thread(target=stop_rank_1, daemon=True)
-    stopper.start()
+    freezer = threading.Thread(target=freeze_rank_1_inside_the_collective, daemon=True)
+    freezer.start()
     try:
         code, log = watch(trainer_workdir, preset, tmp_path, lambda line: None, "--gpus", "2")
     finally:
         done.set()
-        stopper.join()
+        freezer.join()
+        for pid in held:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGCONT)
         for pid in stopped:  # never leave a stopped process behind
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
     assert stopped and code != 0, log[-6000:]
     assert log.count(f"rank 1 (pid {stopped[0]}) stalled: rank 0 has waited") == 1, log[-6000:]
+    assert "its process has not run for" in log, log[-6000:]
 
 
 def test_the_dry_run_plans_each_card_on_its_own():

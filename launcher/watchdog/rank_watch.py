@@ -4,12 +4,15 @@ torchrun only acts on a rank that ends. NCCL or gloo would end a waiting rank af
 collective timeout (10 or 30 minutes) and torchrun would then name that rank, not the stalled one.
 
 Each rank keeps `rank-state.rank<R>.json` in the run folder (overlay toolkit/data_parallel.py):
-its pid, how many collectives it has entered and since when it waits in the last. When one rank
-has waited past `rank_stall_s` (the preset's `launcher: watchdog:` block) for a collective, the
-ranks that have not entered it are the stalled ones (not waiting, or stuck in an earlier one): the watch
-names the first in one line, with its last step from its trainer telemetry, and kills it, so
-torchrun stops the others. The main rank sampling images (its telemetry's open `sample_start`)
-keeps the others waiting by design and is not a stall.
+its pid, how many collectives it has entered, since when it waits in the last, and a heartbeat
+its own thread renews every few seconds. When a live rank has waited past `rank_stall_s` (the
+preset's `launcher: watchdog:` block) for a collective, the stalled rank is one whose heartbeat is
+that old (a process that does not run, wherever it froze: inside the collective too, where its file
+says it waits like the others), else one that has not entered the collective (not waiting, or stuck
+in an earlier one); when every rank waits alive in the same collective, the collective itself
+hangs. The watch says which in one line, with the rank's last step from its trainer telemetry,
+and kills it, so torchrun stops the others. The main rank sampling images (its telemetry's open
+`sample_start`) keeps the others waiting by design and is not a stall.
 """
 
 from __future__ import annotations
@@ -50,28 +53,48 @@ def telemetry_of(rows: list[dict]) -> tuple[int | None, bool]:
     return step, event == "sample_start"
 
 
+def _age(state: dict | None, key: str, now: float) -> float | None:
+    value = (state or {}).get(key)
+    return now - value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def stalled(states: dict[int, dict | None], telemetry: dict[int, tuple[int | None, bool]], now: float,
             limit: float) -> tuple[int, str] | None:
-    """(rank, the line naming it) when a rank has waited `limit` seconds in a collective that
-    another rank has not entered."""
-    waits = {rank: (now - state["waiting_since"], state.get("entered") or 0) for rank, state in states.items()
-             if state and isinstance(state.get("waiting_since"), (int, float))}
+    """(rank, the line naming it) once a live rank has waited `limit` seconds in a collective.
+
+    The culprit is, in this order: a rank whose heartbeat is older than `limit` (its process does
+    not run: stopped, or hung in a call that holds the interpreter; wherever it froze, inside the
+    collective included), then a rank that has not entered the collective and is not sampling.
+    When every rank waits alive in the same collective, the collective itself hangs: the line says
+    so and names the rank that is stopped so that torchrun stops the others."""
+    frozen = [rank for rank in sorted(states) if (_age(states[rank], "beat", now) or 0.0) > limit]
+    waits = {rank: (age, states[rank].get("entered") or 0) for rank in states
+             if rank not in frozen and (age := _age(states[rank], "waiting_since", now)) is not None}
     if not waits:
         return None
     front = max(entered for _, entered in waits.values())  # the collective the furthest ranks wait in
     waiter = max((rank for rank, (_, entered) in waits.items() if entered == front), key=lambda rank: waits[rank][0])
-    if waits[waiter][0] < limit:
+    waited = waits[waiter][0]
+    if waited < limit:
         return None
-    late = [rank for rank in sorted(states) if rank not in waits and not telemetry.get(rank, (None, False))[1]
-            or rank in waits and waits[rank][1] < front]
-    if not late:
-        return None
-    rank = late[0]
+    late = [rank for rank in sorted(states) if rank not in frozen and (
+        rank not in waits and not telemetry.get(rank, (None, False))[1] or rank in waits and waits[rank][1] < front)]
+    if not frozen and not late:
+        if len(waits) < len(states):
+            return None  # the main rank samples: the others wait by design
+        pid = (states.get(waiter) or {}).get("pid")
+        return waiter, (f"ranks {', '.join(map(str, sorted(waits)))} have waited {waited:.0f} s in the same gradient "
+                        f"all-reduce, each of them running (limit rank_stall_s {limit:.0f} s): the collective itself "
+                        f"hangs (the link between the GPUs, or a GPU that never finishes its part); stopping rank "
+                        f"{waiter}{f' (pid {pid})' if pid else ''}, torchrun stops the others")
+    rank = (frozen or late)[0]
+    why = (f", its process has not run for {_age(states[rank], 'beat', now):.0f} s (stopped, or hung in a call that "
+           "holds Python)") if frozen else ""
     pid = (states.get(rank) or {}).get("pid")
     step = telemetry.get(rank, (None, False))[0]
-    return rank, (f"rank {rank}{f' (pid {pid})' if pid else ''} stalled: rank {waiter} has waited "
-                  f"{waits[waiter][0]:.0f} s for it in the gradient all-reduce (limit rank_stall_s {limit:.0f} s), "
-                  f"its last step {step if step is not None else 'unknown'}; stopping it, torchrun stops the others")
+    return rank, (f"rank {rank}{f' (pid {pid})' if pid else ''} stalled: rank {waiter} has waited {waited:.0f} s for it "
+                  f"in the gradient all-reduce (limit rank_stall_s {limit:.0f} s){why}, its last step "
+                  f"{step if step is not None else 'unknown'}; stopping it, torchrun stops the others")
 
 
 class RankWatch:

@@ -19,6 +19,7 @@ import datetime
 import json
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -70,7 +71,8 @@ def before_loading() -> None:
     if not active():
         return
     die_with_agent()
-    _write_state(None)
+    _write_state()
+    threading.Thread(target=_beat, name="rank-heartbeat", daemon=True).start()
     if rank() != 0:
         print(f"rank {rank()}: waiting for rank 0 to load the model (the quantized cache, the text phase)", flush=True)
         _store().wait([LOADED_KEY], LOAD_WAIT)
@@ -107,12 +109,18 @@ def broadcast_parameters(params) -> None:
 
 
 _entered = 0  # collectives of the train loop this rank has entered
+_waiting_since = None  # since when this rank waits in the last collective; None while it computes
 _state_file = None
 """model_kwargs rank_state_file: `run` names a file (`<run>/rank-state.json`); rank R keeps
 `rank-state.rank<R>.json` beside it: its pid, how many collectives of the train loop it has entered,
-and since when it waits in the last (null while it computes). The launcher's rank watch
-(launcher/watchdog/rank_watch.py) reads them: a rank that keeps the others waiting past the limit
-is the stalled one, whatever it is doing (sleeping, stopped, looping)."""
+since when it waits in the last (null while it computes), and its heartbeat. The launcher's rank
+watch (launcher/watchdog/rank_watch.py) reads them: a rank that keeps the others waiting past the
+limit is the stalled one, whatever it is doing (sleeping, stopped, looping), and a rank whose
+heartbeat is that old is frozen, even inside the collective the others wait in."""
+_state_lock = threading.Lock()
+BEAT_S = 2.0
+"""Seconds between heartbeats: a thread of its own renews them while the rank computes or waits (a
+collective releases the interpreter), so only a process that does not run lets them age."""
 
 
 def configure(model_kwargs: dict) -> None:
@@ -121,31 +129,46 @@ def configure(model_kwargs: dict) -> None:
     _state_file = read(model_kwargs, "rank_state_file")
 
 
-def _write_state(waiting_since: float | None) -> None:
+def _write_state() -> None:
     """This rank's state file for the launcher's rank watch, replaced whole (a reader never sees half)."""
     path = _state_file
     if not path:
         return
     stem, _, suffix = path.rpartition(".")
     target = f"{stem}.rank{rank()}.{suffix}"
-    try:
-        with open(f"{target}.tmp", "w", encoding="utf-8") as handle:
-            json.dump({"rank": rank(), "pid": os.getpid(), "entered": _entered, "waiting_since": waiting_since}, handle)
-        os.replace(f"{target}.tmp", target)
-    except OSError as error:  # the watch goes blind on this rank; the training goes on
-        print(f"rank {rank()}: writing {target} failed ({error}); the rank watch cannot see this rank", flush=True)
+    with _state_lock:  # the heartbeat thread writes it too
+        state = {"rank": rank(), "pid": os.getpid(), "entered": _entered, "waiting_since": _waiting_since,
+                 "beat": time.time()}
+        try:
+            with open(f"{target}.tmp", "w", encoding="utf-8") as handle:
+                json.dump(state, handle)
+            os.replace(f"{target}.tmp", target)
+        except OSError as error:  # the watch goes blind on this rank; the training goes on
+            print(f"rank {rank()}: writing {target} failed ({error}); the rank watch cannot see this rank", flush=True)
+
+
+def _beat() -> None:
+    while True:
+        time.sleep(BEAT_S)
+        _write_state()
 
 
 @contextlib.contextmanager
-def _waiting():
-    """Marks a collective of the train loop: a rank inside it is waiting for the others."""
-    global _entered
+def _waiting(tensor: torch.Tensor):
+    """Marks a collective of the train loop: a rank inside it is waiting for the others. On a GPU
+    the collective is queued, not done, when the call returns: the rank waits for its stream here,
+    so that a wait is seen where it happens."""
+    global _entered, _waiting_since
     _entered += 1
-    _write_state(time.time())
+    _waiting_since = time.time()
+    _write_state()
     try:
         yield
+        if tensor.is_cuda:
+            torch.cuda.current_stream(tensor.device).synchronize()
     finally:
-        _write_state(None)
+        _waiting_since = None
+        _write_state()
 
 
 def average_gradients(params) -> None:
@@ -156,7 +179,7 @@ def average_gradients(params) -> None:
     for dtype in {grad.dtype for grad in grads}:
         same = [grad for grad in grads if grad.dtype == dtype]
         flat = torch.cat([grad.reshape(-1) for grad in same])
-        with _waiting():
+        with _waiting(flat):
             dist.all_reduce(flat)
         flat /= world_size()
         offset = 0
@@ -193,6 +216,6 @@ def flags_present(folder: str, names: tuple[str, ...], device) -> list[str]:
     if not active():
         return present
     mask = torch.tensor([name in present for name in names], dtype=torch.int32, device=device)
-    with _waiting():
+    with _waiting(mask):
         dist.broadcast(mask, 0)
     return [name for name, seen in zip(names, mask.tolist()) if seen]
