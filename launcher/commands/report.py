@@ -102,7 +102,8 @@ def record(bundle: Bundle, name: str, command: list[str], how_long: str) -> None
     a finding for the report, not a reason to stop it."""
     with step(f"{name} ({how_long})"):
         began = time.monotonic()
-        result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+        result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, encoding="utf-8",
+                                errors="replace")
         seconds = round(time.monotonic() - began, 1)
     bundle.add_text(f"{name}.log", result.stdout)
     bundle.add_json(f"{name}.json", {"command": command[1:], "exit_code": result.returncode, "seconds": seconds})

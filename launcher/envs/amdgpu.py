@@ -66,7 +66,7 @@ def windows_adapter_names() -> list[str]:
     try:
         out = subprocess.run(
             ["powershell", "-NoProfile", "-Command", "(Get-CimInstance Win32_VideoController).Name"],
-            capture_output=True, text=True, timeout=30,
+            capture_output=True, text=True, encoding="utf-8", errors="replace", timeout=30,
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []

@@ -15,7 +15,7 @@ def memory_gib() -> dict[str, float | None]:
     meminfo = Path("/proc/meminfo")
     if meminfo.is_file():
         values = {}
-        for line in meminfo.read_text().splitlines():
+        for line in meminfo.read_text(encoding="utf-8").splitlines():
             key, _, rest = line.partition(":")
             values[key] = int(rest.split()[0]) / 2**20  # kB -> GiB
         return {
@@ -80,7 +80,8 @@ def gpu_driver_version(timeout: float = 15) -> str | None:
         if not found:
             continue
         try:
-            result = subprocess.run([found, *arguments], capture_output=True, text=True, timeout=timeout)
+            result = subprocess.run([found, *arguments], capture_output=True, text=True, encoding="utf-8", errors="replace",
+                                    timeout=timeout)
             text = read(result.stdout).strip() if result.returncode == 0 else ""
         except (OSError, subprocess.SubprocessError, StopIteration, IndexError):
             text = ""

@@ -124,7 +124,8 @@ def _check_triton_amd(python: Path, channel: Channel) -> None:
     """Say in one line when the pinned Triton's AMD backend does not load: the self-test then picks the slower paths."""
     if not channel.device:
         return
-    result = subprocess.run([str(python), "-c", TRITON_AMD_PROBE], capture_output=True, text=True, env=clean_env())
+    result = subprocess.run([str(python), "-c", TRITON_AMD_PROBE], capture_output=True, text=True, encoding="utf-8", errors="replace",
+                            env=clean_env())
     if result.returncode != 0:
         reason = (result.stderr.strip().splitlines() or ["no output"])[-1]
         say(f"{' '.join(triton_install_args(channel))}: the AMD backend does not load ({reason}); "

@@ -109,7 +109,7 @@ def _first_cause(lines: list[str]) -> str:
 
 
 def _checked(command: list[str], what: str) -> str:
-    result = subprocess.run(command, capture_output=True, text=True, env=clean_env())
+    result = subprocess.run(command, capture_output=True, text=True, encoding="utf-8", errors="replace", env=clean_env())
     if result.returncode != 0:
         reason = (result.stderr.strip().splitlines() or ["no output"])[-1]
         raise LauncherError(f"{what} failed in the trainer venv ({reason}); the venv is not marked installed: "

@@ -76,7 +76,7 @@ def _listdir(path: PureWindowsPath) -> list[str]:
 
 def _run(command: list[str]) -> tuple[int, str]:
     try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        result = subprocess.run(command, capture_output=True, text=True, encoding="utf-8", errors="replace", timeout=60)
     except (OSError, subprocess.TimeoutExpired) as error:
         return 1, str(error)
     return result.returncode, result.stdout

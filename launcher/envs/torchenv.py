@@ -169,7 +169,7 @@ def installed_versions(python: Path, names: tuple[str, ...] = TRIO) -> dict[str,
         "    except m.PackageNotFoundError: pass\n"
         "print(json.dumps(found))\n"
     )
-    result = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, env=clean_env())
+    result = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, encoding="utf-8", errors="replace", env=clean_env())
     if result.returncode != 0:
         raise LauncherError(f"{python} could not report its packages: {result.stderr.strip()}")
     return json.loads(result.stdout)
@@ -186,13 +186,20 @@ NO_BYTECODE = {"PYTHONDONTWRITEBYTECODE": "1"}
 can report any bytecode in it as foreign (Python would run it in place of the source)."""
 
 
+UTF8_CHILD = {"PYTHONUTF8": "1", "PYTHONIOENCODING": "utf-8"}
+"""Python's UTF-8 mode for every child: on Windows a child's pipes, files and `open()` otherwise use
+the ANSI code page (cp1252), so printing a run folder named in another script kills the trainer and
+a log gets bytes the launcher cannot read (ostris/ai-toolkit#865). The launcher reads children's
+output as UTF-8 on every platform, because it set this."""
+
+
 def clean_env() -> dict[str, str]:
     """The environment for pip and python subprocesses, without variables that redirect them.
 
     PYTHONPATH/PYTHONHOME, an active conda/pyenv/venv, or PIP_TARGET/PIP_PREFIX/PIP_USER
     from the user's shell would make the venv's pip install into, or import from,
     somewhere else. Index, proxy and certificate settings are kept: they are how the
-    user's machine reaches a package index at all.
+    user's machine reaches a package index at all. Every child speaks UTF-8 (`UTF8_CHILD`).
     """
     blocked = {
         "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "VIRTUAL_ENV",
@@ -200,10 +207,8 @@ def clean_env() -> dict[str, str]:
         "PIP_REQUIRE_VIRTUALENV",
     }
     blocked_prefixes = ("CONDA_", "PYENV_VERSION")
-    return {
-        key: value for key, value in os.environ.items()
-        if key not in blocked and not key.startswith(blocked_prefixes)
-    }
+    kept = {key: value for key, value in os.environ.items() if key not in blocked and not key.startswith(blocked_prefixes)}
+    return {**kept, **UTF8_CHILD}
 
 
 def default_python() -> Path:

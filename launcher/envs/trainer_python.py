@@ -31,9 +31,11 @@ def child_env(extra: dict[str, str] | None = None, python: Path | None = None) -
 
 def run_module(python: Path, module: str, *args: str, capture: bool = False,
                timeout: float | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run an in-trainer module to completion; its output is captured as text when asked; `env` adds variables."""
+    """Run an in-trainer module to completion; its output is captured as text when asked (UTF-8, as
+    `clean_env` tells the child to write); `env` adds variables."""
+    text = {"encoding": "utf-8", "errors": "replace"} if capture else {}
     return subprocess.run(module_command(python, module, *args), cwd=LAUNCHER_ROOT, env=child_env(env, python),
-                          capture_output=capture, text=capture or None, timeout=timeout)
+                          capture_output=capture, timeout=timeout, **text)
 
 
 def start_module(python: Path, module: str, *args: str, env: dict[str, str] | None = None,

@@ -209,7 +209,7 @@ def ptxas_report(ptx: str, arch: str) -> dict:
         source = Path(folder) / "kernel.ptx"
         source.write_text(ptx, encoding="utf-8")
         done = subprocess.run([tool, "-v", f"--gpu-name={gpu_name}", str(source), "-o", str(Path(folder) / "kernel.o")],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, encoding="utf-8", errors="replace")
     if done.returncode:
         raise RuntimeError(f"ptxas for {gpu_name}: {done.stderr.strip()[-300:]}")
     log = done.stderr

@@ -97,7 +97,8 @@ def start_compile_check(workdir: Workdir, python: Path, env: dict, report: dict)
         f"at most {compiled.DEADLINE_SECONDS:.0f} s, beside the sampling check")
     process = start_module(python, "selftest.compiled", "--trainer", str(workdir.trainer),
                            "--candidate", json.dumps(candidate), env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, encoding="utf-8",
+                           errors="replace")
     return process, time.monotonic()
 
 

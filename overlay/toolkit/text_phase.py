@@ -76,7 +76,7 @@ def dataset_files(config) -> List[tuple]:
                  for name in names if name.lower().endswith(suffixes)]
         captions, root = None, source
     else:
-        with open(source, "r") as f:
+        with open(source, "r", encoding="utf-8") as f:
             captions = json.load(f)
         files, root = list(captions), os.path.dirname(source)
     return [(path, captions, root) for path in files if os.path.basename(os.path.dirname(path)) != "_controls"]

@@ -121,7 +121,7 @@ def check(trainer: Path, log, seconds: float = RUN_SECONDS, deadline: float = DE
     command = [sys.executable, "-m", "launcher.in_trainer.selftest.streaming", "--trainer", str(trainer),
                "--seconds", str(seconds)]
     try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=deadline)
+        result = subprocess.run(command, capture_output=True, text=True, encoding="utf-8", errors="replace", timeout=deadline)
     except subprocess.TimeoutExpired:
         reason = f"overlapped streaming did not finish within its {deadline:.0f} s deadline (a driver hang: wall 5)"
         log(f"  FAIL: {reason}")
