@@ -21,6 +21,7 @@ import re
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 from launcher.nofollow import create_exclusive, is_link
 from launcher.runs.folders import RunFolder
@@ -51,12 +52,22 @@ class Scrubber:
 
     def __call__(self, text: str) -> str:
         for name in sorted(self.names, key=len, reverse=True):
-            placeholder = self.names[name].replace("\\", "\\\\")
-            for spelling in {name, name.replace("\\", "/")}:  # Windows paths are also written with /
+            placeholder = self.names[name]
+            for spelling in sorted(spellings(name), key=len, reverse=True):
                 # a whole word or path part: no letter or digit on either side (_ and - separate, as in alice_smith)
-                text = re.sub(r"(?<![^\W_])" + re.escape(spelling) + r"(?![^\W_])", placeholder, text,
+                text = re.sub(r"(?<![^\W_])" + re.escape(spelling) + r"(?![^\W_])", lambda _: placeholder, text,
                               flags=re.IGNORECASE)
         return text
+
+
+def spellings(name: str) -> set[str]:
+    """Every way a text the report carries may write `name`: as it is and with / for \\ (Windows
+    paths are written both ways), as JSON writes it (backslashes doubled; `\\u00e9` for a letter
+    outside ASCII, or the letter itself), and URL-encoded (a `file:` URL, a query)."""
+    plain = {name, name.replace("\\", "/")}
+    escaped = {json.dumps(form, ensure_ascii=ascii_only)[1:-1] for form in plain for ascii_only in (True, False)}
+    encoded = {quote(form, safe=safe) for form in plain for safe in ("/:", "")}
+    return plain | escaped | encoded
 
 
 def _user() -> str:

@@ -2,6 +2,7 @@
 
 import getpass
 import json
+import urllib.parse
 import zipfile
 from pathlib import Path
 
@@ -16,7 +17,7 @@ def fake_run(runs: Path, name: str, log: str) -> Path:
     (root / name).mkdir(parents=True)
     (root / "config.yaml").write_text(f"config:\n  name: {name}\n", encoding="utf-8")
     (root / name / "run.json").write_text(json.dumps({"preset": "7900xtx_512.yaml"}), encoding="utf-8")
-    (root / "train.log").write_text(log, encoding="utf-8")
+    (root / "train.log").write_bytes(log.encode("utf-8"))  # bytes, as the launcher copies them from the trainer
     return root
 
 
@@ -91,3 +92,35 @@ def test_the_report_times_the_tiny_model_on_this_machine(trainer_workdir, tmp_pa
     assert "tiny/run.json" in files and "tiny/train.log.tail" in files
     assert json.loads(files["doctor.json"])["torch"]["torch"]
     assert str(trainer_workdir.root.resolve()) not in "".join(files.values())
+
+
+WINDOWS_HOME = "C:\\Users\\Zoë Müller"
+WINDOWS_WORKDIR = WINDOWS_HOME + "\\данные_日本\\.aitk"
+
+
+@pytest.mark.parametrize("write", [
+    lambda text: text,
+    lambda text: json.dumps({"path": text}),  # backslashes doubled, letters outside ASCII as \u00eb
+    lambda text: json.dumps({"path": text}, ensure_ascii=False),
+    lambda text: json.dumps({"path": text.replace("\\", "/")}),
+    lambda text: "file:///" + urllib.parse.quote(text.replace("\\", "/"), safe="/:"),
+    lambda text: urllib.parse.quote(text, safe=""),
+], ids=["plain", "json", "json-utf8", "json-slashes", "file-url", "url-encoded"])
+def test_windows_paths_and_names_are_scrubbed_in_every_spelling_a_member_holds(write):
+    scrub = Scrubber({WINDOWS_WORKDIR: "<workdir>", WINDOWS_HOME: "<home>", "Zoë Müller": "<user>", "ZOE-PC": "<host>"})
+    text = scrub(write(WINDOWS_WORKDIR + "\\runs\\x") + " " + write(WINDOWS_HOME + "\\Downloads") + " "
+                 + write("Zoë Müller") + " on " + write("zoe-pc"))
+    for leak in ("Zo", "ller", "данные", "\\u0434", "%D0", "日本", "zoe-pc"):
+        assert leak not in text, (leak, text)
+    assert "<workdir>" in text and "<home>" in text and "<user>" in text and "<host>" in text
+
+
+def test_a_report_of_a_non_ascii_workdir_holds_no_spelling_of_it(tmp_path, capsys):
+    workdir = tmp_path / "Zoë_данные" / "wd"
+    fake_run(workdir / "runs", "my_lora", f"loaded {workdir}/cache\n")
+    metadata = next((workdir / "runs" / "my_lora").glob("*/run.json"))
+    metadata.write_text(json.dumps({"preset": str(workdir / "p.yaml"), "dataset": [str(workdir / "d")]}), encoding="utf-8")
+    out = tmp_path / "report.zip"
+    assert main(["report", "--workdir", str(workdir), "--no-selftest", "--out", str(out)]) == 0
+    for name, text in read_zip(out).items():
+        assert "Zo" not in text and "данные" not in text and "\\u0434" not in text, (name, text[:2000])
