@@ -31,6 +31,7 @@ from launcher.runs import disk_budget, files, leash, load_report, memory_plan, r
 from launcher.runs.dataset import DEFAULT_BUCKET_TOLERANCE, DatasetCheck, check_dataset, long_caption_warnings
 from launcher.runs.exit_status import describe, launcher_code
 from launcher.runs.folders import RunFolder, clear_stale_flags
+from launcher.runs.path_limits import check_lengths
 from launcher.runs.presets import Preset, load_preset, render, write_config
 from launcher.runs.run_lock import run_folder_lock
 from launcher.runs.schema import Vocabulary, short
@@ -113,6 +114,7 @@ def handle(args) -> int:
     places = locations(args)
     run = RunFolder.inside(places.get("output") or workdir.runs, preset.name,
                            workdir=None if "output" in places else workdir.root)
+    check_lengths(run.longest_files(preset.steps))
     run.refuse_foreign()
     if preset.tiny:
         arch = preset.config["config"]["process"][0]["model"].get("arch")

@@ -113,6 +113,13 @@ class RunFolder:
         """The step a saved LoRA was written at; None for the final save."""
         return _saved_step(lora, self.name)
 
+    def longest_files(self, steps: int) -> list[Path]:
+        """The longest paths this run will write: the LoRA at its highest step, its ComfyUI workflow
+        (`comfy`) and a sample sheet (`sample`)."""
+        lora = f"{self.name}_{steps:09d}"
+        return [self.job_dir / f"{lora}.safetensors", self.comfyui / f"{lora}.workflow.json",
+                self.samples / str(steps) / "contact_sheet.png"]
+
     def refuse_links(self) -> None:
         """No link in place of the job folder or of a file the launcher or trainer writes here: the
         LoRA, run.json and the logs would land wherever it points, outside --output."""

@@ -64,6 +64,11 @@ class Preset:
         return self.config["config"]["name"]
 
     @property
+    def steps(self) -> int:
+        """The steps the run trains to: its last LoRA's name holds this number."""
+        return self.config["config"]["process"][0]["train"]["steps"]
+
+    @property
     def tiny(self) -> bool:
         return bool(self.settings["tiny"])
 

@@ -170,6 +170,13 @@ class PlainName(Spec):
     MAX_PATH where the output folder itself is not deep."""
     allowed = f"a plain folder name of at most {MAX_CHARS} characters (letters, digits, . _ - and spaces; no / \\ : or ..)"
     FORBIDDEN = re.compile(r'[<>:"/\\|?*\x00-\x1f]')
+    MAX_BYTES = 200
+    """In UTF-8, with the LoRA's `_000001000.safetensors` or its workflow's `.workflow.json` after it
+    (24 more): inside 255 bytes on Linux, where 100 characters of a script other than Latin reach 300."""
+    DEVICES = frozenset({"con", "prn", "aux", "nul", "conin$", "conout$", "clock$",
+                         *(f"{port}{digit}" for port in ("com", "lpt") for digit in "0123456789\u00b9\u00b2\u00b3")})
+    """Names Windows keeps for devices, in any case and with any extension (`nul.txt` too): a folder
+    or file of that name cannot be made, or writes go to the device."""
 
     def check(self, value, path, vocab):
         if not isinstance(value, str) or not value.strip():
@@ -177,8 +184,14 @@ class PlainName(Spec):
         elif len(value) > self.MAX_CHARS:
             yield problem(path, value, f"{len(value)} characters; the run folder and LoRA files are named after it",
                           self.allowed)
+        elif len(value.encode("utf-8", errors="surrogateescape")) > self.MAX_BYTES:
+            yield problem(path, value, f"{len(value.encode('utf-8', errors='surrogateescape'))} bytes in UTF-8, over "
+                          f"{self.MAX_BYTES}; the run folder and LoRA files are named after it", self.allowed)
         elif self.FORBIDDEN.search(value) or value.strip(". ") == "" or value != value.rstrip(". "):
             yield problem(path, value, "would not stay one folder inside the output folder", self.allowed)
+        elif value.split(".")[0].rstrip(" ").lower() in self.DEVICES:
+            yield problem(path, value, "a name Windows keeps for a device (CON, PRN, AUX, NUL, COM1-9, LPT1-9): "
+                          "no folder of that name can be made there", self.allowed)
 
 
 @dataclass(frozen=True)
