@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from launcher.cli import main
 from launcher.errors import LauncherError
 from launcher.runs.presets import PRESETS_DIR, load_preset, read_preset
+from launcher.runs import schema, schema_nodes
 from launcher.runs.schema import Vocabulary, check_preset
 
 SHIPPED = sorted(PRESETS_DIR.glob("*.yaml"))
@@ -76,14 +77,14 @@ CASES = [
     (lambda p: process(p)["datasets"][0].update(resolution=0), ["datasets[0].resolution[0] = 0: out of range"]),
     (lambda p: process(p)["save"].update(save_every=0), ["save.save_every = 0: out of range"]),
     (lambda p: process(p)["model"]["model_kwargs"].update(streamed_loadr=False),
-     ["model.model_kwargs.streamed_loadr = False: unknown key (the trainer would silently ignore it)",
+     ["model.model_kwargs.streamed_loadr: unknown key (the trainer would silently ignore it)",
       "did you mean `streamed_loader`?"]),
     (lambda p: process(p)["model"]["model_kwargs"].update(streamed_loader="yes"),
      ["model_kwargs.streamed_loader = 'yes': not true/false"]),
     (lambda p: process(p)["model"]["model_kwargs"].update(quantize_device="cuda"),
      ["model_kwargs.quantize_device = 'cuda'", "allowed: cpu | gpu"]),
     (lambda p: p["launcher"]["watchdog"].update(enabeld=True),
-     ["launcher.watchdog.enabeld = True: unknown key (not a setting); did you mean `enabled`?"]),
+     ["launcher.watchdog.enabeld: unknown key (not a setting); did you mean `enabled`?"]),
     (lambda p: p["launcher"]["watchdog"].update(interval_s=0), ["launcher.watchdog.interval_s = 0: out of range"]),
     (lambda p: p["launcher"]["watchdog"].update(source="rocm_smi"),
      ["launcher.watchdog.source = 'rocm_smi'", "did you mean `rocm-smi`?"]),
@@ -107,7 +108,7 @@ CASES = [
     (lambda p: p.update(job="extensoin"), ["job = 'extensoin'", "did you mean `extension`?"]),
     (lambda p: p["config"].pop("name"), ["config.name is missing"]),
     (lambda p: process(p).update(datasets=[]), ["config.process[0].datasets = []: too few items"]),
-    (lambda p: process(p).update(trian={}), ["config.process[0].trian = {}: unknown key", "did you mean `train`?"]),
+    (lambda p: process(p).update(trian={}), ["config.process[0].trian: unknown key", "did you mean `train`?"]),
 ]
 
 
@@ -228,3 +229,38 @@ def test_load_preset_raises_only_its_own_error(tmp_path, preset):
         assert "mutant.yaml" in str(error)
         return
     assert isinstance(loaded.name, str) and loaded.config["config"]["process"]
+
+
+def numeric_values(spec, path: str):
+    """(key path, Value) of every number the schema checks, in every block and list, walked on the specs."""
+    if isinstance(spec, schema_nodes.Value):
+        if spec.setting.kind in ("int", "number"):
+            yield path, spec
+        return
+    for attribute in ("keys", "item", "inner", "extra"):
+        inner = getattr(spec, attribute, None)
+        if isinstance(inner, dict):
+            for key, child in inner.items():
+                yield from numeric_values(child, f"{path}.{key}")
+        elif isinstance(inner, schema_nodes.Spec):
+            yield from numeric_values(inner, path)
+
+
+ALL_NUMBERS = [*numeric_values(schema.PROCESS, "config.process[]"), *numeric_values(schema.launcher_block(), "launcher")]
+
+
+def test_the_walk_reaches_every_block():
+    paths = {path for path, _ in ALL_NUMBERS}
+    assert {"config.process[].train.steps", "launcher.watchdog.rank_stall_s", "launcher.telemetry.interval_s",
+            "launcher.watchdog.baseline.power_w", "config.process[].model.model_kwargs.vram_margin_gib"} <= paths
+
+
+@pytest.mark.parametrize("path, spec", ALL_NUMBERS, ids=[path for path, _ in ALL_NUMBERS])
+def test_every_number_has_a_lower_and_an_upper_bound_and_refuses_null(path, spec):
+    setting = spec.setting
+    assert setting.maximum is not None, f"{path}: no upper bound"
+    assert setting.minimum is not None or setting.above is not None, f"{path}: no lower bound"
+    problems = list(spec.check(setting.maximum * 10 + 1, path, TRAINER))
+    assert problems and "out of range" in problems[0], problems
+    if not spec.null_is_default:  # a catalogue setting's null is its default; no other number takes null
+        assert list(spec.check(None, path, TRAINER)), f"{path} takes null"

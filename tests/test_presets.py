@@ -299,3 +299,21 @@ def test_a_preset_with_problems_is_refused_before_it_is_shown(tmp_path, capsys):
     bad = write(tmp_path, "bad.yaml", "inherits: rtx4090_512\nconfig:\n  process:\n    - train: {steps: 0}\n")
     assert main(["presets", str(bad)]) == 2
     assert "line 4: config.process[0].train.steps = 0: out of range" in capsys.readouterr().err
+
+
+def test_inherits_takes_a_preset_file_never_any_file_and_shows_no_secret(tmp_path):
+    write(tmp_path, "credentials", "aws_secret_access_key: hunter2-SECRET\n")
+    child = write(tmp_path, "child.yaml", "inherits: credentials\n")
+    with pytest.raises(LauncherError) as refused:
+        load_preset(str(child))
+    assert "not a preset file (a preset ends in .yaml)" in str(refused.value)
+    assert "hunter2" not in str(refused.value)
+
+
+def test_an_inherited_yaml_of_unknown_keys_names_the_keys_never_their_values(tmp_path):
+    write(tmp_path, "keys.yaml", "aws_secret_access_key: hunter2-SECRET\nconfig:\n  token: hunter3-SECRET\n")
+    child = write(tmp_path, "child.yaml", "inherits: keys.yaml\n")
+    with pytest.raises(LauncherError) as refused:
+        load_preset(str(child))
+    assert "aws_secret_access_key: unknown key" in str(refused.value)
+    assert "SECRET" not in str(refused.value)

@@ -25,6 +25,7 @@ from launcher.runs.schema import short
 from launcher.runs.yaml_files import load_yaml_lines
 
 INHERITS_KEY = "inherits"
+PRESET_SUFFIXES = (".yaml", ".yml")
 Origins = dict[str, tuple[Path, int]]
 """{key path as the schema writes it (`config.process[0].train.lr`): (the file that set it, its line)}"""
 
@@ -90,8 +91,11 @@ def _parent_file(spec, child: Path, line: int | None, shipped: Path) -> Path:
         raise LauncherError(f"{where} = {short(spec)}: not a preset; write a shipped preset's name "
                             f"({', '.join(shipped_names(shipped))}) or a YAML file's path relative to {child.parent}")
     for candidate in (child.parent / spec, child.parent / f"{spec}.yaml", shipped / spec, shipped / f"{spec}.yaml"):
-        if _is_file(candidate):
+        if _is_file(candidate) and candidate.suffix.lower() in PRESET_SUFFIXES:
             return candidate
+        if _is_file(candidate):  # any other file may hold anything, secrets too: never read as a preset
+            raise LauncherError(f"{where} = {short(spec)}: not a preset file (a preset ends in .yaml); inherit a "
+                                "shipped preset's name or a .yaml file")
     raise LauncherError(f"{where} = {short(spec)}: no such preset, neither a file relative to {child.parent} nor a "
                         f"shipped preset ({', '.join(shipped_names(shipped))}); fix the name or the path")
 

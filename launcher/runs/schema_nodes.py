@@ -295,7 +295,8 @@ class Block(Spec):
     def _unknown(self, key, item, where: str, vocab: Vocabulary) -> str:
         known = self._known(vocab) or set()
         who = "the trainer would silently ignore it" if isinstance(self.extra, str) else "not a setting"
-        return f"{where} = {short(item)}: unknown key ({who}){did_you_mean(str(key), known)}"
+        # the key only: an unknown key's value may be anything, a secret of a file inherited by mistake too
+        return f"{where}: unknown key ({who}){did_you_mean(str(key), known)}"
 
 
 def catalogued(block: str, refined: dict[str, Spec]) -> dict[str, Spec]:
