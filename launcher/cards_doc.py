@@ -15,6 +15,7 @@ from pathlib import Path
 from launcher.card_table import TABLE, Card, labels, read_cards
 from launcher.errors import LauncherError
 from launcher.runs.presets import PRESETS_DIR, load_preset
+from launcher.writer import replace_own
 
 REPO = PRESETS_DIR.parent
 README = REPO / "README.md"
@@ -116,7 +117,7 @@ def main(argv=None) -> int:
             return 1 if behind else 0
         for group in (preset_files, documents):  # the documents read the presets' new labels
             for path in stale(targets := group(cards)):
-                path.write_text(targets[path], encoding="utf-8", newline="\n")
+                replace_own(path, targets[path])
                 print(f"wrote {path}")
     except LauncherError as error:
         print(error, file=sys.stderr)

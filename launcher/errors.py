@@ -35,10 +35,12 @@ def os_error_line(error: OSError) -> str:
 
 def unexpected_error_line(error: BaseException) -> str:
     """A bug's one line: the full traceback is kept in a file for the bug report, not thrown at the user."""
+    from launcher.writer import replace_own  # the writer reports its own failures as LauncherErrors
+
     where = TRACEBACK_FILE
     try:
-        where.write_text("".join(traceback.format_exception(error)), encoding="utf-8")
-    except OSError:
+        replace_own(where, "".join(traceback.format_exception(error)))
+    except (OSError, LauncherError):
         where = None
         traceback.print_exception(error, file=sys.stderr)
     kind = type(error).__name__

@@ -11,7 +11,7 @@ of the zip's members, so the zip can be posted as it is.
 A run folder is shared material: every file is read through launcher/user_files.py, following no
 link below the folder that holds the runs (a link is left out, and the manifest says so), logs and
 telemetry from their last bytes only, and every member is capped at MEMBER_BYTES. The zip itself is
-created by the no-follow writer, never over a file or through a link.
+created by the writer (launcher/writer.py): never over a file or through a link, never left half-written.
 """
 
 import getpass
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
-from launcher.nofollow import create_exclusive, is_link
+from launcher.nofollow import is_link
 from launcher.runs.folders import RunFolder
 from launcher.user_files import UserFileError, read_tail_lines
 
@@ -80,13 +80,12 @@ def _user() -> str:
 class Bundle:
     """The zip being written: every member's name and text pass through the scrubber, and are capped."""
 
-    def __init__(self, path: Path, scrub: Scrubber) -> None:
-        self.path = path
+    def __init__(self, handle, scrub: Scrubber) -> None:
+        """`handle`: the writer's, so the zip is never over a file or through a link, and not left half-written."""
         self.scrub = scrub
         self.entries: list[str] = []
         self.left_out: list[str] = []
-        self.handle = create_exclusive(path.parent, path)  # never over a file or through a link
-        self.zip = zipfile.ZipFile(self.handle, "w", compression=zipfile.ZIP_DEFLATED)
+        self.zip = zipfile.ZipFile(handle, "w", compression=zipfile.ZIP_DEFLATED)
 
     def add_text(self, name: str, text: str) -> None:
         name = self.scrub(name)
@@ -116,7 +115,6 @@ class Bundle:
         left_out = [f"left out: {line}" for line in self.left_out]
         self.zip.writestr("MANIFEST.txt", "\n".join(self.entries + left_out) + "\n")
         self.zip.close()
-        self.handle.close()
 
 
 def _plain_file(path: Path) -> bool:

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from launcher import trainer_rules
+from launcher.writer import replace_own
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "options.md"
 INTRO = """# Options
@@ -56,7 +57,7 @@ def main(argv=None) -> int:
             print(f"{DOC} differs from the catalogue: run python -m launcher.options_doc", file=sys.stderr)
             return 1
         return 0
-    DOC.write_text(text, encoding="utf-8")
+    replace_own(DOC, text)
     print(f"wrote {DOC}")
     return 0
 

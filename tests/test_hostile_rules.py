@@ -81,16 +81,17 @@ def test_report_follows_no_linked_runs_folder(tmp_path):
 
 
 def test_report_scrubs_names_in_any_case_in_member_names_and_text(tmp_path, monkeypatch):
-    monkeypatch.setenv("HOME", "/home/alice")
+    home = Path(r"C:\Users\alice" if os.name == "nt" else "/home/alice")
+    monkeypatch.setenv("USERPROFILE" if os.name == "nt" else "HOME", str(home))  # what Path.home() reads
     monkeypatch.setattr(field_report, "_user", lambda: "alice")
-    log = "user alice_smith, Alice and ALICE; backup at /home/alice-backup and /home/alice/x\n"
+    log = f"user alice_smith, Alice and ALICE; backup at {home}-backup and {home / 'x'}\n"
     a_run(tmp_path / "wd" / "runs", "0-alice", log)
     assert report(tmp_path / "wd", tmp_path / "out.zip") == 0
     files = read_zip(tmp_path / "out.zip")
     for name, text in files.items():
         assert "alice" not in name.lower() and b"alice" not in text.lower(), (name, text[:300])
     tail = files["runs/0-0-<user>/train.log.tail"].decode()
-    assert "user <user>_smith, <user> and <user>; backup at <home>-backup and <home>/x" in tail
+    assert f"user <user>_smith, <user> and <user>; backup at <home>-backup and <home>{os.sep}x" in tail
     assert b"runs/0-0-<user>/train.log.tail" in files["MANIFEST.txt"]
 
 
@@ -113,7 +114,7 @@ def test_report_out_a_dangling_link_writes_nothing_at_its_target(tmp_path, capsy
     (tmp_path / "out.zip").symlink_to(target)
     assert report(tmp_path / "wd", tmp_path / "out.zip") == 2
     assert not target.exists()
-    assert f"{tmp_path / 'out.zip'} is a link (to {target}); the report writes through no link" in error_line(capsys)
+    assert f"{tmp_path / 'out.zip'} is a link (to {target}); the launcher does not write through links" in error_line(capsys)
 
 
 # -- where a run writes ---------------------------------------------------------------------------

@@ -49,7 +49,7 @@ def test_an_existing_file_is_never_overwritten(tmp_path, capsys):
     out.write_bytes(b"the user's file")
     assert main(["report", "--workdir", str(tmp_path / "wd"), "--no-selftest", "--out", str(out)]) == 2
     assert out.read_bytes() == b"the user's file"
-    assert "never overwrites" in capsys.readouterr().err
+    assert "never overwritten" in capsys.readouterr().err
 
 
 def test_a_radeon_run_is_placed_against_the_predicted_range(tmp_path, capsys, monkeypatch):

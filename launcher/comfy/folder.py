@@ -1,15 +1,14 @@
 """A user's ComfyUI folder: recognise it, put the LoRA into models/loras, name the models it lacks."""
 
 import hashlib
-import os
 import re
 import shutil
 from pathlib import Path
 
 from launcher.errors import LauncherError
-from launcher.nofollow import create_new
 from launcher.progress import warn
 from launcher.user_files import UserFileError, read_text
+from launcher.writer import link_new, new_file
 
 MODEL_FOLDERS = {
     # the folder a template names -> the folders ComfyUI searches for it (the older names too)
@@ -84,14 +83,11 @@ def place_lora(lora: Path, comfy_dir: Path, link: bool, force: bool) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     if link:
         try:
-            target.symlink_to(lora.resolve())
-            return target
+            return link_new(target, lora.resolve())
         except OSError as error:  # Windows without Developer Mode or admin rights, FAT drives
             warn(f"cannot link {target} to {lora} ({error}); copying instead")
-    partial = target.with_name(target.name + ".partial")
-    with lora.open("rb") as source, create_new(target.parent, partial) as copy:  # a link there is removed
+    with lora.open("rb") as source, new_file(target) as copy:  # never a half-copied LoRA under the real name
         shutil.copyfileobj(source, copy, 2**20)
-    os.replace(partial, target)  # never a half-copied LoRA under the real name
     return target
 
 

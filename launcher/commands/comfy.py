@@ -10,7 +10,6 @@ import argparse
 import json
 from pathlib import Path
 
-from launcher.atomic import write_text_atomic
 from launcher.comfy import folder, lora_check, templates, workflow
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir
 from launcher.errors import LauncherError
@@ -18,6 +17,7 @@ from launcher.nofollow import refuse_links
 from launcher.progress import say, warn
 from launcher.runs.folders import RunFolder, find_run, read_run_process
 from launcher.runs.prompts import caption_prompt
+from launcher.writer import replace_own
 
 EXAMPLES = """examples:
   python -m launcher comfy --comfy-dir D:\\ComfyUI                  # the latest run's newest LoRA
@@ -84,8 +84,8 @@ def write_workflows(run: RunFolder, lora: Path, built: workflow.Workflow) -> Non
     run.comfyui.mkdir(parents=True, exist_ok=True)
     ui = run.comfyui / f"{lora.stem}.workflow.json"
     api = run.comfyui / f"{lora.stem}.api.json"
-    write_text_atomic(ui, json.dumps(built.ui, indent=2, ensure_ascii=False) + "\n")  # replaces a link there
-    write_text_atomic(api, json.dumps(built.api, indent=2, ensure_ascii=False) + "\n")
+    replace_own(ui, json.dumps(built.ui, indent=2, ensure_ascii=False) + "\n")  # replaces a link there
+    replace_own(api, json.dumps(built.api, indent=2, ensure_ascii=False) + "\n")
     say(f"wrote {ui} (drag it onto the ComfyUI canvas)")
     say(f"wrote {api} (API format: POST {{\"prompt\": <its content>}} to ComfyUI's /prompt)")
 

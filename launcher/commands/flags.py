@@ -8,10 +8,11 @@ import argparse
 from pathlib import Path
 
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir
-from launcher.nofollow import refuse_links, touch
+from launcher.nofollow import refuse_links
 from launcher.progress import say
 from launcher.runs.files import SAVE_NOW, STOP_NOW
 from launcher.runs.folders import find_run
+from launcher.writer import touch
 
 FLAGS = {
     "save": (SAVE_NOW, "save a checkpoint at the next step and keep training"),

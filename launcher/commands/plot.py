@@ -2,15 +2,15 @@
 the run's newest contact sheet of samples beside them when it has one."""
 
 import argparse
-import os
 from pathlib import Path
 
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, venv_python
 from launcher.errors import LauncherError
-from launcher.nofollow import create_new, refuse_links
+from launcher.nofollow import refuse_links
 from launcher.progress import say, warn
 from launcher.runs.folders import find_run
 from launcher.runs.plotting import plot_with, read_rows, skipped_note
+from launcher.writer import staged
 
 
 EXAMPLES = """examples:
@@ -47,17 +47,10 @@ def run_plot(args) -> int:
         if skipped:
             warn(skipped_note(path, skipped, events=is_events))
     sheets = sorted(run.samples.glob("*/contact_sheet.png"), key=lambda p: p.stat().st_mtime)
-    folder.mkdir(parents=True, exist_ok=True)
-    # matplotlib opens the name it is given and follows a link there: it draws into a fresh file made
-    # here without following links, which then replaces the PNG (replacing a link, never its target)
-    temporary = folder / f".{out.stem}.{os.getpid()}.tmp{out.suffix or '.png'}"
-    try:
-        create_new(folder, temporary).close()
+    # matplotlib opens the name it is given and follows a link there: it draws into the writer's fresh
+    # temporary file, which then becomes the PNG; a user's --out never replaces a file, the run's own plot does
+    with staged(out, folder, replace=args.out is None) as temporary:
         if plot_with(python, run.telemetry, events, temporary, sheets[-1] if sheets else None) != 0:
             raise LauncherError(f"plotting {run.telemetry} failed; the error is above")
-        refuse_links(folder, out)
-        os.replace(temporary, out)
-    finally:
-        temporary.unlink(missing_ok=True)
     say(f"wrote {out}")
     return 0

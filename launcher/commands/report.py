@@ -1,7 +1,6 @@
 """`report`: one zip for a bug report from a new card: doctor, self-test, timed tiny steps, recent runs."""
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
@@ -15,6 +14,7 @@ from launcher.field_report import Bundle, Scrubber, add_run, recent_runs
 from launcher.progress import say, step
 from launcher.selftest.verdict import load_result
 from launcher.step_prediction import report as step_report
+from launcher.writer import new_file
 
 EXAMPLES = """examples:
   python -m launcher report                  # doctor, selftest, 2 timed steps of the tiny model, recent runs
@@ -42,17 +42,11 @@ def run_report(args) -> int:
     workdir = Workdir(args.workdir.resolve())
     workdir.check_is_folder()
     out = (args.out or Path(f"flux2-report-{time.strftime('%Y%m%d-%H%M%S')}.zip")).absolute()  # a link stays one
-    if out.is_symlink():
-        raise LauncherError(f"{out} is a link (to {os.readlink(out)}); the report writes through no link: give "
-                            "another --out")
-    if out.exists():
-        raise LauncherError(f"{out} exists; the report never overwrites a file: give another --out")
     if not out.parent.is_dir():
         raise LauncherError(f"the folder of --out {out} does not exist; create it or give another --out")
-    bundle = Bundle(out, Scrubber.for_machine(workdir.root))
-    try:
+    with new_file(out) as handle:  # an existing file or a link there is refused before any work
+        bundle = Bundle(handle, Scrubber.for_machine(workdir.root))
         gather(bundle, workdir, args)
-    finally:
         bundle.close()
     say(f"wrote {out} ({len(bundle.entries)} files, paths and names scrubbed): attach it to the bug report")
     return 0

@@ -18,13 +18,11 @@ from pathlib import Path
 import yaml
 
 from launcher import __version__
-from launcher.atomic import write_text_atomic
 from launcher.envs.probe import probe_with
 from launcher.envs.rocm_windows_toolchain import trainer_env as toolchain_env
 from launcher.envs.torchenv import NO_BYTECODE, clean_env
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, read_state, venv_python
 from launcher.errors import LauncherError
-from launcher.nofollow import open_append
 from launcher.progress import say, warn
 from launcher.resolve import resolve_run
 from launcher.runs import disk_budget, files, leash, load_report, memory_plan, ranks, resume, tiny, validate
@@ -41,6 +39,7 @@ from launcher.user_files import read_text
 from launcher.watchdog.loop import watch_run
 from launcher.watchdog.policy import load_config
 from launcher.watchdog.rank_watch import STATE_FILE, watch_ranks
+from launcher.writer import open_append, replace_own
 
 EXPANDABLE = "expandable_segments:True"
 ALLOCATOR_VARIABLES = ("PYTORCH_HIP_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
@@ -275,7 +274,7 @@ def quantized_cache_dir(workdir: Workdir) -> Path:
 def write_dataset_lists(datasets: list[tuple[Path, DatasetCheck]]) -> None:
     """The trainer's `dataset_path` files: a JSON object keyed by the images to train on."""
     for listed, result in datasets:
-        write_text_atomic(listed, json.dumps({str(image): {} for image in result.good}, indent=1) + "\n")
+        replace_own(listed, json.dumps({str(image): {} for image in result.good}, indent=1) + "\n")
 
 
 def check_resume(run: RunFolder, asked: bool, config: dict, accept_changes: bool) -> list[dict]:
@@ -383,7 +382,7 @@ def write_metadata(run: RunFolder, preset: Preset, workdir: Workdir, python: Pat
         "gpus": gpus,
         **({"resume_changes": resumes} if resumes else {}),
     }
-    write_text_atomic(run.metadata, json.dumps(metadata, indent=2) + "\n")
+    replace_own(run.metadata, json.dumps(metadata, indent=2) + "\n")
 
 
 def previous_resume_changes(run: RunFolder) -> list:

@@ -5,7 +5,6 @@ import json
 import subprocess
 from pathlib import Path
 
-from launcher.atomic import write_text_atomic
 from launcher.envs import requirement_overrides, rocm_windows_install
 from launcher.envs.rocm_windows_toolchain import sdk_install_args
 from launcher.envs.torchenv import (
@@ -21,6 +20,7 @@ from launcher.envs.torchenv import (
 from launcher.envs.workdir import Workdir, venv_python
 from launcher.errors import LauncherError
 from launcher.progress import say, step
+from launcher.writer import replace_own
 
 MARKER = "launcher-install.json"
 
@@ -96,7 +96,7 @@ def install(workdir: Workdir, channel: Channel, base_python: Path, requirements_
             _check_triton_amd(python, channel)
         versions = installed_versions(python, held_packages(channel))
     constraints = workdir.root / "constraints.txt"
-    write_text_atomic(constraints, constraints_text(versions))
+    replace_own(constraints, constraints_text(versions))
     say(f"holding {', '.join(f'{k} {v}' for k, v in sorted(versions.items()))} with {constraints}")
     if channel.requirement_overrides:
         requirements = requirement_overrides.write_adjusted(
@@ -109,7 +109,7 @@ def install(workdir: Workdir, channel: Channel, base_python: Path, requirements_
     if after != versions:
         raise LauncherError(f"pip changed the held packages from {versions} to {after}; report this with the log")
     rocm_windows_install.finish_install(workdir.venv, python, channel)
-    write_text_atomic(workdir.venv / MARKER, json.dumps(spec, indent=2) + "\n")
+    replace_own(workdir.venv / MARKER, json.dumps(spec, indent=2) + "\n")
 
 
 TRITON_AMD_PROBE = (

@@ -10,7 +10,7 @@ same lines from another folder; a package the files do not name is appended.
 import re
 from pathlib import Path
 
-from launcher.atomic import write_text_atomic
+from launcher.writer import replace_own
 
 NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 INCLUDE = ("-r", "--requirement")
@@ -63,7 +63,7 @@ def write_adjusted(requirements: Path, overrides: dict[str, str], out: Path) -> 
     added = [f"{name}=={version}  # the torch channel's override (not in the trainer's requirements)\n"
              for name, version in sorted(overrides.items()) if normalized(name) not in seen]
     header = f"# written by `python -m launcher setup`: {requirements} with the torch channel's overrides\n"
-    write_text_atomic(out, header + "".join(lines + added))
+    replace_own(out, header + "".join(lines + added))
     return out
 
 

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PureWindowsPath
 from typing import Callable, Mapping
 
-from launcher.atomic import write_text_atomic
 from launcher.envs.amdgpu import TARGETS
 from launcher.errors import LauncherError
+from launcher.writer import replace_own
 
 CHANNEL = "rocm-windows"
 SDK_EXTRAS = "libraries,devel"
@@ -299,7 +299,7 @@ def trainer_env(venv: Path, environ: Mapping[str, str] | None = None) -> dict[st
 
 
 def write_stored_env(venv: Path, stored: dict) -> None:
-    write_text_atomic(venv / ENV_FILE, json.dumps(stored, indent=2) + "\n")
+    replace_own(venv / ENV_FILE, json.dumps(stored, indent=2) + "\n")
 
 
 # --------------------------------------------------------------------------- what doctor checks

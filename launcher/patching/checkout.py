@@ -11,12 +11,12 @@ from pathlib import Path
 import git
 from git.remote import RemoteProgress
 
-from launcher.atomic import write_text_atomic
 from launcher.errors import LauncherError
 from launcher.patching import gitops, overlay
 from launcher.patching.lock import Target
 from launcher.patching.series import Patch, read_message
 from launcher.progress import say, step
+from launcher.writer import publish_folder, replace_own
 
 BRANCH = "patched"
 
@@ -70,7 +70,7 @@ def build(target: Target, patches: list[Patch], dest: Path) -> git.Repo:
         say(f"  added the overlay: {len(files)} new trainer files")
     apply_series(repo, patches, target)
     repo.close()
-    partial.rename(dest)
+    publish_folder(partial, dest)
     return git.Repo(dest)
 
 
@@ -158,6 +158,6 @@ def expected_state(target: Target, patches: list[Patch], head: str) -> dict:
 
 
 def write_state(state_file: Path, state: dict) -> None:
-    write_text_atomic(state_file, json.dumps(state, indent=2) + "\n")
+    replace_own(state_file, json.dumps(state, indent=2) + "\n")
 
 

@@ -17,6 +17,7 @@ import git
 
 from launcher.errors import LauncherError
 from launcher.patching import gitops
+from launcher.writer import replace_own
 
 SUBJECT = "flux2-24gb: the project's own trainer modules"
 MESSAGE = (
@@ -62,9 +63,7 @@ def commit(repo: git.Repo, files: dict[str, bytes]) -> str | None:
         )
     root = Path(repo.working_tree_dir)
     for name, content in files.items():
-        target = root / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(content)
+        replace_own(root / name, content, root)
     repo.git.add("--", *files)
     return gitops.commit_as(repo, MESSAGE, AUTHOR, EMAIL, DATE)
 
@@ -104,8 +103,7 @@ def export(repo: git.Repo, base: str, head: str, folder: Path) -> list[str]:
     for name in changed:
         path = folder / name
         if name in wanted:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(wanted[name])
+            replace_own(path, wanted[name], folder)
         else:
             path.unlink()
     return changed

@@ -8,17 +8,16 @@ done and `--write` is given.
 
 import json
 import re
-import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import git
 
-from launcher.atomic import write_text_atomic
 from launcher.errors import LauncherError
 from launcher.patching import gitops, overlay, series
 from launcher.patching.lock import Target
 from launcher.progress import say
+from launcher.writer import replace_own, write_new
 
 HUNK = re.compile(r"^@@ .* @@.*$", re.M)
 
@@ -38,7 +37,7 @@ class RebaseState:
         return cls(**json.loads(path.read_text(encoding="utf-8")))
 
     def save(self, path: Path) -> None:
-        write_text_atomic(path, json.dumps(asdict(self), indent=2) + "\n")
+        replace_own(path, json.dumps(asdict(self), indent=2) + "\n")
 
 
 class Rebase:
@@ -81,7 +80,7 @@ class Rebase:
         saved = self.root / "original-patches"
         saved.mkdir()
         for patch in patches:
-            shutil.copy2(patch.path, saved / patch.name)
+            write_new(saved / patch.name, patch.path.read_bytes())
         state = RebaseState(target.name, onto_commit, [p.name for p in patches], str(saved))
         state.save(self.state_file)
         say(f"rebasing {len(patches)} patches of {target.name} onto {onto_commit[:12]} in {self.checkout}")
@@ -244,7 +243,7 @@ def write_lock_commit(lock_file: Path, target_name: str, commit: str) -> None:
         if "commit" in keys:
             line = lines[keys["commit"]]
             lines[keys["commit"]] = line[: line.index("commit:")] + f"commit: {commit}\n"
-            lock_file.write_text("".join(lines), encoding="utf-8", newline="\n")
+            replace_own(lock_file, "".join(lines))
             return
     raise LauncherError(f"{lock_file} has no `commit:` line for target {target_name}")
 

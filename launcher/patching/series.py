@@ -16,6 +16,7 @@ import git
 from launcher.errors import LauncherError
 from launcher.patching import overlay
 from launcher.patching.gitops import GIT_ENV
+from launcher.writer import replace_own
 
 HASH_FILE = "series.sha256"
 SERIES_HEADER = "# Applied in this order by `python -m launcher setup`, after the overlay; see WALLS.md.\n"
@@ -104,7 +105,7 @@ def check_hashes(series_file: Path, patches: list[Patch]) -> None:
 
 def write_hashes(series_file: Path, patches: list[Patch]) -> None:
     lines = [f"{p.sha256()}  {p.name}\n" for p in patches]
-    (series_file.parent / HASH_FILE).write_text("".join(lines), encoding="utf-8", newline="\n")
+    replace_own(series_file.parent / HASH_FILE, "".join(lines))
 
 
 def load_checked(series_file: Path) -> list[Patch]:
@@ -158,13 +159,9 @@ def export_series(repo: git.Repo, base: str, head: str, series_file: Path,
         for old in folder.glob("*.patch"):
             old.unlink()
         for new in produced:
-            (folder / new.name).write_bytes(new.read_bytes())
+            replace_own(folder / new.name, new.read_bytes())
     names = [p.name for p in produced]
-    series_file.write_text(
-        SERIES_HEADER + "".join(f"{name}\n" for name in names) + "".join(comments),
-        encoding="utf-8",
-        newline="\n",
-    )
+    replace_own(series_file, SERIES_HEADER + "".join(f"{name}\n" for name in names) + "".join(comments))
     patches = [Patch(name, folder / name) for name in names]
     write_hashes(series_file, patches)
     return patches

@@ -9,8 +9,8 @@ and how long a relaunch takes to train, are read here and kept beside the LoRA.
 import json
 from pathlib import Path
 
-from launcher.atomic import write_text_atomic
 from launcher.runs.folders import RunFolder
+from launcher.writer import replace_own
 
 
 def read_rows(path: Path, offset: int = 0) -> list[dict]:
@@ -69,7 +69,7 @@ def record(run: RunFolder, offset: int = 0) -> dict:
     if "memory_plan" in load:  # the plan the trainer carried out, beside the load figures
         metadata["memory_plan"] = load.pop("memory_plan")
     metadata["load"] = load
-    write_text_atomic(run.metadata, json.dumps(metadata, indent=2) + "\n")
+    replace_own(run.metadata, json.dumps(metadata, indent=2) + "\n")
     return summary
 
 

@@ -26,12 +26,12 @@ from pathlib import Path
 
 import yaml
 
-from launcher.atomic import write_text_atomic
 from launcher import trainer_rules
 from launcher.errors import LauncherError
 from launcher.runs.inheritance import MergedPreset, Origins, read_merged, shipped_names
 from launcher.runs.klein import KLEIN
 from launcher.runs.schema import Vocabulary, check_preset
+from launcher.writer import replace_own
 
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 LAUNCHER_KEY = "launcher"
@@ -190,5 +190,5 @@ def fill_tiny(process: dict, manifest: dict, dataset_dir: Path | None = None) ->
 
 
 def write_config(config: dict, path: Path) -> Path:
-    write_text_atomic(path, yaml.safe_dump(config, sort_keys=False))
+    replace_own(path, yaml.safe_dump(config, sort_keys=False))
     return path

@@ -15,9 +15,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from launcher.atomic import write_text_atomic
 from launcher.errors import LauncherError
-from launcher.nofollow import open_append
+from launcher.writer import open_append, replace_own
 
 LOCK_FILE = "run.lock"
 INFO_FILE = "run.lock.json"
@@ -82,7 +81,7 @@ def run_folder_lock(root: Path):
         )
     info = {"pid": os.getpid(), "host": socket.gethostname(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": sys.argv}
-    write_text_atomic(root / INFO_FILE, json.dumps(info) + "\n")
+    replace_own(root / INFO_FILE, json.dumps(info) + "\n")
     try:
         yield
     finally:

@@ -9,11 +9,11 @@ import json
 import threading
 import time
 
-from launcher.nofollow import open_append
 from launcher.progress import warn
 from launcher.runs.folders import RunFolder
 from launcher.signals.gpu_sources import detect_source
 from launcher.user_files import last_rows
+from launcher.writer import open_append
 
 
 def trainer_figures(rows: list[dict]) -> dict | None:

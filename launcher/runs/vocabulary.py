@@ -19,10 +19,10 @@ import json
 import re
 from pathlib import Path
 
-from launcher.atomic import write_text_atomic
 from launcher.envs.trainer_python import run_module
 from launcher.runs.klein import trainer_arches
 from launcher.runs.schema import Vocabulary
+from launcher.writer import replace_own
 
 SECTION_CLASSES = {
     "model": "ModelConfig",
@@ -130,5 +130,5 @@ def trainer_qtypes(trainer: Path, python: Path, cache: Path | None, head: str | 
     if not isinstance(names, list) or not names:
         return None
     if cached is not None:
-        write_text_atomic(cached, json.dumps({"head": head, "qtypes": names}) + "\n")
+        replace_own(cached, json.dumps({"head": head, "qtypes": names}) + "\n")
     return set(names)

@@ -5,7 +5,6 @@ replaced whole.
 """
 
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from launcher.progress import say
 from launcher.runs import tiny
 from launcher.runs.presets import load_preset
 from launcher.selftest.verdict import trainer_build
+from launcher.writer import replace_own
 
 TEXT_TOKENS = 512
 """Text tokens per sample in FLUX.2 training (the bench and the trainer's cached embeddings)."""
@@ -59,8 +59,8 @@ def run(workdir: Workdir, preset: str | None) -> dict:
     report["sampling"] = sampling_check(workdir, python, env)
     report["compile"] = finish_compile_check(compiling)
     report.update(launcher=__version__, trainer=trainer_build(workdir), driver=gpu_driver_version())
-    partial.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    os.replace(partial, workdir.selftest)  # a reader never sees half a verdict
+    partial.unlink(missing_ok=True)
+    replace_own(workdir.selftest, json.dumps(report, indent=2) + "\n")  # a reader never sees half a verdict
     return report
 
 
@@ -70,8 +70,7 @@ def sampling_check(workdir: Workdir, python: Path, env: dict) -> dict:
     folder = workdir.root / "cache" / "selftest-sampling"
     folder.mkdir(parents=True, exist_ok=True)
     caches = {"quantized_cache_dir": str(folder / "quantized"), "text_embedding_cache_dir": str(folder / "text")}
-    (folder / "tiny.json").write_text(json.dumps({**manifest, "model_kwargs": {**manifest["model_kwargs"], **caches}}),
-                                      encoding="utf-8")
+    replace_own(folder / "tiny.json", json.dumps({**manifest, "model_kwargs": {**manifest["model_kwargs"], **caches}}))
     out = folder / "result.json"
     out.unlink(missing_ok=True)
     say(f"sampling check: the tiny FLUX.2 at 4 bits, at most {SAMPLING_LIMIT_S} s")

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Callable
 
 from launcher.envs.trainer_python import module_command, start_module
-from launcher.nofollow import open_append
 from launcher.progress import say, warn
 from launcher.signals.gpu_sources import GpuSample, GpuSource, detect_source
 from launcher.signals.trainer_log import LogFollower, Progress, Saved, StepTracker
 from launcher.watchdog.policy import BurstResult, Policy, WatchdogConfig
+from launcher.writer import open_append
 
 EVENTS_FILE = "watchdog.jsonl"
 TRACE_FILE = "watchdog-trace.jsonl"

@@ -24,6 +24,7 @@ from launcher.signals.gpu_sources import GpuSample, GpuSource
 from launcher.signals.trainer_log import Progress, Saved
 from launcher.watchdog.loop import Watchdog
 from launcher.watchdog.policy import BurstResult, Policy, WatchdogConfig
+from launcher.writer import new_file, write_new
 
 # --- traces ------------------------------------------------------------------------------------
 
@@ -37,12 +38,11 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def write_jsonl(rows, path: Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as out:
+    """A new JSONL file (an `--out` of the watchdog command: never over a file)."""
+    with new_file(Path(path), text=True) as out:
         for row in rows:
             out.write(json.dumps(row) + "\n")
-    return path
+    return Path(path)
 
 
 def trace_items(rows: list[dict]) -> list:
@@ -296,8 +296,7 @@ class Simulation:
 
     def write(self, out_dir: Path) -> dict[str, Path]:
         out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "train.log").write_text("".join(self.log), encoding="utf-8")
+        write_new(out_dir / "train.log", "".join(self.log))
         return {
             "telemetry": write_jsonl(self.telemetry, out_dir / "telemetry.jsonl"),
             "trace": write_jsonl(self.trace, out_dir / "watchdog-trace.jsonl"),
