@@ -134,7 +134,7 @@ def handle(args) -> int:
     for line in team.lines + tuple(memory_plan.card_plans(config, team.cards, resolved.planner)):
         say(f"# {line}" if args.dry_run else line)
     if args.dry_run:
-        print(yaml.safe_dump(config, sort_keys=False), end="", flush=True)
+        print(yaml.safe_dump(config, sort_keys=False, allow_unicode=True, width=float("inf")), end="", flush=True)
         for name in sorted({**env_changes(preset, run, workdir, extra), **team.env()}):
             print(f"{name}={env[name]}", flush=True)
         return 0
