@@ -44,16 +44,16 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from launcher.step_prediction import CENTRAL_RATE, RATE_RANGE, Prediction  # noqa: E402 (the repository, put on the path above)
+from launcher.step_prediction import BANDWIDTH_GBS, CENTRAL_RATE, RATE_RANGE, Prediction  # noqa: E402 (the repository, put on the path above)
 
 RESULTS = HERE / "results"
 FULL = 56 / 44
 H200 = {"gemm_tflops": 776.0, "bandwidth_gbs": 4800.0}
 RATES = {"low": RATE_RANGE[0], "central": CENTRAL_RATE, "high": RATE_RANGE[1]}  # the 7900 XTX's bf16 GEMM TFLOP/s (docstring)
 CARDS = {  # name: (bf16 GEMM rate relative to the 7900 XTX's, bandwidth GB/s, memory GiB, preset)
-    "RX 7900 XTX": (1.0, 960.0, 24, "7900xtx_512.yaml"),
-    "RX 7900 XT": (103.0 / 122.8, 800.0, 20, "7900xt_512.yaml"),
-    "RX 7800 XT": (74.6 / 122.8, 624.0, 16, "rx16gb_512.yaml"),
+    "RX 7900 XTX": (1.0, BANDWIDTH_GBS["RX 7900 XTX"], 24, "7900xtx_512.yaml"),
+    "RX 7900 XT": (103.0 / 122.8, BANDWIDTH_GBS["RX 7900 XT"], 20, "7900xt_512.yaml"),
+    "RX 7800 XT": (74.6 / 122.8, BANDWIDTH_GBS["RX 7800 XT"], 16, "rx16gb_512.yaml"),
 }
 MODELS = {  # preset arch: (its bf16 profile row, the start of its requantization row, blocks scale, preset)
     "flux2": ("bf16 weights, plan off (same calls)", "`int4_w4a8` FP8 Triton, 256 MiB slices", FULL, None),

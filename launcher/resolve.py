@@ -4,9 +4,12 @@
 planner once per budget and run shape (launcher/runs/memory_plan.py `Planner`), and turns each
 `auto` the catalogue (overlay/toolkit/settings.py) gives to `run` into a value, one resolver per
 setting: the qtype, int4_w4a8's kernel (w4a8_activations and w4a8_gemm, decided together),
-stream_mode, compile_blocks, rocm_blas, and the launcher block's sampling. Then every model_kwargs
-setting of the catalogue is written as a concrete value into the run's config.yaml; the trainer
-reads them back through the same catalogue, never an `auto` and never an environment variable.
+stream_mode, sdpa_kernels, compile_blocks, rocm_blas, miopen_find_mode, and the launcher block's
+sampling. Then every model_kwargs setting of the catalogue is written as a concrete value into the
+run's config.yaml; the trainer reads them back through the same catalogue, never an `auto` and never
+an environment variable. The two settings PyTorch's and MIOpen's libraries read as variables
+(sdpa_kernels: experimental, miopen_find_mode: fast) become the trainer's environment from the
+resolved config (launcher/runs/trainer_env.py `from_settings`).
 """
 
 from dataclasses import dataclass
@@ -14,9 +17,10 @@ from pathlib import Path
 
 from launcher import trainer_rules
 from launcher.envs.workdir import Workdir
-from launcher.runs import memory_plan
+from launcher.runs import memory_plan, trainer_env
 from launcher.runs.schema import AUTO
-from launcher.selftest.verdict import ROCM_BLAS_DEFAULT, SERIALIZED, Verdicts, blas_from, compile_from, streaming_from
+from launcher.selftest.verdict import (FIND_MODE_DEFAULT, ROCM_BLAS_DEFAULT, SDPA_DEFAULT, SERIALIZED, Verdicts,
+                                       attention_from, blas_from, compile_from, find_mode_from, streaming_from)
 
 KERNEL_KEYS = ("w4a8_activations", "w4a8_gemm")
 """The model_kwargs that pick int4_w4a8's kernel: `run` gives them values from the self-test."""
@@ -32,6 +36,8 @@ class Resolution:
     """The plans this launch made (each card's plan of `run --gpus N` asks it too)."""
     launch_plans: list[str | None]
     """Per process, the plan `run` hands the trainer (model_kwargs launch_plan, files.hand_over)."""
+    env: dict[str, str]
+    """The variables the resolved settings give the trainer process (trainer_env.from_settings)."""
 
 
 def resolve_run(config: dict, workdir: Workdir, sampling_setting: str, preset_path: Path) -> Resolution:
@@ -44,17 +50,21 @@ def resolve_run(config: dict, workdir: Workdir, sampling_setting: str, preset_pa
         if model is not None and model.get("model_kwargs") is None:
             model["model_kwargs"] = {}
     sampled = sampling(config, verdicts, sampling_setting)
-    streams = last(stream_mode(process, verdicts) for process in processes)  # before any plan: it sets the buffer
+    # before any plan: the stream mode sets the buffer, the attention kernels the fixed memory
+    streams = last(stream_mode(process, verdicts) for process in processes)
+    attends = last(sdpa_kernels(process, verdicts) for process in processes)
     chosen = [line for process in processes
               for line in (qtype(process, verdicts, planner), w4a8_kernel(process, verdicts)) if line]
     compiled = last(compile_blocks(process, verdicts) for process in processes)
     blas = last(rocm_blas(process, verdicts) for process in processes)
+    searched = last(miopen_find_mode(process, verdicts) for process in processes)
     for process in processes:
         model = process.get("model") or {}
         model["model_kwargs"] = concrete(model.get("model_kwargs") or {})
-    lines = [line for line in (*chosen, sampled, streams, compiled, blas) if line]
+    lines = [line for line in (*chosen, sampled, streams, attends, compiled, blas, searched) if line]
     lines += memory_plan.check_plans(config, preset_path, planner)
-    return Resolution(lines, verdicts, planner, memory_plan.launch_plans(config, planner))
+    return Resolution(lines, verdicts, planner, memory_plan.launch_plans(config, planner),
+                      trainer_env.from_settings(config))
 
 
 def last(lines) -> str | None:
@@ -131,6 +141,28 @@ def rocm_blas(process: dict, verdicts: Verdicts) -> str | None:
     library, why = verdicts.decide(blas_from, ROCM_BLAS_DEFAULT)
     model["model_kwargs"]["rocm_blas"] = library
     return f"rocm_blas auto -> {library}: {why}" if verdicts.on_hip else None
+
+
+def sdpa_kernels(process: dict, verdicts: Verdicts) -> str | None:
+    """`sdpa_kernels: auto` (or unset) -> default, experimental or math; a line where the self-test ran
+    on a ROCm GPU or found other than default."""
+    model = process.get("model")
+    if model is None or model["model_kwargs"].get("sdpa_kernels", AUTO) != AUTO:
+        return None
+    kernels, why = verdicts.decide(attention_from, SDPA_DEFAULT)
+    model["model_kwargs"]["sdpa_kernels"] = kernels
+    return f"sdpa_kernels auto -> {kernels}: {why}" if verdicts.on_hip or kernels != SDPA_DEFAULT else None
+
+
+def miopen_find_mode(process: dict, verdicts: Verdicts) -> str | None:
+    """`miopen_find_mode: auto` (or unset) -> default or fast; a line only where the self-test ran on a
+    ROCm GPU (elsewhere the setting changes nothing)."""
+    model = process.get("model")
+    if model is None or model["model_kwargs"].get("miopen_find_mode", AUTO) != AUTO:
+        return None
+    mode, why = verdicts.decide(find_mode_from, FIND_MODE_DEFAULT)
+    model["model_kwargs"]["miopen_find_mode"] = mode
+    return f"miopen_find_mode auto -> {mode}: {why}" if verdicts.on_hip else None
 
 
 def sampling(config: dict, verdicts: Verdicts, setting: str) -> str | None:

@@ -4,15 +4,18 @@
 card's bf16 GEMM rate through hipBLAS as the one named assumption (a range, bench/RESULTS.md "The
 RX 7900 XTX, predicted"). Each row of its table keeps the compute-bound seconds at the central
 rate apart from the rest, so a measured step gives the rate back: the first owner's s/it either
-lands inside the range (and says which rate it implies) or misses it by a stated amount.
+lands inside the range (and says which rate it implies) or misses it by a stated amount. A run
+whose GPU has only PyTorch's math attention (`sdpa_kernels: math`, the self-test's verdict) is held
+against its row plus that attention's memory traffic (math_attention_s).
 """
 
 import csv
 import re
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from launcher import trainer_rules
 from launcher.errors import LauncherError
 from launcher.runs.folders import RunFolder
 from launcher.runs.yaml_files import load_yaml
@@ -22,6 +25,12 @@ TABLE = Path(__file__).resolve().parent.parent / "bench" / "results" / "predicti
 CENTRAL_RATE = 77.0  # TFLOP/s: the rate the table's compute-bound column is given at
 RATE_RANGE = (46.3, 99.4)  # the low and high published bf16 GEMM rates of the RX 7900 XTX
 PATHS_OF_QTYPES = {"int4_fused": "int4_fused", "uint4": "uint4"}  # qtypes the table predicts
+BANDWIDTH_GBS = {"RX 7900 XTX": 960.0, "RX 7900 XT": 800.0, "RX 7800 XT": 624.0}  # AMD product pages
+MATH_PASSES = 15
+"""Passes over one block's attention matrix the math backend makes in a step with checkpointing:
+the forward writes the scores, the softmax reads them and writes the probabilities, the product
+with V reads those (4), twice (the recompute); the backward writes dP, the softmax's backward reads
+P and dP and writes dS (4), the gradients of Q and K read dS and that of V reads P (3): 8 + 7."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,17 @@ def load_table(path: Path = TABLE) -> list[Prediction]:
                 for row in csv.DictReader(handle)]
 
 
+def math_attention_s(card: str, px: int, flux2_params: dict | None = None, batch: int = 1) -> float:
+    """Seconds the math attention adds to a step of `card` over a fused kernel (the FLOPs are the
+    same, already in bound_s): MATH_PASSES passes over every block's fp32 matrix at the card's
+    bandwidth. FLUX.2 [dev] on an RX 7900 XTX: 15 x 56 blocks x 48 x 4608^2 x 4 B = 3.4 TB / 960 GB/s
+    = 3.6 s at 1024 px; 15 x 56 x 48 x 1536^2 x 4 B = 0.38 TB, 0.40 s at 512 px."""
+    plan = trainer_rules.memory_plan()
+    shape = plan.Flux2Shape.from_params(flux2_params or {})
+    matrix = batch * shape.heads * plan.tokens(px) ** 2 * plan.FP32
+    return MATH_PASSES * (shape.depth + shape.depth_single) * matrix / (BANDWIDTH_GBS[card] * 1e9)
+
+
 def rows_for_gpu(table: list[Prediction], gpu_name: str) -> list[Prediction]:
     """The rows of the card `gpu_name` names ("AMD Radeon RX 7900 XTX"), matched as whole words."""
     return [row for row in table if re.search(r"(?<!\w)" + re.escape(row.card) + r"(?!\w)", gpu_name, re.IGNORECASE)]
@@ -89,6 +109,19 @@ def run_shape(run: RunFolder) -> tuple[str, str, int, bool] | None:
     return (str(model.get("arch", "flux2")), path, px, kwargs.get("compile_blocks") is True) if path else None
 
 
+def with_attention(row: Prediction, run: RunFolder) -> Prediction:
+    """The row for a run: plus the math attention's seconds where its config says sdpa_kernels: math."""
+    try:
+        process = load_yaml(run.config)["config"]["process"][0]
+        kwargs = process["model"].get("model_kwargs") or {}
+        batch = int((process.get("train") or {}).get("batch_size", 1))
+    except (LauncherError, OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return row
+    if kwargs.get("sdpa_kernels") != "math" or row.card not in BANDWIDTH_GBS:
+        return row
+    return replace(row, rest_s=row.rest_s + math_attention_s(row.card, row.px, kwargs.get("flux2_params"), batch))
+
+
 def measured_step(run: RunFolder) -> float | None:
     """The median s/it of the trainer's rows (a run's own timing, load and first step left out)."""
     speeds = [row["s_per_it"] for row in last_rows(run.trainer_telemetry, within=run.root)
@@ -107,7 +140,7 @@ def report(gpu_names: list[str], runs: list[RunFolder], table: list[Prediction] 
              "runs": []}
     for run in runs:
         shape, step = run_shape(run), measured_step(run)
-        match = next((r for r in rows if (r.model, r.path, r.px, r.compiled) == shape), None)
+        match = next((with_attention(r, run) for r in rows if (r.model, r.path, r.px, r.compiled) == shape), None)
         found["runs"].append({"run": run.root.name, "s_per_it": step,
                               "verdict": match.verdict(step) if match and step else None})
     return found

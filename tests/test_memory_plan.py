@@ -126,3 +126,27 @@ def test_main_prints_the_plan_or_the_error(capsys):
     assert len(json.loads(capsys.readouterr().out)["plan"]["blocks"]) == 56
     assert mp.main(["--budget-gib", "6", "--margin-gib", "2", "--resolution", "512"]) == 2
     assert "resident minimum" in json.loads(capsys.readouterr().out)["error"]
+
+
+@pytest.mark.parametrize("resolution", [512, 1024])
+def test_math_attention_adds_its_matrices_to_the_fixed_memory(resolution):
+    """Only PyTorch's math attention on the GPU (sdpa_kernels: math): the plan holds its fp32
+    matrices, so fewer blocks fit; the ask says so, so a trainer that found otherwise plans again."""
+    plain, math = plan_for(20, resolution), plan_for(20, resolution, math_attention=True)
+    matrix = FULL.heads * mp.tokens(resolution) ** 2 * 4
+    assert math.fixed_bytes["math attention matrices"] == 2 * matrix
+    assert "math attention matrices" not in plain.fixed_bytes
+    assert len(math.streamed()) > len(plain.streamed())
+    asked = (20, resolution, 1, 32, 1, {}, 1.0)
+    assert mp.ask_for_budget(*asked, True) != mp.ask_for_budget(*asked, False)
+    assert mp.plan_for_budget(*asked, True).fixed_bytes["math attention matrices"] == 2 * matrix
+
+
+def test_the_launcher_asks_with_the_resolved_attention_kernels():
+    from launcher.runs import memory_plan
+
+    process = {"model": {"model_kwargs": {"vram_budget_gib": 16, "sdpa_kernels": "math"}},
+               "datasets": [{"resolution": [1024]}]}
+    assert memory_plan.plan_inputs(process)[-1] is True
+    process["model"]["model_kwargs"]["sdpa_kernels"] = "experimental"
+    assert memory_plan.plan_inputs(process)[-1] is False

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from launcher.runs.folders import RunFolder
-from launcher.step_prediction import RATE_RANGE, Prediction, load_table, measured_step, report, rows_for_gpu, run_shape
+from launcher.step_prediction import (BANDWIDTH_GBS, RATE_RANGE, Prediction, load_table, math_attention_s,
+                                      measured_step, report, rows_for_gpu, run_shape)
 
 TABLE = load_table()
 
@@ -57,9 +58,10 @@ def test_a_card_is_matched_as_whole_words():
     assert rows_for_gpu(TABLE, "NVIDIA GeForce RTX 4090") == []
 
 
-def write_run(root, qtype="int4_fused", compiled=True, resolution=(512,), speeds=(6.0, 6.2, 6.1), arch="flux2"):
+def write_run(root, qtype="int4_fused", compiled=True, resolution=(512,), speeds=(6.0, 6.2, 6.1), arch="flux2",
+              **kwargs):
     root.mkdir()
-    process = {"model": {"arch": arch, "qtype": qtype, "model_kwargs": {"compile_blocks": compiled}},
+    process = {"model": {"arch": arch, "qtype": qtype, "model_kwargs": {"compile_blocks": compiled, **kwargs}},
                "datasets": [{"resolution": list(resolution)}]}
     (root / "config.yaml").write_text(yaml.safe_dump({"job": "extension", "config": {"process": [process]}}),
                                       encoding="utf-8")
@@ -101,3 +103,23 @@ def test_a_damaged_config_is_no_row(tmp_path, config):
 
 def test_a_qtype_the_table_does_not_predict_is_no_row(tmp_path):
     assert run_shape(write_run(tmp_path / "r", qtype="int4_w4a8")) is None
+
+
+def test_math_attention_is_memory_traffic_of_the_square_of_the_tokens():
+    """Four times the pixels, (4608 / 1536)^2 = 9x the traffic; a slower memory, proportionally longer."""
+    xtx = math_attention_s("RX 7900 XTX", 512)
+    assert math_attention_s("RX 7900 XTX", 1024) == pytest.approx(xtx * (4608 / 1536) ** 2)
+    assert math_attention_s("RX 7800 XT", 512) == pytest.approx(xtx * BANDWIDTH_GBS["RX 7900 XTX"] / 624.0)
+    assert math_attention_s("RX 7900 XTX", 512, batch=2) == pytest.approx(2 * xtx)
+    assert math_attention_s("RX 7900 XTX", 512, {"num_heads": 24, "depth": 4, "depth_single_blocks": 24}) == \
+        pytest.approx(xtx / 4)
+
+
+def test_a_run_on_math_attention_is_held_against_its_row_plus_that_traffic(tmp_path):
+    run = write_run(tmp_path / "m", sdpa_kernels="math")
+    row = next(r for r in TABLE if (r.model, r.card, r.path, r.px, r.compiled)
+               == ("flux2", "RX 7900 XTX", "int4_fused", 512, True))
+    slower = Prediction(row.card, row.path, row.px, row.compiled, row.bound_s,
+                        row.rest_s + math_attention_s(row.card, 512), row.model)
+    assert report(["AMD Radeon RX 7900 XTX"], [run], TABLE)["runs"][0]["verdict"] == slower.verdict(6.1)
+    assert slower.verdict(6.1) != row.verdict(6.1)

@@ -125,7 +125,7 @@ def handle(args) -> int:
     for line in resolved.lines:  # YAML comments in a dry run, whose output stays a config
         say(f"# {line}" if args.dry_run else line)
     datasets = check(preset, config, workdir, run, full_size=not preset.tiny)
-    extra = launch_env(workdir)
+    extra = {**launch_env(workdir), **resolved.env}  # caches, and the libraries' variables of the verdicts
     env = trainer_env(preset, run, workdir, extra)
     team = plan_ranks(args.gpus or preset.gpus, workdir, env)
     env.update(team.env())

@@ -1,7 +1,9 @@
 """What a preset's `launcher.env` may hand the trainer process: an allow list, each entry with its reason.
 
 Any other variable could redirect what the trainer writes or caches, what it imports, or the run
-folder's own files; those `run` sets itself are refused with what to write instead.
+folder's own files; those `run` sets itself are refused with what to write instead. The variables
+a library reads for a setting the self-test decides (FROM_SETTINGS) are set from the run's resolved
+config only, so each has one route: the setting.
 """
 
 from dataclasses import dataclass
@@ -48,12 +50,19 @@ ENV_ALLOWED = {
     "CUDA_LAUNCH_BLOCKING": "synchronous kernel launches (debugging)",
     "AMD_SERIALIZE_KERNEL": "serialized kernel launches on ROCm (debugging)",
     "TORCH_BLAS_PREFER_HIPBLASLT": "the BLAS library PyTorch uses on ROCm",
-    "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL": "the flash attention kernels of PyTorch on ROCm",
     "PYTORCH_CUDA_ALLOC_CONF": "the CUDA allocator's settings (`launcher.allocator` sets it)",
     "PYTORCH_HIP_ALLOC_CONF": "the ROCm allocator's settings (`launcher.allocator` sets it)",
     "OMP_NUM_THREADS": "CPU threads of the host-side work",
     "MKL_NUM_THREADS": "CPU threads of the host-side work",
 }
+FROM_SETTINGS = {
+    # variable: (the model_kwargs setting, its value that sets the variable, the variable's value)
+    "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL": ("sdpa_kernels", "experimental", "1"),
+    "MIOPEN_FIND_MODE": ("miopen_find_mode", "fast", "FAST"),
+}
+"""Variables PyTorch's and MIOpen's libraries read, each set by `run` from one model_kwargs setting
+(the self-test's verdict, or the preset's value): PyTorch reads the first once, at the first
+attention, and MIOpen the second at its first search, so the process starts with them."""
 ENV_ALLOWED_PREFIXES = {
     "AITK_TEST_": "read only by the tests' own interpreter wrappers (tests/test_atomic_save.py); the trainer ignores them",
 }
@@ -61,6 +70,26 @@ ENV_ALLOWED_PREFIXES = {
 or caches (AITK_QUANT_CACHE_DIR, AITK_TEXT_CACHE_DIR, TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR,
 HF_HOME, TMPDIR: set those in the environment `run` starts from, where the launcher sees them too),
 what it imports (PYTHONPATH) or the run folder's own files (`run` writes those into the config)."""
+
+
+@dataclass(frozen=True)
+class SetFromSetting(Spec):
+    """A library's variable `run` sets from a model_kwargs setting (FROM_SETTINGS)."""
+
+    def check(self, value, path, vocab):
+        setting, chosen, _ = FROM_SETTINGS[path.rsplit(".", 1)[-1]]
+        yield (f"{path} = {short(value)}: `run` sets it from model_kwargs {setting} (the self-test's verdict); "
+               f"remove it and set model_kwargs {setting}: {chosen} in the preset")
+
+
+def from_settings(config: dict) -> dict[str, str]:
+    """The FROM_SETTINGS variables a resolved config's model_kwargs call for."""
+    found = {}
+    for process in config["config"]["process"]:
+        kwargs = (process.get("model") or {}).get("model_kwargs") or {}
+        found.update({name: value for name, (setting, chosen, value) in FROM_SETTINGS.items()
+                      if kwargs.get(setting) == chosen})
+    return found
 
 
 @dataclass(frozen=True)
@@ -99,5 +128,6 @@ def env_block() -> Block:
         "AITK_PROFILE_STEPS": SetByLauncher("remove it and use `run --profile N`"),
         "AITK_PROFILE_SKIP": NowASetting("profile_skip"),
         "AITK_ALL_EXTENSIONS": NowASetting("all_extensions: true"),
+        **dict.fromkeys(FROM_SETTINGS, SetFromSetting()),
         **dict.fromkeys(ENV_ALLOWED, EnvValue()),
     }, extra=EnvName())

@@ -1,5 +1,6 @@
 """What `python -m launcher selftest` prints: one section per part of the report (machine, kernels,
-quality gate, tiny steps, timings, BLAS library, VAE convolution, sampling, streaming, compiled blocks)
+quality gate, tiny steps, timings, BLAS library, VAE convolution, attention kernels, sampling, streaming,
+compiled blocks)
 and the verdict `qtype: auto` follows."""
 
 from pathlib import Path
@@ -27,6 +28,7 @@ def format_report(report: dict, path: Path) -> list[str]:
     lines += timing_lines(report)
     lines += blas_lines(report.get("blas"))
     lines += convolution_lines(report.get("convolution"))
+    lines += attention_lines(report.get("attention"))
     lines += sampling_lines(report)
     lines += streaming_lines(report.get("streaming"))
     lines += compile_lines(report.get("compile"))
@@ -80,9 +82,24 @@ def convolution_lines(check: dict | None) -> list[str]:
     if not check.get("ran"):
         return lines + [f"  not run: {check.get('reason')}"]
     if check.get("passed"):
-        return lines + [f"  pass  {check['library']}, {check['seconds']} s, difference {check['max_relative_difference']:.1e}"]
+        return lines + [f"  pass  {check['library']}, first call {check['first_s']} s, second {check['second_s']} s, "
+                        f"difference {check['max_relative_difference']:.1e}",
+                        f"  `miopen_find_mode: auto` -> {check['find_mode']} ({check['reason']})"]
     return lines + [f"  FAIL  {check.get('error')}",
                     "  the first launch's VAE encode then retries without it, slower, and says so (docs/selftest.md)"]
+
+
+def attention_lines(check: dict | None) -> list[str]:
+    lines = ["", "attention kernels at a FLUX.2 attention (SDPA backends, forward + backward; `sdpa_kernels: auto` follows)"]
+    if not check:
+        return lines + ["  not run by this self-test"]
+    if not check.get("ran"):
+        return lines + [f"  not run: {check.get('reason')}"]
+    for label, found in (("", check.get("backends")), (" (experimental)", check.get("with_variable"))):
+        for name, row in (found or {}).items():
+            detail = f"{row['ms']:8.2f} ms, difference {row['difference']:.1e}" if row.get("ran") else row.get("error")
+            lines.append(f"  {name + label:<34} {detail}")
+    return lines + [f"  chosen: {check['kernels']} ({check['reason']})"]
 
 
 def sampling_lines(report: dict) -> list[str]:

@@ -1,7 +1,8 @@
 """The self-test's result in the workdir, and what it decides: the qtype behind `qtype: auto` and
 its kernel, the stream mode behind `model_kwargs: {stream_mode: auto}` of a memory plan, whether
 `model_kwargs: {compile_blocks: auto}` compiles the transformer blocks, the ROCm BLAS library behind
-`model_kwargs: {rocm_blas: auto}`, and in-training sampling.
+`model_kwargs: {rocm_blas: auto}`, the attention kernels behind `sdpa_kernels: auto`, MIOpen's search
+behind `miopen_find_mode: auto`, and in-training sampling.
 
 `python -m launcher selftest` writes `<workdir>/selftest.json` (written by
 `launcher.in_trainer.selftest.runner` under the trainer's interpreter, stamped here with the trainer
@@ -28,7 +29,7 @@ HOW_TO_TEST = "`python -m launcher selftest` (a few minutes) tests the 4-bit ker
 FALLBACK_COST = "uint4 steps 1.73x the int4_fused time, 2.04x bf16 (H200, full width; bench/RESULTS.md)"
 REFERENCE_COST = "the plain-PyTorch path steps 1.92x int4_fused's Triton time (H200, full width; bench/RESULTS.md)"
 SERIALIZED, OVERLAPPED = "serialized", "overlapped"
-ROCM_BLAS_DEFAULT = "default"
+ROCM_BLAS_DEFAULT = SDPA_DEFAULT = FIND_MODE_DEFAULT = "default"
 
 
 @dataclass(frozen=True)
@@ -197,12 +198,28 @@ def compile_from(result: dict) -> tuple[bool, str]:
 
 def blas_from(result: dict) -> tuple[str, str]:
     """(library, why) for `rocm_blas: auto`: the faster of hipBLAS and hipBLASLt where the self-test
-    timed both on this ROCm GPU, else `default` (PyTorch's own pick; on NVIDIA and the CPU the
-    setting changes nothing)."""
+    timed both on this ROCm GPU, hipBLAS untimed where hipBLASLt reset GPUs of its architecture
+    (blas.RESETS), else `default` (PyTorch's own pick; on NVIDIA and the CPU the setting changes
+    nothing)."""
     check = result.get("blas") or {}
-    if not check.get("ran"):
-        return ROCM_BLAS_DEFAULT, f"{check.get('reason') or 'not timed by this self-test'} ({tested_on(result)})"
-    return check.get("library") or ROCM_BLAS_DEFAULT, f"{check.get('reason')} ({tested_on(result)})"
+    why = check.get("reason") or "not timed by this self-test"
+    return check.get("library") or ROCM_BLAS_DEFAULT, f"{why} ({tested_on(result)})"
+
+
+def attention_from(result: dict) -> tuple[str, str]:
+    """(kernels, why) for `sdpa_kernels: auto`: what the self-test's attention check found on this
+    GPU (launcher/in_trainer/selftest/attention.py), else `default`."""
+    check = result.get("attention") or {}
+    why = check.get("reason") or "not checked by this self-test"
+    return check.get("kernels") or SDPA_DEFAULT, f"{why} ({tested_on(result)})"
+
+
+def find_mode_from(result: dict) -> tuple[str, str]:
+    """(mode, why) for `miopen_find_mode: auto`: `fast` where the self-test's first MIOpen
+    convolution call was slow (launcher/in_trainer/selftest/convolution.py), else `default`."""
+    check = result.get("convolution") or {}
+    why = check.get("reason") or check.get("error") or "not timed by this self-test"
+    return check.get("find_mode") or FIND_MODE_DEFAULT, f"{why} ({tested_on(result)})"
 
 
 def summary_line(report: dict | None) -> str:
@@ -226,6 +243,6 @@ def rocm_runtime(report: dict | None) -> dict:
     blas_line = (f"{blas.get('library')} ({blas.get('reason')})" if blas.get("ran")
                  else f"not timed ({blas['reason']})" if blas else None)
     conv_line = (None if not conv else f"not run ({conv.get('reason')})" if not conv.get("ran")
-                 else f"pass ({conv.get('library')}, {conv.get('seconds')} s)" if conv.get("passed")
+                 else f"pass ({conv.get('library')}, first call {conv.get('first_s')} s)" if conv.get("passed")
                  else f"FAIL ({conv.get('error')})")
     return {"blas": blas_line, "convolution": conv_line, "convolution_failed": conv.get("passed") is False}

@@ -75,6 +75,11 @@ def in_flight(model_kwargs: dict) -> int:
     return 2 if stream_mode(model_kwargs) == block_streaming.OVERLAPPED else 1
 
 
+def math_attention(model_kwargs: dict) -> bool:
+    """Only PyTorch's math attention runs on this GPU (the self-test's verdict): the plan holds its matrices."""
+    return read(model_kwargs, "sdpa_kernels") == "math"
+
+
 def shape_of(params) -> Flux2Shape:
     return Flux2Shape(params.hidden_size, params.num_heads, params.depth, params.depth_single_blocks,
                       params.mlp_ratio, params.context_in_dim, params.in_channels)
@@ -82,7 +87,8 @@ def shape_of(params) -> Flux2Shape:
 
 def plan_for(model_kwargs: dict, params, run: dict, budget: int, weight_bytes=None, nonblock_bytes=None):
     inputs = flux2_inputs(shape_of(params), budget, run["resolution"], run["batch"], run["lora_rank"],
-                          weight_bytes=weight_bytes, nonblock_bytes=nonblock_bytes, in_flight=in_flight(model_kwargs))
+                          weight_bytes=weight_bytes, nonblock_bytes=nonblock_bytes, in_flight=in_flight(model_kwargs),
+                          math_attention=math_attention(model_kwargs))
     try:
         return make_plan(inputs)
     except PlanError as error:
@@ -193,7 +199,8 @@ def handed_or_planned(kwargs: dict, params, run: dict, budget: int):
     text = read(kwargs, "launch_plan")
     if text is None:
         return plan_for(kwargs, params, run, budget)
-    found = plan_ask(shape_of(params), budget, run["resolution"], run["batch"], run["lora_rank"], in_flight(kwargs))
+    found = plan_ask(shape_of(params), budget, run["resolution"], run["batch"], run["lora_rank"], in_flight(kwargs),
+                     math_attention(kwargs))
     try:
         ask, plan = handed(text)
     except ValueError as error:

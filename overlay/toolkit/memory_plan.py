@@ -11,6 +11,10 @@ What one step needs on the device (bytes):
 - the input of every block, which gradient checkpointing keeps (batch x tokens x hidden, bf16);
 - the working set of the block being recomputed in the backward: its saved tensors and their
   gradients, 2 x `activation_bytes` of one block;
+- where only PyTorch's math attention runs on the GPU (model_kwargs sdpa_kernels: math), the
+  attention matrices it materialises in the block being computed: MATH_MATRICES x batch x heads x
+  tokens^2 fp32 values (the softmax's output, kept for the backward, beside the scores it is made
+  from, or beside the gradient made from it); at 1024 px 2 x 48 x 4608^2 x 4 bytes = 8.2 GB;
 - each resident block's 4-bit weights; with any block streamed, a double buffer: the two largest
   streamed blocks in flight (one computing, the next being copied; one when serialized);
 - what is left keeps the activations of resident blocks (no recompute), in model order.
@@ -33,6 +37,10 @@ from .settings import CATALOGUE
 
 GIB = 1024 ** 3
 BF16 = 2
+# the math attention's matrices are fp32: it computes bf16 inputs in fp32 unless
+# torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True) is set (PyTorch 2.5+)
+FP32 = 4
+MATH_MATRICES = 2
 # kept free of the plan (allocator slack) unless the preset says vram_margin_gib
 DEFAULT_MARGIN_GIB = CATALOGUE["vram_margin_gib"].default
 # bf16 values saved per token and per hidden unit by one FLUX.2 block (double or single) when its
@@ -69,6 +77,7 @@ class PlanInputs:
     resolution: int = 0
     batch: int = 1
     in_flight: int = 2      # streamed blocks on the device at once: 2 overlapped, 1 serialized
+    attention_bytes: int = 0  # the math attention's matrices (sdpa_kernels: math), else 0
 
 
 @dataclass(frozen=True)
@@ -161,6 +170,8 @@ def make_plan(inputs: PlanInputs) -> MemoryPlan:
     working = 2 * max((b.activation_bytes for b in blocks), default=0)
     fixed = {"non-block weights": inputs.nonblock_bytes, "LoRA + optimizer": inputs.lora_bytes,
              "checkpointed inputs": inputs.checkpoint_bytes, "one block in backward": working}
+    if inputs.attention_bytes:
+        fixed["math attention matrices"] = inputs.attention_bytes
     free = inputs.budget_bytes - sum(fixed.values())
     buffer = 0
     if sum(b.weight_bytes for b in blocks) <= free:
@@ -254,9 +265,10 @@ def tokens(resolution: int) -> int:
 
 def flux2_inputs(shape: Flux2Shape, budget_bytes: int, resolution: int, batch: int = 1,
                  lora_rank: int = 32, group_size: int = 64, nonblock_bytes: int | None = None,
-                 weight_bytes: dict | None = None, in_flight: int = 2) -> PlanInputs:
+                 weight_bytes: dict | None = None, in_flight: int = 2, math_attention: bool = False) -> PlanInputs:
     """Plan inputs from the shapes; `weight_bytes` (name -> bytes, measured on the loaded model)
-    and `nonblock_bytes` replace the estimates when given."""
+    and `nonblock_bytes` replace the estimates when given; `math_attention`: only the math
+    attention runs (sdpa_kernels: math)."""
     double, single = block_linears(shape)
     seq = batch * tokens(resolution)
     activation = seq * shape.hidden * ACTIVATION_WIDTHS * BF16
@@ -276,6 +288,7 @@ def flux2_inputs(shape: Flux2Shape, budget_bytes: int, resolution: int, batch: i
         lora_bytes=lora_params * LORA_BYTES_PER_PARAM,
         checkpoint_bytes=len(blocks) * seq * shape.hidden * BF16,
         resolution=resolution, batch=batch, in_flight=in_flight,
+        attention_bytes=MATH_MATRICES * batch * shape.heads * tokens(resolution) ** 2 * FP32 if math_attention else 0,
     )
 
 
@@ -286,30 +299,33 @@ def budget_bytes_of(budget_gib: float, margin_gib: float) -> int:
 
 
 def plan_for_budget(budget_gib: float, resolution: int, batch: int = 1, rank: int = 32, in_flight: int = 2,
-                    flux2_params: dict | None = None, margin_gib: float = DEFAULT_MARGIN_GIB) -> MemoryPlan:
+                    flux2_params: dict | None = None, margin_gib: float = DEFAULT_MARGIN_GIB,
+                    math_attention: bool = False) -> MemoryPlan:
     """The plan from the shapes for a budget in GiB (what `run --dry-run` shows); PlanError when the
     budget cannot hold the resident minimum."""
     shape = Flux2Shape.from_params(flux2_params or {})
     return make_plan(flux2_inputs(shape, budget_bytes_of(budget_gib, margin_gib), resolution, batch, rank,
-                                  in_flight=in_flight))
+                                  in_flight=in_flight, math_attention=math_attention))
 
 
 # ---------------------------------------------------------------- the plan `run` hands the trainer
 
 
 def plan_ask(shape: Flux2Shape, budget_bytes: int, resolution: int, batch: int, lora_rank: int,
-             in_flight: int) -> dict:
+             in_flight: int, math_attention: bool = False) -> dict:
     """Everything a plan from the shapes is made of, besides the planner's own constants: two equal
     asks get the same plan. `run` hands its ask with its plan; the trainer compares its own."""
     return {"budget_bytes": int(budget_bytes), "resolution": int(resolution), "batch": int(batch),
-            "lora_rank": int(lora_rank), "in_flight": int(in_flight), "shape": asdict(shape)}
+            "lora_rank": int(lora_rank), "in_flight": int(in_flight), "math_attention": bool(math_attention),
+            "shape": asdict(shape)}
 
 
 def ask_for_budget(budget_gib: float, resolution: int, batch: int = 1, rank: int = 32, in_flight: int = 2,
-                   flux2_params: dict | None = None, margin_gib: float = DEFAULT_MARGIN_GIB) -> dict:
+                   flux2_params: dict | None = None, margin_gib: float = DEFAULT_MARGIN_GIB,
+                   math_attention: bool = False) -> dict:
     """The ask of plan_for_budget with the same arguments."""
     return plan_ask(Flux2Shape.from_params(flux2_params or {}), budget_bytes_of(budget_gib, margin_gib),
-                    resolution, batch, rank, in_flight)
+                    resolution, batch, rank, in_flight, math_attention)
 
 
 def hand_over(ask: dict, plan: MemoryPlan) -> str:

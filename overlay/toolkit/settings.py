@@ -184,6 +184,15 @@ CATALOGUE: Dict[str, Setting] = _settings(
         "dequantizing): hipblas, hipblaslt, or default (PyTorch's pick for the GPU); unset or auto: the faster "
         "in the self-test; nothing changes on NVIDIA or the CPU", choices=("default", "hipblas", "hipblaslt"),
         auto=RUN),
+    _kw("sdpa_kernels", "choice", "default", "the attention kernels the GPU runs at FLUX.2's shape: default (a "
+        "flash or memory-efficient kernel ran), experimental (one ran only with "
+        "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1, which `run` then sets for the trainer), or math (only "
+        "PyTorch's math attention: the memory plan holds its attention matrices); auto: what the self-test found",
+        choices=("default", "experimental", "math"), auto=RUN, resume_may_change=True),
+    _kw("miopen_find_mode", "choice", "default", "ROCm: MIOpen's search for a convolution's kernel: default, or "
+        "fast (`run` sets MIOPEN_FIND_MODE=FAST for the trainer: no benchmarking search); auto: fast where the "
+        "self-test's first convolution call was slow", choices=("default", "fast"), auto=RUN,
+        resume_may_change=True),
     # what `run` hands the trainer for this launch: the run folder's files and the profiler
     _kw("telemetry_file", "text", None, "the JSONL file of the in-process telemetry rows (the run folder's "
         "trainer-telemetry.jsonl); unset: no telemetry", written_by_run=True, resume_may_change=True),

@@ -119,7 +119,7 @@ def test_a_library_pytorch_refuses_on_this_gpu_is_not_timed(monkeypatch):
 
 def test_on_the_cpu_the_blas_and_convolution_checks_say_why_they_did_not_run():
     assert torch.cuda.is_available() is False
-    skipped = blas.check(torch, True, kernels.block_linear_cases(1024, 512), None, None, print)
+    skipped = blas.check(torch, True, "gfx1100", kernels.block_linear_cases(1024, 512), None, None, print)
     assert skipped["ran"] is False and skipped["library"] == "default" and "no GPU" in skipped["reason"]
     assert convolution.check(torch, None)["ran"] is False
 

@@ -8,7 +8,9 @@ the self-test times both on the user's card at the GEMMs the 4-bit path really r
 dequantizes a slice of the weight, then `torch.mm`: the slices of toolkit/int4_kernels.py at the
 preset's token counts) and records the faster; `run` hands it to the trainer as
 `model_kwargs: {rocm_blas}` (toolkit/rocm_blas.py sets it before the first matmul). On NVIDIA
-and on the CPU nothing is chosen. Stdlib-only at module level: torch comes in as an argument.
+and on the CPU nothing is chosen. On RDNA4 (gfx12) hipBLASLt is not timed at all: with ROCm
+10.0.0, training through it reset RX 9070 / R9700 GPUs (RESETS), and the self-test is the first
+thing a new owner runs. Stdlib-only at module level: torch comes in as an argument.
 """
 
 HIPBLAS, HIPBLASLT, DEFAULT = "hipblas", "hipblaslt", "default"
@@ -19,6 +21,12 @@ of the summed step time is about 1 %); within it the default stays."""
 AGREEMENT = 1e-2
 """Largest relative difference of one GEMM's output between the two libraries: both sum bf16
 products in fp32, in other orders; a wrong kernel is off by far more."""
+RESETS = {
+    "gfx12": "hipBLASLt reset RX 9070 / R9700 GPUs in training with ROCm 10.0.0 (TheRock issue #7699, "
+             "2026-08; the workaround is TORCH_BLAS_PREFER_HIPBLASLT=0)",
+}
+"""Architecture prefix: why hipBLASLt is neither timed nor chosen there (docs/amd.md, "Runtime traps
+on Windows"); `rocm_blas: hipblaslt` in a preset still uses it."""
 CHUNK_BYTES = 64 * 2**20
 """int4_fused's default weight slice (toolkit/qtypes.py DEFAULT_CHUNK_MIB)."""
 
@@ -128,12 +136,21 @@ def measure(torch, gemms: list[dict], device, timer, log) -> dict:
     return {"ran": True, "default": default, "step_ms": step_ms, "notes": notes, **choice}
 
 
-def check(torch, hip: bool, cases: list[tuple], device, timer, log) -> dict:
-    """The BLAS part of the report: measured on a ROCm GPU, skipped with the reason elsewhere."""
+def resets(arch: str) -> str | None:
+    """Why timing hipBLASLt could reset a GPU of `arch` (gfx1201, maybe with `:feature` suffixes), or None."""
+    return next((why for prefix, why in RESETS.items() if arch.startswith(prefix)), None)
+
+
+def check(torch, hip: bool, arch: str, cases: list[tuple], device, timer, log) -> dict:
+    """The BLAS part of the report: measured on a ROCm GPU, skipped with the reason elsewhere; on an
+    architecture where hipBLASLt reset GPUs, hipBLAS without timing either."""
     if device is None or not torch.cuda.is_available():
         return {"ran": False, "library": DEFAULT, "reason": "no GPU: nothing to choose"}
     if not hip:
         return {"ran": False, "library": DEFAULT, "reason": "NVIDIA: cuBLAS/cuBLASLt stay PyTorch's pick"}
+    why = resets(arch)
+    if why:
+        return {"ran": False, "library": HIPBLAS, "reason": f"{arch}: hipBLASLt not timed, hipBLAS taken: {why}"}
     log("timing hipBLAS against hipBLASLt at the FLUX.2 block GEMMs of the 4-bit path")
     try:
         return measure(torch, gemm_cases(cases), device, timer, log)

@@ -14,19 +14,22 @@ Runs under the trainer venv's interpreter, where torch, Triton and the patched t
                completed and matched the serialized mode (`stream_mode: auto` follows it);
   blas         ROCm: hipBLAS against hipBLASLt at the 4-bit path's bf16 GEMMs, and the faster
                (`rocm_blas`, blas.py); skipped with the reason on NVIDIA and the CPU;
-  convolution  one VAE-sized convolution through MIOpen / cuDNN (convolution.py).
+  convolution  one VAE-sized convolution through MIOpen / cuDNN, its first and second call timed
+               (`miopen_find_mode`, convolution.py);
+  attention    which SDPA backend runs at a FLUX.2 attention (`sdpa_kernels`, attention.py).
 Without a GPU only the reference path can run: its checks and training steps run on the CPU,
 nothing is timed, `fastest` is null and the report says so.
 """
 
 import argparse
+import importlib
 import json
 import platform
 import sys
 import time
 from pathlib import Path
 
-from launcher.in_trainer.selftest import blas, convolution, kernels, streaming, training
+from launcher.in_trainer.selftest import attention, blas, convolution, kernels, streaming, training
 
 SCHEMA = 1
 
@@ -92,18 +95,24 @@ def gpu_part(m: kernels.Modules, report: dict, args, device) -> None:
     report["fastest"] = pick_fastest(report, cands, eligible)
 
 
-def blas_part(m: kernels.Modules, report: dict, args, device) -> None:
-    """The BLAS library of the bf16 GEMMs (ROCm), at the first timed shape, and the VAE convolution."""
-    torch = m.torch
+def runtime_part(m: kernels.Modules, report: dict, args, device) -> None:
+    """The runtime's libraries at the first timed shape: the BLAS library of the bf16 GEMMs (ROCm),
+    the VAE convolution and the attention kernels."""
+    importlib.import_module("torch.nn.attention")  # SDPBackend and sdpa_kernel, for attention.py
+    torch, env = m.torch, report["environment"]
+    hip, arch = bool(env["hip"]), (env["gpu"] or {}).get("arch", "")
+    timer = lambda fn: kernels.timed_ms(torch, fn)  # noqa: E731
     image, txt = token_counts(args.tokens)[0]
     cases = kernels.block_linear_cases(image * args.batch, txt * args.batch)
-    report["blas"] = blas.check(torch, bool(report["environment"]["hip"]), cases, device,
-                                lambda fn: kernels.timed_ms(torch, fn), log)
+    report["blas"] = blas.check(torch, hip, arch, cases, device, timer, log)
     log(f"  BLAS: {report['blas']['library']} ({report['blas']['reason']})")
     report["convolution"] = convolution.check(torch, device)
     check = report["convolution"]
     log(f"  VAE-sized convolution: {'not run' if not check['ran'] else 'pass' if check['passed'] else 'FAIL'}"
-        f"{', ' + (check.get('error') or check.get('reason') or '') if not check.get('passed') else ''}")
+        f"{', ' + (check.get('error') or check.get('reason') or '') if not check.get('passed') else ''}"
+        f"{', MIOpen find mode ' + check['find_mode'] + ': ' + check['reason'] if check.get('find_mode') else ''}")
+    report["attention"] = attention.check(torch, hip, device, image + txt, timer, log)
+    log(f"  attention kernels: {report['attention']['kernels']} ({report['attention']['reason']})")
 
 
 def pick_fastest(report: dict, cands: list, eligible: set) -> dict:
@@ -129,6 +138,10 @@ def run(args) -> dict:
     env = report["environment"]
     log(f"torch {env['torch']}, Triton {env['triton'] or 'not importable'}, "
         f"GPU {env['gpu']['name'] if env['gpu'] else 'none'}")
+    resets = blas.resets(env["gpu"]["arch"]) if env["hip"] and env["gpu"] else None
+    if resets:  # every check below multiplies through hipBLAS, as `rocm_blas: auto` will train
+        m.torch.backends.cuda.preferred_blas_library(blas.HIPBLAS)
+        log(f"hipBLAS for the whole self-test: {resets}")
     for fmt in ("fp8", "int8"):
         for outliers in (False, True):
             report["checks"].append(kernels.check_quality(m, fmt, "cpu", outliers))
@@ -140,7 +153,7 @@ def run(args) -> dict:
         report["fastest"] = {"qtype": None, "reason": "Triton does not import; the 4-bit kernels need it"}
     else:
         gpu_part(m, report, args, m.torch.device("cuda", 0))
-    blas_part(m, report, args, m.torch.device("cuda", 0) if env["gpu"] else None)
+    runtime_part(m, report, args, m.torch.device("cuda", 0) if env["gpu"] else None)
     # on the CPU only the mechanics are checked: a few steps are enough
     seconds = args.streaming_seconds if env["gpu"] else min(args.streaming_seconds, streaming.CPU_SECONDS)
     report["streaming"] = (streaming.not_on_amd() if env["hip"] and env["gpu"]
