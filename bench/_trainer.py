@@ -48,7 +48,6 @@ TINY_PARAMS = dict(
 )
 
 FLUX2_SRC = Path("extensions_built_in/diffusion_models/flux2/src")
-FLUX2_PKG = Path("extensions_built_in/diffusion_models/flux2")
 
 
 class Trainer:
@@ -85,13 +84,6 @@ class Trainer:
                 self.stubs.append(f"toolkit.print -> print ({type(e).__name__}: {e})")
             self._quantize = importlib.import_module("toolkit.util.quantize")
         return self._quantize
-
-    def flux2_model_module(self):
-        """The patched flux2_model.py itself (needs the whole trainer venv: CPU machine only)."""
-        pkg = types.ModuleType("bench_flux2_pkg")
-        pkg.__path__ = [str(self.root / FLUX2_PKG)]
-        sys.modules["bench_flux2_pkg"] = pkg
-        return importlib.import_module("bench_flux2_pkg.flux2_model")
 
     def params(self, tiny: bool = False, **over):
         kw = dict(TINY_PARAMS) if tiny else {}

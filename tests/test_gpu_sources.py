@@ -1,6 +1,5 @@
-"""GPU sample parsers on (synthetic) captured outputs; missing tools; the replay source."""
+"""GPU sample parsers on (synthetic) captured outputs; missing tools."""
 
-import json
 import sys
 from pathlib import Path
 
@@ -11,7 +10,6 @@ from launcher.signals.gpu_sources import (
     AmdSmiSource,
     GpuSample,
     NvidiaSmiSource,
-    ReplaySource,
     detect_source,
     parse_amd_smi,
     parse_nvidia_smi,
@@ -124,22 +122,3 @@ def test_detect_source_order(monkeypatch):
     assert detect_source(windows=True).name == "nvidia-smi"
     present.discard("nvidia-smi")
     assert detect_source(windows=True).name == "typeperf"
-
-
-def test_replay_source_reads_gpu_rows_only(tmp_path):
-    trace = tmp_path / "trace.jsonl"
-    rows = [
-        {"kind": "gpu", "t": 10.0, "clock_mhz": 3100, "power_w": 240, "mem_load": 4},
-        {"kind": "progress", "t": 10.0, "step": 3, "s_it": 9.5},
-        {"t": 20.0, "step": 4, "s_it": 9.4, "clock_mhz": 2500, "power_w": 385, "mem_load": 33},  # telemetry row
-        {"kind": "burst_result", "t": 25.0, "ok": True, "tflops": 70.0},
-    ]
-    trace.write_text("\n".join(json.dumps(row) for row in rows) + "\nnot json\n\n", encoding="utf-8")
-    notes = []
-    source = ReplaySource(trace, note=notes.append)
-    samples = [source.sample(), source.sample(), source.sample()]
-    assert [sample.t if sample else None for sample in samples] == [10.0, 20.0, None]
-    assert samples[1].power_w == 385
-    assert len(notes) == 1 and "not JSON" in notes[0]
-    missing = ReplaySource(tmp_path / "none.jsonl", note=notes.append)
-    assert missing.sample() is None and list(missing) == []

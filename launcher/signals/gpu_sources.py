@@ -1,4 +1,4 @@
-"""GPU samples behind one small interface: amd-smi, rocm-smi, nvidia-smi, Windows counters, replay.
+"""GPU samples behind one small interface: amd-smi, rocm-smi, nvidia-smi, Windows counters.
 
 The run telemetry and the stall watchdog both read the GPU through `GpuSource.sample()`, which
 returns one `GpuSample` or None. Each tool is run as a subprocess with an argument list (no
@@ -22,8 +22,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 FIELDS = ("clock_mhz", "power_w", "gpu_util", "mem_load", "vram_used_mb")
 """The measured fields of a sample; telemetry rows and traces use these names."""
@@ -319,46 +318,6 @@ class WindowsCountersSource(CommandSource):
 
     def parse(self, text: str, t: float) -> GpuSample | None:
         return parse_typeperf(text, t, self.adapter)
-
-
-# --- replay ------------------------------------------------------------------------------------
-
-class ReplaySource(GpuSource):
-    """Samples from a recorded JSONL trace (telemetry rows or watchdog input traces), in order.
-
-    Rows without GPU fields (steps, saves, burst results) are skipped. `sample()` returns the
-    next one and None once the trace is used up; iterate it to get them all.
-    """
-
-    name = "replay"
-
-    def __init__(self, path: Path, note: Note = _stderr_note) -> None:
-        super().__init__(note)
-        self.path = Path(path)
-        self._rows: Iterator[GpuSample] | None = None
-
-    def __iter__(self) -> Iterator[GpuSample]:
-        try:
-            with self.path.open(encoding="utf-8") as lines:
-                for number, line in enumerate(lines, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        row = json.loads(line)
-                    except json.JSONDecodeError:
-                        self.note(f"{self.path}:{number} is not JSON; skipped")
-                        continue
-                    if isinstance(row, dict) and row.get("kind", "gpu") == "gpu":
-                        sample = GpuSample.from_row(row)
-                        if sample is not None:
-                            yield sample
-        except OSError as error:
-            self.disable(f"cannot read {self.path} ({error})")
-
-    def _sample(self) -> GpuSample | None:
-        if self._rows is None:
-            self._rows = iter(self)
-        return next(self._rows, None)
 
 
 # --- choosing a source -------------------------------------------------------------------------

@@ -99,10 +99,6 @@ class WatchdogConfig:
     max_failed_bursts: int = 3
     """This many bursts in a row that do not restore the rate disable the watchdog."""
 
-    @property
-    def burst_flops(self) -> float:
-        return 2.0 * self.burst_m * self.burst_k * self.burst_n
-
 
 def load_config(block: dict | None) -> WatchdogConfig:
     """A config from a preset's `launcher: watchdog:` block; unknown keys name the closest one."""
@@ -199,10 +195,6 @@ class Policy:
         out += self._due_prophylactic()
         out += self._stall_burst()
         return out
-
-    @property
-    def burst_running(self) -> bool:
-        return self._running is not None
 
     @property
     def healthy_s_it(self) -> float | None:
