@@ -5,7 +5,7 @@ import json
 import pytest
 
 from launcher.cli import main
-from launcher.commands.doctor import known_problems
+from launcher.checkup import known_problems
 
 
 def report(system="Linux", hip=None, gpu=True, free=500.0, ram=64.0, swap=32.0, allocator=None, stale=None):

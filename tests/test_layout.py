@@ -1,6 +1,7 @@
 """The layout's promises: modules run under the trainer's interpreter import only what it has."""
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -140,3 +141,46 @@ def test_the_presets_and_the_bridge_import_without_gitpython():
             "assert read_preset('rtx16gb_512').data['config']['name']")
     result = subprocess.run([sys.executable, "-c", code], cwd=LAUNCHER.parent, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def layer_map() -> dict[str, set[str]]:
+    """{folder of launcher/: the module names docs/design.md's layer map gives it}: every word of a
+    line's description that is not inside parentheses, the folder's own lines continued below it."""
+    text = (LAUNCHER.parent / "docs" / "design.md").read_text(encoding="utf-8")
+    block = text[text.index("```\nlauncher/cli.py"):]
+    block = block[:block.index("\n```", 4)]
+    folders: dict[str, str] = {}
+    current = None
+    for line in block.splitlines()[1:]:
+        head, rest = line[:29].strip(), line[29:]
+        if head:
+            current = head
+        folders[current] = folders.get(current, "") + " " + rest
+    named = {}
+    for folder, words in folders.items():
+        depth, kept = 0, []
+        for char in words:
+            depth += char == "("
+            kept.append(char if depth == 0 else " ")
+            depth -= char == ")"
+        named[folder] = set(re.findall(r"\b([a-z][a-z0-9_]*)\b", "".join(kept)))
+    return named
+
+
+def test_the_layer_map_names_every_module_and_no_module_that_is_gone():
+    named = layer_map()
+    for folder in sorted({path.parent for path in LAUNCHER.rglob("*.py")}):
+        if "in_trainer" in folder.parts or folder.name == "__pycache__":
+            continue
+        key = "launcher/ (top level)" if folder == LAUNCHER else f"{folder.relative_to(LAUNCHER.parent).as_posix()}/"
+        modules = {path.stem for path in folder.glob("*.py")} - {"__init__", "__main__", "cli"}
+        assert key in named, f"docs/design.md's layer map has no line for {key}"
+        missing = modules - named[key]
+        assert not missing, f"docs/design.md's layer map does not name {sorted(missing)} under {key}"
+    trainer_side = {path.stem for path in IN_TRAINER.rglob("*.py")} - {"__init__"}
+    assert trainer_side <= named["launcher/in_trainer/"], sorted(trainer_side - named["launcher/in_trainer/"])
+    known = {path.stem for path in LAUNCHER.rglob("*.py")} | {path.name for path in LAUNCHER.rglob("*") if path.is_dir()}
+    for folder, words in named.items():
+        if folder.startswith("launcher/") and folder != "launcher/cli.py":
+            gone = words - known - {"and"}  # outside parentheses a line holds module names only
+            assert not gone, f"docs/design.md's layer map names what is no module under {folder}: {sorted(gone)}"

@@ -55,7 +55,7 @@ def test_an_existing_file_is_never_overwritten(tmp_path, capsys):
 def test_a_radeon_run_is_placed_against_the_predicted_range(tmp_path, capsys, monkeypatch):
     """On a card the prediction covers, the zip carries the predicted ranges and the run's s/it against its row."""
     import launcher.commands.report as report_command
-    from launcher.commands.doctor import collect
+    from launcher.checkup import collect
 
     def doctor_on_a_7900xtx(workdir):
         found = collect(workdir)

@@ -8,7 +8,7 @@ from pathlib import Path, PureWindowsPath
 import pytest
 
 from launcher.cli import main
-from launcher.commands.doctor import known_problems
+from launcher.checkup import known_problems
 from launcher.envs import install as install_module
 from launcher.envs import rocm_windows_install
 from launcher.envs import rocm_windows_toolchain as toolchain

@@ -4,10 +4,10 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from launcher.commands.patches import check
 from launcher.envs.workdir import DEFAULT_WORKDIR
 from launcher.errors import LauncherError
 from launcher.patching import gitops, series
+from launcher.patching.check import check
 from launcher.patching.lock import find_target
 from launcher.patching.rebase import Rebase, write_lock_commit
 from launcher.progress import say

@@ -7,7 +7,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from launcher.commands.doctor import collect
+from launcher.checkup import collect
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, venv_python
 from launcher.errors import LauncherError
 from launcher.field_report import Bundle, Scrubber, add_run, recent_runs

@@ -34,6 +34,7 @@ from launcher.runs.presets import Preset, load_preset, render, write_config
 from launcher.runs.run_lock import run_folder_lock
 from launcher.runs.schema import Vocabulary, short
 from launcher.runs.telemetry import TelemetryRecorder
+from launcher.runs.trainer_env import ALLOCATOR_VARIABLES, EXPANDABLE
 from launcher.runs.vocabulary import read_vocabulary
 from launcher.user_files import read_text
 from launcher.watchdog.loop import watch_run
@@ -41,9 +42,6 @@ from launcher.watchdog.policy import load_config
 from launcher.watchdog.rank_watch import STATE_FILE, watch_ranks
 from launcher.writer import open_append, replace_own
 
-EXPANDABLE = "expandable_segments:True"
-ALLOCATOR_VARIABLES = ("PYTORCH_HIP_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
-"""What `run` sets to EXPANDABLE (wall 7); doctor says so for these and only these."""
 LOCATIONS = {
     # flag -> (environment variable, what it is)
     "model_dir": ("FLUX2_MODEL_DIR", "the folder holding flux2-dev.safetensors and ae.safetensors"),

@@ -34,6 +34,9 @@ class NowASetting(Spec):
                f"{self.setting} in the preset")
 
 
+EXPANDABLE = "expandable_segments:True"
+ALLOCATOR_VARIABLES = ("PYTORCH_HIP_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+"""What `run` sets to EXPANDABLE (wall 7); doctor says so for these and only these."""
 ENV_ALLOWED = {
     # variable: why a preset may set it (none moves a file the trainer writes or reads, or the code it runs)
     "HF_HUB_OFFLINE": "keeps the Hugging Face libraries off the network (the tiny preset)",
