@@ -18,6 +18,7 @@ from launcher.commands import (
     sample,
     selftest,
     setup,
+    ui,
     verify,
     watchdog,
 )
@@ -25,7 +26,7 @@ from launcher.errors import LauncherError, os_error_line, unexpected_error_line
 from launcher.patching.lock import DEFAULT_LOCK
 from launcher.progress import utf8_output
 
-COMMANDS = (setup, verify, patches, rebase, selftest, presets, run, flags, plot, sample, comfy, watchdog, doctor, report)
+COMMANDS = (setup, verify, patches, rebase, selftest, presets, run, flags, plot, sample, comfy, watchdog, doctor, report, ui)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -34,10 +34,11 @@ KINDS = {
     "image": (1024 * MIB, "the trainer opens no image larger than PIL's 179 Mpx limit"),
     "log": (256 * 1024, "only the end of a log is read"),
     "telemetry": (64 * 1024, "only the newest rows of a telemetry file are read"),
+    "history": (4 * MIB, "a run's plots read the newest rows of its telemetry, about a day of them"),
 }
-"""`log` and `telemetry` are tails: a larger file is read from its end, never refused."""
+"""`log`, `telemetry` and `history` are tails: a larger file is read from its end, never refused."""
 BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))
-TAILS = ("log", "telemetry")
+TAILS = ("log", "telemetry", "history")
 NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # POSIX: opening a FIFO returns at once
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 BINARY = getattr(os, "O_BINARY", 0)

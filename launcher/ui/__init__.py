@@ -1,0 +1,1 @@
+"""`python -m launcher ui`: a local web page over the launcher's own files and commands."""
