@@ -3,7 +3,7 @@
 A row gives the card's name, its arch as the compilers spell it (`gfx1201`, `sm_89`), its memory
 as sold, the shipped preset for it, and what the self-test's rules make its preset train on:
 the candidate with Triton, the candidate without it, and the stream mode. Everything else is
-derived from the rows: each card preset's `launcher: card:` label, the README's card and preset
+derived from the rows: each card preset's `launcher: card:` label, docs/cards.md's card and preset
 tables (`python -m launcher.cards_doc` writes them) and the self-test's verdicts on paper
 (`launcher/selftest/cards.py`, which checks the last three columns). Whether a card has FP8
 matrix units is not a column: it is the runtime's rule (`qtypes.arch_has_fp8_units` in the

@@ -1,8 +1,8 @@
 """Everything the card table (`presets/cards.csv`) writes elsewhere: `python -m launcher.cards_doc`
 rewrites it, `--check` exits 1 where a file differs.
 
-From the table: each card preset's `launcher: card:` line, the README's "what runs on your card"
-table (the self-test's verdicts on paper), the README's preset table and the `presets` listing
+From the table: each card preset's `launcher: card:` line, docs/cards.md's "what runs on your
+card" table (the self-test's verdicts on paper) and its preset table, and the `presets` listing
 that docs/presets.md shows. A row whose verdict columns are not what the self-test's rules give
 is named, and nothing is written.
 """
@@ -18,7 +18,7 @@ from launcher.runs.presets import PRESETS_DIR, load_preset
 from launcher.writer import replace_own
 
 REPO = PRESETS_DIR.parent
-README = REPO / "README.md"
+CARDS_DOC = REPO / "docs" / "cards.md"
 PRESETS_DOC = REPO / "docs" / "presets.md"
 COMMAND = "python -m launcher.cards_doc"
 CARD_LINE = re.compile(r"^  card: .*$", re.M)
@@ -46,7 +46,7 @@ WHAT = {
     "tiny": "the embedded tiny FLUX.2: 2 steps, used by the tests",
     "tiny_klein": "the embedded tiny FLUX.2 klein 4B (target upstream-main): 2 steps, used by the tests",
 }
-"""The README's preset table, in its order: what each shipped preset is (its card column is the preset's label)."""
+"""docs/cards.md's preset table, in its order: what each shipped preset is (its card column is the preset's label)."""
 
 
 def preset_files(cards: list[Card]) -> dict[Path, str]:
@@ -63,7 +63,7 @@ def preset_files(cards: list[Card]) -> dict[Path, str]:
 
 
 def preset_table() -> str:
-    """The README's preset table: every shipped preset, its card label and what it is."""
+    """docs/cards.md's preset table: every shipped preset, its card label and what it is."""
     shipped = sorted(path.stem for path in PRESETS_DIR.glob("*.yaml"))
     if sorted(WHAT) != shipped:
         raise LauncherError(f"launcher/cards_doc.py: WHAT names {sorted(WHAT)}, the shipped presets are {shipped}; "
@@ -83,16 +83,16 @@ def replaced(text: str, markers: tuple[str, str], body: str, path: Path) -> str:
 
 
 def documents(cards: list[Card]) -> dict[Path, str]:
-    """README.md and docs/presets.md as the card table and the preset files make them."""
+    """docs/cards.md and docs/presets.md as the card table and the preset files make them."""
     from launcher.commands.presets import listing
     from launcher.selftest.cards import markdown_table
 
-    readme = README.read_text(encoding="utf-8")
-    readme = replaced(readme, BLOCKS["cards"], markdown_table(cards), README)
-    readme = replaced(readme, BLOCKS["presets"], preset_table(), README)
+    page = CARDS_DOC.read_text(encoding="utf-8")
+    page = replaced(page, BLOCKS["cards"], markdown_table(cards), CARDS_DOC)
+    page = replaced(page, BLOCKS["presets"], preset_table(), CARDS_DOC)
     shown = "\n".join(listing()).split("\n\n")[0]
     docs = replaced(PRESETS_DOC.read_text(encoding="utf-8"), LISTING, shown, PRESETS_DOC)
-    return {README: readme, PRESETS_DOC: docs}
+    return {CARDS_DOC: page, PRESETS_DOC: docs}
 
 
 def stale(targets: dict[Path, str]) -> list[Path]:

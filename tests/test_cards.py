@@ -50,7 +50,7 @@ def test_the_generated_files_are_current():
 
 
 def test_a_card_is_one_row(tmp_path):
-    """A throwaway row in a copy of the table reaches its preset's label, the README's card table
+    """A throwaway row in a copy of the table reaches its preset's label, docs/cards.md's card table
     and the verdict check; the shipped files then read as stale."""
     table = tmp_path / "cards.csv"
     row = f"RTX Test 16 GB,sm_100a,16,rtx16gb_512,{FP8_SCALED},int4_fused (reference),overlapped"
@@ -62,7 +62,7 @@ def test_a_card_is_one_row(tmp_path):
     assert cards.wrong_verdicts(rows) == []
     preset = card_table.PRESETS_DIR / "rtx16gb_512.yaml"
     assert cards_doc.stale(cards_doc.preset_files(rows)) == [preset]
-    assert cards_doc.stale(cards_doc.documents(rows)) == [cards_doc.README]
+    assert cards_doc.stale(cards_doc.documents(rows)) == [cards_doc.CARDS_DOC]
 
 
 def test_a_row_whose_verdict_is_not_the_rules_is_named(tmp_path):

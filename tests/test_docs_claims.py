@@ -326,6 +326,8 @@ def test_the_top_level_entries_exist():
 def test_readme_is_a_front_page():
     lines = read("README.md").splitlines()
     assert len(lines) <= 200, f"README.md has {len(lines)} lines; move a section to docs/"
+    long = [number for number, line in enumerate(lines, 1) if len(line) > 200]
+    assert not long, f"README.md lines {long} are over 200 characters: a front page is read, not scrolled sideways"
 
 
 def test_the_readme_test_command_is_what_ci_runs():

@@ -9,7 +9,7 @@ functions `run` uses. What the paper cannot know is stated in `PAPER_FACTS`: the
 figures (measured on the CPU reference path, the same on every card) and the block-Linear time of
 each path relative to bf16 (measured on the H200; the order of the FP8 and bf16 paths holds where
 FP8 runs at twice the bf16 rate, as on every FP8 card listed). `python -m launcher.cards_doc`
-writes the table the README carries; `python -m launcher.selftest.cards` prints it.
+writes the table docs/cards.md carries; `python -m launcher.selftest.cards` prints it.
 """
 
 from dataclasses import dataclass
@@ -145,7 +145,7 @@ NO_TRITON = {verdict.FALLBACK_QTYPE: f"{verdict.FALLBACK_QTYPE}, uncompiled: {ve
 
 
 def markdown_table(cards: list[Card] = CARDS) -> str:
-    """The README's "what runs on your card" table: the pick with Triton and Inductor working,
+    """docs/cards.md's "what runs on your card" table: the pick with Triton and Inductor working,
     then what a missing Inductor or a missing Triton turns it into. Cards of one arch and preset
     whose verdicts agree share a row, and rows that differ only in their preset become one (the
     klein 4B and 9B presets of a card, say)."""
