@@ -58,8 +58,9 @@ def test_the_dry_run_shows_the_filled_command_with_the_extra_arguments_last(tmp_
     done = python("-m", "bench.run", "train_step", "--trainer", str(tmp_path), "--out", str(tmp_path / "o"),
                   "--dry-run", "--", "--weights", "bf16")
     assert done.returncode == 0, done.stderr
-    assert re.search(rf"-m bench\.train_step --trainer {re.escape(str(tmp_path))} .*--out {re.escape(str(tmp_path))}"
-                     r"/o/step\.json --weights bf16(  env\+|$)", done.stdout.strip()), done.stdout
+    # the template is "{out}/step.json": the folder given, then "/" (Windows takes it as its own)
+    assert re.search(rf"-m bench\.train_step --trainer {re.escape(str(tmp_path))} .*--out {re.escape(str(tmp_path / 'o'))}"
+                     r"/step\.json --weights bf16(  env\+|$)", done.stdout.strip()), done.stdout
 
 
 def test_archived_output_is_dated_and_never_overwritten(tmp_path):

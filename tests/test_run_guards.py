@@ -8,6 +8,7 @@ dataset is a folder of small PNGs, so the whole of `run` executes in about a sec
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,6 +41,19 @@ if mode == "wait":
 """
 
 
+def copy_interpreter(python: Path) -> None:
+    """The venv `python -m venv --copies` made on Windows: python.exe with its DLLs, and a
+    pyvenv.cfg naming this installation, whose stdlib and site-packages it then uses."""
+    home = Path(sys.executable).parent
+    for pattern in ("python.exe", "python*.dll", "vcruntime*.dll"):
+        for item in home.glob(pattern):
+            try:
+                os.link(item, python.parent / item.name)  # a hard link needs no rights, on one volume
+            except OSError:
+                shutil.copyfile(item, python.parent / item.name)
+    (python.parent.parent / "pyvenv.cfg").write_text(f"home = {home}\ninclude-system-site-packages = true\n", encoding="utf-8")
+
+
 class StandIn:
     def __init__(self, root: Path) -> None:
         self.workdir = Workdir(root / "wd")
@@ -54,7 +68,9 @@ class StandIn:
         try:
             python.symlink_to(sys.executable)
         except OSError as error:
-            pytest.skip(f"cannot link an interpreter here: {error}")
+            if os.name != "nt":
+                pytest.skip(f"cannot link an interpreter here: {error}")
+            copy_interpreter(python)  # Windows grants links by default to admins only
         manifest = {"format": tiny_assets.ASSETS_FORMAT, "seed": tiny_assets.DEFAULT_SEED, "name_or_path": ".",
                     "dataset": tiny_assets.DATASET_DIR, "resolution": 128,
                     "model_kwargs": {"flux2_params": {}, "ae_params": {}, "text_encoder_path": "text_encoder"}}
