@@ -19,6 +19,7 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 from launcher.errors import LauncherError
 from launcher.nofollow import first_link
@@ -76,9 +77,9 @@ def _refuse_links(within: Path, path: Path) -> None:
                                   "another user's files): replace it by the file or folder itself")
 
 
-def _read(path: Path, kind: str, within: Path | None) -> tuple[bytes, bool]:
-    """(the bytes read, whether the file was longer than the cap of its tail kind)."""
-    cap, words = KINDS[kind]
+def open_regular(path: Path, within: Path | None = None) -> BinaryIO:
+    """A regular file opened for reading, for a reader that takes only the bytes it needs (a
+    safetensors header); a FIFO, device or folder is refused before it could block or flood it."""
     path = Path(path)
     try:
         if within is not None:
@@ -87,9 +88,21 @@ def _read(path: Path, kind: str, within: Path | None) -> tuple[bytes, bool]:
         descriptor = os.open(path, os.O_RDONLY | NONBLOCK | BINARY | (NOFOLLOW if within is not None else 0))
     except OSError as error:
         raise UserFileError(path, f"cannot be read ({error.strerror or error})") from None
-    with os.fdopen(descriptor, "rb") as handle:
+    handle = os.fdopen(descriptor, "rb")
+    try:
+        _refuse_special(path, os.fstat(descriptor).st_mode)
+    except UserFileError:
+        handle.close()
+        raise
+    return handle
+
+
+def _read(path: Path, kind: str, within: Path | None) -> tuple[bytes, bool]:
+    """(the bytes read, whether the file was longer than the cap of its tail kind)."""
+    cap, words = KINDS[kind]
+    path = Path(path)
+    with open_regular(path, within) as handle:
         info = os.fstat(handle.fileno())
-        _refuse_special(path, info.st_mode)
         if info.st_size <= cap:
             data = handle.read(info.st_size + 1)  # a buffer of the file's size, not of the cap
             if len(data) > info.st_size:  # it grew since: read on up to the cap
@@ -132,6 +145,38 @@ def read_text(path: Path, kind: str, within: Path | None = None) -> str:
     return decode(path, data)
 
 
+def load_json(path: Path, kind: str, within: Path | None = None):
+    """The JSON value of a file read by `read_text`; one that is not JSON, or nests deeper than
+    Python's parser recurses (a planted `[[[[...`), is a UserFileError naming it."""
+    text = read_text(path, kind, within)
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise UserFileError(path, "nests too deeply to be the launcher's JSON (thousands of levels): "
+                                  "is it the right file?") from None
+    except ValueError as error:
+        raise UserFileError(path, f"is not valid JSON ({error}): is it the right file?") from None
+
+
+def load_json_state(path: Path, kind: str = "metadata") -> dict:
+    """A state file the launcher wrote and can do without: {} when it is missing, damaged, not an
+    object, or not a regular file (the command then goes on as if it had none)."""
+    try:
+        state = load_json(path, kind)
+    except UserFileError:
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def json_row(line: str | bytes):
+    """One line of a JSONL file, or None where it is not JSON (a line still being written, one cut
+    by a tail, or one nested too deeply to parse)."""
+    try:
+        return json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+
+
 def read_tail_lines(path: Path, lines: int, within: Path | None = None) -> str:
     """The last `lines` lines of a log, from at most its last KINDS['log'] bytes (a line cut by the
     cap is dropped); undecodable bytes are replaced, as a log may end mid-character."""
@@ -152,10 +197,7 @@ def last_rows(path: Path, within: Path | None = None) -> list[dict]:
         return []
     rows = []
     for line in reversed(lines):
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue  # a line still being written, or cut where the tail begins
+        row = json_row(line)
         if isinstance(row, dict):
             rows.append(row)
     return rows

@@ -20,6 +20,7 @@ Logs and telemetry grow by appending (`open_append`); flag files are created emp
 import errno
 import os
 import secrets
+import stat
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -27,20 +28,33 @@ from launcher.errors import LauncherError, os_error_line
 from launcher.nofollow import is_link, link_error, refuse_links
 
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # POSIX: a FIFO there answers at once instead of waiting for a reader
 BINARY = getattr(os, "O_BINARY", 0)  # Windows: no newline translation
 CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL
 
 
 def _open(root: Path, path: Path, flags: int) -> int:
+    """A descriptor of a regular file at `path`, never a link, a FIFO or a device there."""
     refuse_links(root, path)
     try:
-        return os.open(path, flags | NOFOLLOW | BINARY, 0o666)
+        descriptor = os.open(path, flags | NOFOLLOW | NONBLOCK | BINARY, 0o666)
     except OSError as error:
         if is_link(path):  # ELOOP from O_NOFOLLOW, EEXIST from O_EXCL
             raise link_error(path) from None
         if error.errno == errno.EEXIST:
             raise LauncherError(f"{path} exists; it is never overwritten: give another name, or move it away") from None
+        if error.errno == errno.ENXIO:  # a FIFO with no reader
+            raise not_a_file(path) from None
         raise LauncherError(f"cannot write {os_error_line(_named(error, path))}") from None
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise not_a_file(path)
+    return descriptor
+
+
+def not_a_file(path: Path) -> LauncherError:
+    return LauncherError(f"{path} is not a regular file (a FIFO or a device); the launcher writes only files: "
+                         "remove it, and run the command again")
 
 
 def _named(error: OSError, path: Path) -> OSError:

@@ -385,3 +385,18 @@ def test_comfyui_accepts_the_api_workflow(comfyui_checkout, tiny_comfy):
     assert report["valid"] is True and report["outputs"] == ["9"], report
     refused = in_comfyui(workdir, comfyui_checkout, "api", "--api", api, *(f"--file={f}" for f in files[1:]))
     assert refused["valid"] is False and "tiny_flux2.safetensors" in json.dumps(refused["node_errors"])
+
+
+def test_comfy_replaces_its_own_workflow_and_keeps_one_saved_over_it(fake_run, capsys):
+    workdir, root = fake_run
+    assert launch(workdir) == 0
+    assert launch(workdir, "--prompt", "another prompt") == 0  # its own from before: replaced
+    (ui,) = (root / "comfyui").glob("*.workflow.json")
+    assert "another prompt" in ui.read_text(encoding="utf-8")
+    ui.write_text('{"edited": "in ComfyUI, saved back"}', encoding="utf-8")
+    capsys.readouterr()
+    assert launch(workdir) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "`comfy` did not write it" in err and "pass --force" in err, err
+    assert json.loads(ui.read_text(encoding="utf-8")) == {"edited": "in ComfyUI, saved back"}
+    assert launch(workdir, "--force") == 0 and "edited" not in ui.read_text(encoding="utf-8")

@@ -192,11 +192,14 @@ def test_a_file_beside_the_preset_comes_before_a_shipped_name(tmp_path):
     ({"a.yaml": "job: extension\ninherits: nowhere\n"},
      ["a.yaml, line 2: inherits = 'nowhere': no such preset", "rtx4090_512", "fix the name or the path"]),
     ({"a.yaml": "inherits: 5\n"}, ["a.yaml, line 1: inherits = 5: not a preset", "a shipped preset's name"]),
-    ({"a.yaml": "inherits: b\n", "b.yaml": "- a list\n"}, ["a.yaml inherits ", "b.yaml, which holds ['a list']",
+    ({"a.yaml": "inherits: b\n", "b.yaml": "- a list\n"}, ["a.yaml inherits ", "b.yaml, which holds a list,",
                                                          "not a preset's mapping"]),
+    ({"a.yaml": "inherits: b\n", "b.yaml": "a key file's one line\n"},
+     ["b.yaml, which holds a line of text, not a preset's mapping"]),
     ({"a.yaml": "inherits: b\n", "b.yaml": "job: [\n"}, ["b.yaml is not valid YAML", "(inherited by ", "a.yaml)"]),
     ({"a.yaml": "inherits: " + "x" * 5000 + "\n"}, ["a.yaml, line 1: inherits = 'xxx", "no such preset"]),
-], ids=["itself", "a circle of three", "missing parent", "not text", "parent not a mapping", "parent not YAML",
+], ids=["itself", "a circle of three", "missing parent", "not text", "parent not a mapping",
+        "parent holds text, never shown", "parent not YAML",
         "name too long"])
 def test_a_bad_inherits_is_named_with_its_files(tmp_path, files, fragments):
     for name, text in files.items():

@@ -70,7 +70,7 @@ def test_deeply_nested_header(tmp_path):
 
 def test_a_folder_in_place_of_the_file(tmp_path):
     (tmp_path / "dir.safetensors").mkdir()
-    with pytest.raises(LauncherError, match="cannot be read"):
+    with pytest.raises(LauncherError, match="dir.safetensors is a folder, not a regular file"):
         safetensors_header(tmp_path / "dir.safetensors")
 
 

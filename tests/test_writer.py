@@ -155,3 +155,13 @@ def test_the_rule_sees_each_way_of_writing():
               "p.read_text()\n"
               "text.replace('a', 'b')\n")
     assert [line for line, _ in writes_outside_the_writer(source)] == [2, 3, 5, 6, 7]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are POSIX")
+def test_a_fifo_where_a_file_is_written_is_refused_at_once_never_waited_on(tmp_path):
+    fifo = tmp_path / "run.lock"
+    os.mkfifo(fifo)
+    for write in (lambda: writer.open_append(tmp_path, fifo), lambda: writer.touch(tmp_path, fifo)):
+        with pytest.raises(LauncherError, match="is not a regular file"):
+            write()
+    assert writer.replace_own(fifo, "state") and fifo.read_text(encoding="utf-8") == "state"  # replaced, not opened

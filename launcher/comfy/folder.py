@@ -7,7 +7,7 @@ from pathlib import Path
 
 from launcher.errors import LauncherError
 from launcher.progress import warn
-from launcher.user_files import UserFileError, read_text
+from launcher.user_files import UserFileError, open_regular, read_text
 from launcher.writer import link_new, new_file
 
 MODEL_FOLDERS = {
@@ -101,7 +101,7 @@ def _same_content(lora: Path, target: Path) -> bool:
 
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
-    with path.open("rb") as handle:
+    with open_regular(path) as handle:  # a FIFO in models/loras is refused, not waited on
         for block in iter(lambda: handle.read(2**20), b""):
             digest.update(block)
     return digest.hexdigest()

@@ -7,16 +7,18 @@ content in models/loras is replaced only with --force.
 """
 
 import argparse
+import hashlib
 import json
 from pathlib import Path
 
 from launcher.comfy import folder, lora_check, templates, workflow
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir
 from launcher.errors import LauncherError
-from launcher.nofollow import refuse_links
+from launcher.nofollow import is_link, refuse_links
 from launcher.progress import say, warn
 from launcher.runs.folders import RunFolder, find_run, read_run_process
 from launcher.runs.prompts import caption_prompt
+from launcher.user_files import UserFileError, load_json_state, read_text
 from launcher.writer import replace_own
 
 EXAMPLES = """examples:
@@ -40,7 +42,8 @@ def register(subparsers) -> None:
     placement = parser.add_mutually_exclusive_group()
     placement.add_argument("--copy", dest="link", action="store_false", help="copy the LoRA (default)")
     placement.add_argument("--link", dest="link", action="store_true", help="link the LoRA instead of copying it")
-    parser.add_argument("--force", action="store_true", help="replace a different file of the same name in models/loras")
+    parser.add_argument("--force", action="store_true", help="replace a different file of the same name in models/loras, "
+                        "or a workflow that comfy did not write")
     parser.set_defaults(handler=handle, link=False)
 
 
@@ -69,7 +72,7 @@ def handle(args) -> int:
     if comfy_dir is not None:
         placed = folder.place_lora(lora, comfy_dir, link=args.link, force=args.force)
         say(f"LoRA in place: {placed}")
-    write_workflows(run, lora, built)
+    write_workflows(run, lora, built, force=args.force)
     say(f"prompt: {prompt}")
     report_models(built.models, comfy_dir)
     note = templates.base_model_note(template, built.models, base, comfy_dir)
@@ -79,15 +82,37 @@ def handle(args) -> int:
     return 0
 
 
-def write_workflows(run: RunFolder, lora: Path, built: workflow.Workflow) -> None:
+WRITTEN = ".written.json"
+"""In the run's comfyui/ folder: the SHA-256 of each workflow `comfy` wrote there, so that the next
+`comfy` tells its own file (replaced) from one saved over it (kept, unless --force)."""
+
+
+def write_workflows(run: RunFolder, lora: Path, built: workflow.Workflow, force: bool) -> None:
+    """The two workflows beside the run; a file there that `comfy` did not write (a workflow the user
+    edited and saved back) is replaced only with --force, as a LoRA in models/loras is."""
     refuse_links(run.root, run.comfyui)
-    run.comfyui.mkdir(parents=True, exist_ok=True)
     ui = run.comfyui / f"{lora.stem}.workflow.json"
     api = run.comfyui / f"{lora.stem}.api.json"
-    replace_own(ui, json.dumps(built.ui, indent=2, ensure_ascii=False) + "\n")  # replaces a link there
-    replace_own(api, json.dumps(built.api, indent=2, ensure_ascii=False) + "\n")
+    texts = {ui: json.dumps(built.ui, indent=2, ensure_ascii=False) + "\n",
+             api: json.dumps(built.api, indent=2, ensure_ascii=False) + "\n"}
+    ledger = load_json_state(run.comfyui / WRITTEN)
+    for path in texts:
+        if not force and (path.exists() or is_link(path)) and _sha256(path, run.root) != ledger.get(path.name):
+            raise LauncherError(f"{path} exists and `comfy` did not write it (a workflow saved over it?): pass "
+                                "--force to replace it, or move it away")
+    for path, text in texts.items():
+        replace_own(path, text, run.root)  # replaces a link there, never its target
+        ledger[path.name] = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    replace_own(run.comfyui / WRITTEN, json.dumps(ledger, indent=1, sort_keys=True) + "\n", run.root)
     say(f"wrote {ui} (drag it onto the ComfyUI canvas)")
     say(f"wrote {api} (API format: POST {{\"prompt\": <its content>}} to ComfyUI's /prompt)")
+
+
+def _sha256(path: Path, within: Path) -> str | None:
+    try:
+        return hashlib.sha256(read_text(path, "metadata", within).encode("utf-8")).hexdigest()
+    except UserFileError:
+        return None
 
 
 def report_models(models: list[dict], comfy_dir: Path | None) -> None:

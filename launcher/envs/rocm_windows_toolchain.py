@@ -32,6 +32,7 @@ from typing import Callable, Mapping
 
 from launcher.envs.amdgpu import TARGETS
 from launcher.errors import LauncherError
+from launcher.user_files import load_json_state
 from launcher.writer import replace_own
 
 CHANNEL = "rocm-windows"
@@ -286,11 +287,7 @@ def compose_env(stored: dict, environ: Mapping[str, str]) -> dict[str, str]:
 
 def stored_env(venv: Path) -> dict:
     """The toolchain setup stored for this venv; {} for other channels or a damaged file."""
-    try:
-        stored = json.loads((venv / ENV_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return stored if isinstance(stored, dict) else {}
+    return load_json_state(venv / ENV_FILE)
 
 
 def trainer_env(venv: Path, environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -1,11 +1,11 @@
 """Where things live inside a workdir (default `.aitk` in the current folder)."""
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import LauncherError
+from launcher.user_files import load_json_state
 
 DEFAULT_WORKDIR = Path(".aitk")
 
@@ -108,8 +108,4 @@ def venv_python(venv: Path, windows: bool | None = None) -> Path:
 def read_state(state_file: Path) -> dict:
     """The recorded state; {} when the file is missing or damaged (setup then rewrites it).
     Here, not in launcher.patching, so that code the trainer's venv imports needs no gitpython."""
-    try:
-        state = json.loads(state_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return state if isinstance(state, dict) else {}
+    return load_json_state(state_file)

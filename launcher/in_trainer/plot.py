@@ -46,13 +46,24 @@ def _rows(path: Path | None, events: bool = False) -> list[dict]:
     return read_rows(path, events)[0]
 
 
+HISTORY_BYTES = 64 * 2**20
+"""The most of a telemetry file read: a day of rows is a few MB; a planted 1 GiB file is not read whole."""
+
+
 def read_rows(path: Path | None, events: bool = False) -> tuple[list[dict], list[str]]:
     """The rows of a telemetry (or, with `events`, a watchdog) JSONL file, and why each line left out
     was ("line 3: not JSON"). A last line without its newline is a row still being written: it is
-    left out without a word unless it is complete."""
+    left out without a word unless it is complete. Of a file over HISTORY_BYTES only the end is read,
+    from its first whole line, numbered from there."""
     if path is None or not Path(path).is_file():
         return [], []
-    lines = Path(path).read_text(encoding="utf-8", errors="replace").split("\n")
+    with Path(path).open("rb") as handle:
+        size = handle.seek(0, 2)
+        handle.seek(max(0, size - HISTORY_BYTES))
+        data = handle.read(HISTORY_BYTES)
+    if size > HISTORY_BYTES:
+        data = data.partition(b"\n")[2]
+    lines = data.decode("utf-8", errors="replace").split("\n")
     rows, skipped = [], []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -68,7 +79,7 @@ def read_rows(path: Path | None, events: bool = False) -> tuple[list[dict], list
 def _row(line: str, events: bool) -> tuple[dict | None, str | None]:
     try:
         row = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: a line nested thousands of levels deep
         return None, "not JSON"
     if not isinstance(row, dict):
         return None, f"a JSON {type(row).__name__}, not an object"

@@ -107,14 +107,18 @@ COLORS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 70, 220), "
 BACKGROUNDS = {"white": (245, 245, 245), "black": (15, 15, 15)}
 
 
+MANIFEST_BYTES = 2**20
+"""A manifest is a few hundred bytes; a larger file is not one (and is never read whole)."""
+
+
 def read_manifest(out: Path, seed: int) -> dict | None:
     """The manifest of assets built in `out` from `seed` in this format, or None if stale or absent."""
     path = out / MANIFEST_NAME
-    if not path.is_file():
-        return None
     try:
+        if not path.is_file() or path.stat().st_size > MANIFEST_BYTES:  # a FIFO, a device, a planted giant
+            return None
         manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested thousands of levels deep
         return None
     if not isinstance(manifest, dict) or manifest.get("format") != ASSETS_FORMAT or manifest.get("seed") != seed:
         return None

@@ -15,7 +15,7 @@ import struct
 import zlib
 from pathlib import Path
 
-from launcher.user_files import UserFileError, read_bytes
+from launcher.user_files import UserFileError, open_regular, read_bytes
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # JPEG start-of-frame markers (C4 DHT, C8 JPG and CC DAC share the range but are not frames)
@@ -33,6 +33,8 @@ class BadImage(ValueError):
 def image_size(path: Path) -> tuple[int, int]:
     """(width, height) of a PNG, JPEG or WebP file; BadImage when it is not one or is damaged."""
     try:
+        with open_regular(path) as handle:  # its kind first: a large file of anything else is never read whole
+            _image_kind(handle.read(12))
         data = read_bytes(path, "image")  # a regular file only, and not without bound
     except UserFileError as error:
         raise BadImage(error.reason) from None
@@ -43,6 +45,11 @@ def image_size(path: Path) -> tuple[int, int]:
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return _webp_size(data)
     raise BadImage(f"is not a PNG, JPEG or WebP image (it starts with {data[:8]!r})")
+
+
+def _image_kind(head: bytes) -> None:
+    if not (head.startswith((PNG_SIGNATURE, b"\xff\xd8")) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")):
+        raise BadImage(f"is not a PNG, JPEG or WebP image (it starts with {head[:8]!r})")
 
 
 def _png_size(data: bytes) -> tuple[int, int]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import LauncherError
-from launcher.runs.schema import short
+from launcher.runs.schema import kind_of, short
 from launcher.runs.yaml_files import load_yaml_lines
 
 INHERITS_KEY = "inherits"
@@ -52,7 +52,7 @@ def read_merged(path: Path, shipped: Path) -> MergedPreset:
         data, lines = _load(file, layers[-1][0] if layers else None)
         origins = {key: (file, line) for key, line in lines.items()}
         if layers and not isinstance(data, dict):
-            raise LauncherError(f"{layers[-1][0]} inherits {file}, which holds {short(data)}, not a preset's "
+            raise LauncherError(f"{layers[-1][0]} inherits {file}, which holds {kind_of(data)}, not a preset's "
                                 f"mapping of settings: inherit a preset")
         layers.append((file, data, origins))
         if not isinstance(data, dict) or INHERITS_KEY not in data:

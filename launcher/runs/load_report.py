@@ -10,24 +10,25 @@ import json
 from pathlib import Path
 
 from launcher.runs.folders import RunFolder
+from launcher.user_files import UserFileError, json_row, load_json, open_regular
 from launcher.writer import replace_own
+
+ROWS_CAP = 64 * 2**20
+"""A launch's rows are a few MB; a file grown past this (or one planted there) is read no further."""
 
 
 def read_rows(path: Path, offset: int = 0) -> list[dict]:
     """Every complete JSON row of a JSONL file from byte `offset` on (where this launch began;
-    a resumed run appends to the same file). A line still being written is skipped."""
-    if not path.is_file():
+    a resumed run appends to the same file), up to ROWS_CAP bytes. A line still being written, or
+    one that is not a JSON object, is skipped; a file that is not a regular file has no rows."""
+    try:
+        with open_regular(path) as handle:
+            handle.seek(offset)
+            data = handle.read(ROWS_CAP)
+    except UserFileError:
         return []
-    with path.open("rb") as handle:
-        handle.seek(offset)
-        text = handle.read().decode("utf-8", errors="replace")
-    rows = []
-    for line in text.splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue
-    return rows
+    rows = [json_row(line) for line in data.splitlines()]
+    return [row for row in rows if isinstance(row, dict)]
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -64,7 +65,9 @@ def record(run: RunFolder, offset: int = 0) -> dict:
     summary = summarize(read_rows(run.trainer_telemetry, offset))
     if not summary or not run.metadata.is_file():
         return summary
-    metadata = json.loads(run.metadata.read_text(encoding="utf-8"))
+    metadata = load_json(run.metadata, "metadata")
+    if not isinstance(metadata, dict):
+        return summary
     load = dict(summary)
     if "memory_plan" in load:  # the plan the trainer carried out, beside the load figures
         metadata["memory_plan"] = load.pop("memory_plan")

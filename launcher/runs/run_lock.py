@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from launcher.errors import LauncherError
+from launcher.user_files import load_json_state
 from launcher.writer import open_append, replace_own
 
 LOCK_FILE = "run.lock"
@@ -41,11 +42,11 @@ def _try_lock(handle) -> bool:
 
 def holder(root: Path) -> str:
     """Who holds the lock, in words, from the info file it wrote."""
+    info = load_json_state(root / INFO_FILE)  # a FIFO or a planted giant there is no holder's note
     try:
-        info = json.loads((root / INFO_FILE).read_text(encoding="utf-8"))
         return (f"pid {info['pid']} on {info['host']}, started {info['started']} "
                 f"({' '.join(info['command'])})")
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         return "another process (it has not written who it is yet)"
 
 

@@ -15,7 +15,7 @@ from launcher import trainer_rules
 from launcher.runs.flux2_shape import FLUX2_PARAMS, flux2_params_problems
 from launcher.runs.klein import arch_problems
 from launcher.runs.schema_nodes import (Anything, Block, Extension, ListOf, Nullable, OneOrList, PlainName, Text,
-                                        Vocabulary, catalogued, flag, number, short, whole)
+                                        Vocabulary, catalogued, flag, kind_of, number, short, whole)
 from launcher.runs.trainer_env import env_block
 from launcher.runs.watchdog_schema import watchdog_block
 
@@ -103,7 +103,7 @@ def preset_schema() -> Block:
 def check_preset(data, vocab: Vocabulary = Vocabulary()) -> list[str]:
     """Every problem of a parsed preset, as messages; empty when it is fine."""
     if not isinstance(data, dict):
-        return [f"the preset is {short(data)}, not a mapping; it needs `job:`, `config:` and optionally `launcher:`"]
+        return [f"the preset is {kind_of(data)}, not a mapping; it needs `job:`, `config:` and optionally `launcher:`"]
     return [*preset_schema().check(data, "", vocab), *quantized_network_problems(data, vocab),
             *flux2_params_problems(data), *arch_problems(data, vocab)]
 

@@ -53,6 +53,15 @@ def short(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def kind_of(value) -> str:
+    """What a whole file parsed to, in words and without its content: a file that is not a preset
+    (a key file, a note) is named, never shown."""
+    if value is None:
+        return "nothing (an empty document)"
+    words = {bool: "true or false", int: "a number", float: "a number", str: "a line of text", list: "a list"}
+    return words.get(type(value), f"a {type(value).__name__}")
+
+
 def problem(path: str, value, what: str, allowed: str, known=()) -> str:
     hint = did_you_mean(value, known) if isinstance(value, str) and known else ""
     return f"{path} = {short(value)}: {what}; allowed: {allowed}{hint}"

@@ -2,7 +2,6 @@
 says how to fix it. (The preset itself is checked by launcher/runs/schema.py, the dataset by
 launcher/runs/dataset.py.)"""
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ from launcher.trainer_rules import import_module as overlay_module
 from launcher.progress import say
 from launcher.runs.files import TEXT_ENCODER_RECORD
 from launcher.runs.klein import KLEIN
-from launcher.user_files import UserFileError, read_text
+from launcher.user_files import UserFileError, load_json, open_regular
 
 TRANSFORMER_FILE = "flux2-dev.safetensors"
 VAE_FILE = "ae.safetensors"
@@ -32,9 +31,8 @@ def safetensors_header(path: Path) -> dict:
     """
     reader = overlay_module(find_target(None).overlay, "safetensors_header")
     try:
-        size = path.stat().st_size
-        with path.open("rb") as handle:
-            header = reader.read_header(handle, size, str(path))
+        with open_regular(path) as handle:  # a FIFO or device there is refused, never read
+            header = reader.read_header(handle, os.fstat(handle.fileno()).st_size, str(path))
     except OSError as error:
         raise LauncherError(f"{path} cannot be read ({error.strerror or error})") from None
     except reader.SafetensorsHeaderError as error:
@@ -159,10 +157,11 @@ def check_model_type(config: Path, kind: ModelKind) -> None:
     """The encoder's config.json names the model class the trainer loads for this arch."""
     if kind.encoder_model_type is None:
         return
-    try:
-        found = json.loads(read_text(config, "model_json")).get("model_type")
-    except (ValueError, AttributeError) as error:
-        raise LauncherError(f"{config} is not a model config ({error}); download it again") from None
+    data = load_json(config, "model_json")
+    if not isinstance(data, dict):
+        raise LauncherError(f"{config} is not a model config (a JSON {type(data).__name__}, not an object); "
+                            "download it again")
+    found = data.get("model_type")
     if found != kind.encoder_model_type:
         raise LauncherError(f"{config} says model_type {found!r}, but {kind.label} reads a {kind.encoder} encoder "
                             f"({kind.encoder_model_type!r}); pass --text-encoder a snapshot of {kind.encoder_snapshot}")
@@ -177,10 +176,7 @@ def check_weight_shards(folder: Path) -> None:
                                 "model.safetensors; download the model's safetensors weights into it")
         safetensors_header(folder / "model.safetensors")
         return
-    try:
-        shards = sorted(set(json.loads(read_text(index, "model_json"))["weight_map"].values()))
-    except (ValueError, KeyError, TypeError) as error:
-        raise LauncherError(f"{index} is not a safetensors index ({error}); download it again") from None
+    shards = index_shards(index)
     absent = [name for name in shards if not (folder / name).is_file()]
     if absent:
         raise LauncherError(f"text encoder folder {folder} lacks {len(absent)} of the {len(shards)} weight shards "
@@ -189,15 +185,38 @@ def check_weight_shards(folder: Path) -> None:
         safetensors_header(folder / name)
 
 
+def index_shards(index: Path) -> list[str]:
+    """The shard files a safetensors index maps its tensors to: file names in the index's own folder
+    (an entry like `../../x` or `/etc/x` would have the launcher read files outside it)."""
+    data = load_json(index, "model_json")
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise LauncherError(f"{index} is not a safetensors index (it needs a weight_map of tensor names to shard "
+                            "files); download it again")
+    names = list(weight_map.values())
+    strange = next((name for name in names if not isinstance(name, str) or not _plain_shard_name(name)), None)
+    if strange is not None:
+        shown = repr(strange) if isinstance(strange, str) and len(strange) <= 80 else f"a {type(strange).__name__}"
+        raise LauncherError(f"{index} maps a tensor to {shown}, not a .safetensors file beside the index; "
+                            "download the index again")
+    return sorted(set(names))
+
+
+def _plain_shard_name(name: str) -> bool:
+    return (name.endswith(".safetensors") and "/" not in name and "\\" not in name and ":" not in name
+            and name not in (".", ".."))
+
+
 def _remembered(text_cache: Path, folder: Path) -> bool:
     """Whether the text phase recorded an encoder at this folder (files.TEXT_ENCODER_RECORD)."""
     wanted = str(folder.resolve())
     for record in text_cache.glob(TEXT_ENCODER_RECORD.format("*")):
         try:
-            if json.loads(read_text(record, "model_json")).get("path") == wanted:
-                return True
-        except (UserFileError, ValueError, AttributeError):
+            data = load_json(record, "model_json")
+        except UserFileError:
             continue
+        if isinstance(data, dict) and data.get("path") == wanted:
+            return True
     return False
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from launcher import trainer_rules
 from launcher.envs.workdir import Workdir, read_state
+from launcher.user_files import load_json_state
 
 QTYPES = trainer_rules.qtypes()
 FALLBACK_QTYPE = QTYPES.FALLBACK
@@ -51,11 +52,9 @@ def trainer_build(workdir: Workdir) -> dict:
 
 
 def load_result(workdir: Workdir) -> dict | None:
-    try:
-        result = json.loads(workdir.selftest.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return result if isinstance(result, dict) else None
+    """The stored self-test, or None where it is missing or damaged (a FIFO, a huge or deeply nested
+    file included): `run`, `doctor` and `report` then go on as before any self-test."""
+    return load_json_state(workdir.selftest) or None
 
 
 def staleness(result: dict, workdir: Workdir) -> str | None:

@@ -24,16 +24,30 @@ from launcher.signals.gpu_sources import GpuSample, GpuSource
 from launcher.signals.trainer_log import Progress, Saved
 from launcher.watchdog.loop import Watchdog
 from launcher.watchdog.policy import BurstResult, Policy, WatchdogConfig
+from launcher.user_files import UserFileError, json_row, open_regular
 from launcher.writer import new_file, write_new
+
+TRACE_LINE = 2**20
+"""A trace row is a few hundred bytes; a longer line is not a trace (a file of NULs has no newline)."""
 
 # --- traces ------------------------------------------------------------------------------------
 
 def read_jsonl(path: Path) -> list[dict]:
+    """The rows of a trace a user names: a regular file of JSON objects, no line over TRACE_LINE bytes
+    (a FIFO, /dev/zero or a file of NULs is refused with its name, not read without end)."""
     rows = []
-    with Path(path).open(encoding="utf-8") as lines:
-        for line in lines:
-            if line.strip():
-                rows.append(json.loads(line))
+    with open_regular(path) as handle:
+        for number, line in enumerate(iter(lambda: handle.readline(TRACE_LINE + 1), b""), 1):
+            if len(line) > TRACE_LINE:
+                raise UserFileError(Path(path), f"line {number} is over {TRACE_LINE:,} bytes, and a trace row is a "
+                                                "few hundred: is it the right file?")
+            if not line.strip():
+                continue
+            row = json_row(line)
+            if not isinstance(row, dict):
+                raise UserFileError(Path(path), f"line {number} is not a JSON object; a trace is one object a line "
+                                                "(watchdog-trace.jsonl or telemetry.jsonl)")
+            rows.append(row)
     return rows
 
 
