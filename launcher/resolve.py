@@ -132,37 +132,33 @@ def compile_blocks(process: dict, verdicts: Verdicts) -> str | None:
     return None
 
 
-def rocm_blas(process: dict, verdicts: Verdicts) -> str | None:
-    """`rocm_blas: auto` (or unset) -> hipblas, hipblaslt or default; a line only where the self-test
-    ran on a ROCm GPU (elsewhere the setting changes nothing)."""
+def _from_verdict(process: dict, verdicts: Verdicts, name: str, rule, default: str, shown) -> str | None:
+    """`name: auto` (or unset) -> the value `rule` takes from the self-test; the line where
+    `shown(value)` (a ROCm setting changes nothing elsewhere, so there it goes unsaid)."""
     model = process.get("model")
-    if model is None or model["model_kwargs"].get("rocm_blas", AUTO) != AUTO:
+    if model is None or model["model_kwargs"].get(name, AUTO) != AUTO:
         return None
-    library, why = verdicts.decide(blas_from, ROCM_BLAS_DEFAULT)
-    model["model_kwargs"]["rocm_blas"] = library
-    return f"rocm_blas auto -> {library}: {why}" if verdicts.on_hip else None
+    value, why = verdicts.decide(rule, default)
+    model["model_kwargs"][name] = value
+    return f"{name} auto -> {value}: {why}" if shown(value) else None
+
+
+def rocm_blas(process: dict, verdicts: Verdicts) -> str | None:
+    """`rocm_blas` -> hipblas, hipblaslt or default: the faster library the self-test timed on ROCm."""
+    return _from_verdict(process, verdicts, "rocm_blas", blas_from, ROCM_BLAS_DEFAULT, lambda _: verdicts.on_hip)
 
 
 def sdpa_kernels(process: dict, verdicts: Verdicts) -> str | None:
-    """`sdpa_kernels: auto` (or unset) -> default, experimental or math; a line where the self-test ran
-    on a ROCm GPU or found other than default."""
-    model = process.get("model")
-    if model is None or model["model_kwargs"].get("sdpa_kernels", AUTO) != AUTO:
-        return None
-    kernels, why = verdicts.decide(attention_from, SDPA_DEFAULT)
-    model["model_kwargs"]["sdpa_kernels"] = kernels
-    return f"sdpa_kernels auto -> {kernels}: {why}" if verdicts.on_hip or kernels != SDPA_DEFAULT else None
+    """`sdpa_kernels` -> default, experimental or math: the attention kernels that ran; said on ROCm,
+    or anywhere they are other than the default."""
+    return _from_verdict(process, verdicts, "sdpa_kernels", attention_from, SDPA_DEFAULT,
+                         lambda value: verdicts.on_hip or value != SDPA_DEFAULT)
 
 
 def miopen_find_mode(process: dict, verdicts: Verdicts) -> str | None:
-    """`miopen_find_mode: auto` (or unset) -> default or fast; a line only where the self-test ran on a
-    ROCm GPU (elsewhere the setting changes nothing)."""
-    model = process.get("model")
-    if model is None or model["model_kwargs"].get("miopen_find_mode", AUTO) != AUTO:
-        return None
-    mode, why = verdicts.decide(find_mode_from, FIND_MODE_DEFAULT)
-    model["model_kwargs"]["miopen_find_mode"] = mode
-    return f"miopen_find_mode auto -> {mode}: {why}" if verdicts.on_hip else None
+    """`miopen_find_mode` -> default or fast: from the time of MIOpen's first convolution on ROCm."""
+    return _from_verdict(process, verdicts, "miopen_find_mode", find_mode_from, FIND_MODE_DEFAULT,
+                         lambda _: verdicts.on_hip)
 
 
 def sampling(config: dict, verdicts: Verdicts, setting: str) -> str | None:
