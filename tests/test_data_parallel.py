@@ -30,6 +30,7 @@ from launcher.envs.torchenv import clean_env
 from launcher.envs.workdir import venv_python
 from launcher.errors import LauncherError
 from launcher.runs import memory_plan, ranks, tiny
+from launcher.user_files import load_json_state
 from launcher.watchdog import rank_watch
 
 CARD = {"name": "RTX 4090", "vram_total_gib": 23.6}
@@ -268,7 +269,7 @@ def test_the_watch_reads_each_ranks_files_and_forgets_an_earlier_launch(tmp_path
 
 
 def _waiting_for(state: Path, seconds: float) -> bool:
-    since = (rank_watch.read_json(state) or {}).get("waiting_since")
+    since = load_json_state(state).get("waiting_since")
     return isinstance(since, (int, float)) and time.time() - since > seconds
 
 
@@ -285,7 +286,7 @@ def test_a_rank_frozen_inside_the_all_reduce_stops_the_others_with_one_line_nami
 
     def freeze_rank_1_inside_the_collective():
         while not done.wait(0.2):
-            if (rank_watch.read_json(state[1]) or {}).get("entered", 0) < 2:
+            if load_json_state(state[1]).get("entered", 0) < 2:
                 continue
             held.extend(rank_pids(0))
             for pid in held:

@@ -20,6 +20,7 @@ from launcher.envs.torchenv import (
 from launcher.envs.workdir import Workdir, venv_python
 from launcher.errors import LauncherError
 from launcher.progress import say, step
+from launcher.user_files import load_json_state
 from launcher.writer import replace_own
 
 MARKER = "launcher-install.json"
@@ -55,11 +56,7 @@ def requirement_files(requirements: Path) -> list[Path]:
 
 
 def is_current(workdir: Workdir, spec: dict) -> bool:
-    marker = workdir.venv / MARKER
-    try:
-        return json.loads(marker.read_text(encoding="utf-8")) == spec
-    except (FileNotFoundError, json.JSONDecodeError):
-        return False
+    return load_json_state(workdir.venv / MARKER) == spec
 
 
 def install(workdir: Workdir, channel: Channel, base_python: Path, requirements_name: str) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from launcher.envs.trainer_python import run_module
 from launcher.runs.klein import trainer_arches
 from launcher.runs.schema import Vocabulary
+from launcher.user_files import load_json_state
 from launcher.writer import replace_own
 
 SECTION_CLASSES = {
@@ -115,13 +116,10 @@ def read_vocabulary(trainer: Path, python: Path | None = None, qtypes_cache: Pat
 def trainer_qtypes(trainer: Path, python: Path, cache: Path | None, head: str | None) -> set[str] | None:
     """The qtypes the trainer's get_qtype accepts; kept in the `cache` file for the checkout `head`."""
     cached = cache if head else None
-    if cached is not None and cached.is_file():
-        try:
-            data = json.loads(cached.read_text(encoding="utf-8"))
-            if data.get("head") == head and isinstance(data.get("qtypes"), list):
-                return set(data["qtypes"])
-        except (ValueError, AttributeError):
-            pass  # rewritten below
+    if cached is not None:
+        data = load_json_state(cached)  # missing or damaged: {}, rewritten below
+        if data.get("head") == head and isinstance(data.get("qtypes"), list):
+            return set(data["qtypes"])
     result = run_module(python, "qtypes", "--trainer", str(trainer.resolve()), capture=True)
     try:
         names = json.loads(result.stdout.strip().splitlines()[-1]) if result.returncode == 0 else None

@@ -17,7 +17,6 @@ and kills it, so torchrun stops the others. The main rank sampling images (its t
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -26,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from launcher.progress import warn
-from launcher.user_files import last_rows
+from launcher.user_files import last_rows, load_json_state
 
 STATE_FILE = "rank-state.json"
 """Named in the config (model_kwargs rank_state_file); rank R writes `rank-state.rank<R>.json` (toolkit/data_parallel.py)."""
@@ -36,14 +35,6 @@ def rank_file(path: Path, rank: int) -> Path:
     """`rank-state.json` -> `rank-state.rank<R>.json`, `trainer-telemetry.jsonl` -> `...rank<R>.jsonl`;
     the telemetry of rank 0 keeps its plain name (toolkit/trainer_telemetry.py)."""
     return path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
-
-
-def read_json(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def telemetry_of(rows: list[dict]) -> tuple[int | None, bool]:
@@ -108,7 +99,7 @@ class RankWatch:
         self.found: str | None = None
 
     def poll_once(self, now: float) -> str | None:
-        states = {rank: read_json(rank_file(self.state, rank)) for rank in range(self.count)}
+        states = {rank: load_json_state(rank_file(self.state, rank)) for rank in range(self.count)}
         telemetry = {rank: telemetry_of(last_rows(self.telemetry if rank == 0 else rank_file(self.telemetry, rank)))
                      for rank in range(self.count)}
         found = stalled(states, telemetry, now, self.limit)
