@@ -100,8 +100,8 @@ def staged(path: Path, root: Path | None = None, replace: bool = False):
 
 @contextmanager
 def _handle(path: Path, root: Path | None, replace: bool, text: bool):
-    with staged(path, root, replace) as temporary:
-        with _fdopen(_open(root or Path(path).parent, temporary, os.O_WRONLY | os.O_TRUNC), text) as handle:
+    with staged(path, root, replace) as temporary:  # its folder checked there; the name is fresh
+        with _fdopen(_open(temporary.parent, temporary, os.O_WRONLY | os.O_TRUNC), text) as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())

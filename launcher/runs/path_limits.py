@@ -39,15 +39,15 @@ def on_windows() -> bool:
     return sys.platform == "win32"
 
 
-def check_lengths(paths: list[Path], windows: bool | None = None, long_paths: bool | None = None) -> None:
+def check_lengths(paths: list[Path]) -> None:
     """Refuse, in one line naming the path, the first of `paths` the file system would refuse."""
-    windows = on_windows() if windows is None else windows
+    windows = on_windows()
     unit = "characters" if windows else "bytes"
     for path in paths:
         for part in path.parts:
             if name_length(part, windows) > NAME_LIMIT:
                 raise LauncherError(f"{path}: the name {part[:40]}... has {name_length(part, windows)} {unit}; a file "
                                     f"system allows {NAME_LIMIT}: shorten the run name (config.name) or the folder")
-        if windows and len(str(path)) > WINDOWS_MAX_PATH and not (long_paths_enabled() if long_paths is None else long_paths):
+        if windows and len(str(path)) > WINDOWS_MAX_PATH and not long_paths_enabled():
             raise LauncherError(f"{path} would have {len(str(path))} characters, past Windows' {WINDOWS_MAX_PATH} "
                                 f"(MAX_PATH): pick a shorter --output or run name, {LONG_PATHS_HOW}")
