@@ -50,13 +50,17 @@ class Scrubber:
                 names[value] = placeholder
         return cls(names)
 
+    def __post_init__(self) -> None:
+        # every spelling of every name as a pattern, made once for all the members a report scrubs:
+        # a whole word or path part (no letter or digit on either side; _ and - separate, as in alice_smith)
+        self.patterns = [(re.compile(r"(?<![^\W_])" + re.escape(spelling) + r"(?![^\W_])", re.IGNORECASE),
+                          self.names[name])
+                         for name in sorted(self.names, key=len, reverse=True)
+                         for spelling in sorted(spellings(name), key=len, reverse=True)]
+
     def __call__(self, text: str) -> str:
-        for name in sorted(self.names, key=len, reverse=True):
-            placeholder = self.names[name]
-            for spelling in sorted(spellings(name), key=len, reverse=True):
-                # a whole word or path part: no letter or digit on either side (_ and - separate, as in alice_smith)
-                text = re.sub(r"(?<![^\W_])" + re.escape(spelling) + r"(?![^\W_])", lambda _: placeholder, text,
-                              flags=re.IGNORECASE)
+        for pattern, placeholder in self.patterns:
+            text = pattern.sub(lambda _: placeholder, text)
         return text
 
 
