@@ -211,9 +211,11 @@ def is_linear(m) -> bool:
     return isinstance(m, nn.Linear) or type(m).__name__ == "Int4Linear"
 
 
-def add_lora(model, rank: int, alpha: float, device, dtype=torch.bfloat16, multiplier: float = 1.0):
+def add_lora(model, rank: int, alpha: float, device, dtype=torch.bfloat16, multiplier: float = 1.0,
+             compute_dtype=None):
     """LoRA on every Linear (nn.Linear or Int4Linear) inside the transformer blocks; returns the
-    LoRA parameters."""
+    LoRA parameters. `compute_dtype` (e.g. bf16 for an fp32 LoRA): its two matmuls run in that
+    dtype, the weights cast per call, the parameters and their gradients staying in `dtype`."""
     params = []
     n = 0
     for blist in BLOCK_LISTS:
@@ -229,8 +231,12 @@ def add_lora(model, rank: int, alpha: float, device, dtype=torch.bfloat16, multi
 
                 def forward(x, _org=org_forward, _m=m, _s=scale):
                     out = _org(x)
-                    lx = x.to(_m.lora_down.weight.dtype)
-                    return out + (_m.lora_up(_m.lora_down(lx)) * _s).to(out.dtype)
+                    if compute_dtype is None:
+                        lx = x.to(_m.lora_down.weight.dtype)
+                        return out + (_m.lora_up(_m.lora_down(lx)) * _s).to(out.dtype)
+                    down_w, up_w = _m.lora_down.weight.to(compute_dtype), _m.lora_up.weight.to(compute_dtype)
+                    lx = nn.functional.linear(nn.functional.linear(x.to(compute_dtype), down_w), up_w)
+                    return out + (lx * _s).to(out.dtype)
 
                 m.forward = forward
                 params += [down.weight, up.weight]

@@ -48,11 +48,19 @@ VARIANTS = {
     "w4a8_hold_fwd": {"weights": "int4_w4a8", "kwargs": ONE_SLICE, "hold_gib": FORWARD_COPIES_GIB},
     "w4a8_hold_fwd_tf32": {"weights": "int4_w4a8", "kwargs": ONE_SLICE, "hold_gib": FORWARD_COPIES_GIB, "tf32": True},
     "w4a8_hold": {"weights": "int4_w4a8", "kwargs": ONE_SLICE, "hold_gib": 2 * FORWARD_COPIES_GIB},
+    "w4a8_rerun": {"weights": "int4_w4a8", "kwargs": SCALED},
+    "w4a8_lora_tf32": {"weights": "int4_w4a8", "kwargs": SCALED, "tf32": True},
+    "w4a8_lora_bf16": {"weights": "int4_w4a8", "kwargs": SCALED, "lora_compute": "bf16"},
+    "bf16_lora_bf16": {"weights": "bf16", "lora_compute": "bf16"},
+    "w4a8_seed1": {"weights": "int4_w4a8", "kwargs": SCALED, "seed": 1},
 }
 """Each variant: its weights, their kernel (model_kwargs), compiled blocks (default) or not, the
 bytes of 8-bit copies held (toolkit/int4_linear.hold_8bit_weights: forward copies first), and
 `tf32`: the fp32 LoRA's matmuls on TF32 tensor cores (torch.set_float32_matmul_precision("high"));
-the trainer keeps its LoRA in fp32 and leaves that precision at "highest"."""
+the trainer keeps its LoRA in fp32 and leaves that precision at "highest"; `lora_compute`: the fp32
+LoRA's two matmuls in that dtype (the weights cast per call); `w4a8_rerun` is `w4a8` again (the GPU's
+run-to-run spread of the trained LoRA) and `w4a8_seed1` with another LoRA initialisation (what
+`lora-compare` calls different)."""
 RESOLUTION, TEXT_TOKENS = 512, 512
 SHORTEST_CHILD_S = 40
 
@@ -73,10 +81,16 @@ def parse(argv=None):
     steps.add_argument("--budget", type=float, default=540.0, help="seconds for every child together")
     steps.add_argument("--tiny", action="store_true", help="the bench's tiny Flux2Params, 64 px (CPU dry run)")
     steps.add_argument("--backend", default="inductor", help="torch.compile backend (a quick dry run: aot_eager)")
+    steps.add_argument("--save-lora", type=Path, help="a folder: each variant's trained LoRA (<variant>.pt) for lora-compare")
     steps.add_argument("--child", help=argparse.SUPPRESS)
     kernels = sub.add_parser("kernels", help="the 8-bit matmul's parts per block Linear shape")
     kernels.add_argument("--trainer", required=True, type=Path)
     kernels.add_argument("--out", required=True, type=Path)
+    pairs = sub.add_parser("lora-compare", help="the LoRAs of steps --save-lora compared (bench/lora_fidelity.py)")
+    pairs.add_argument("folder", type=Path, help="the --save-lora folder")
+    pairs.add_argument("pairs", nargs="+", help="REF:OTHER variant names")
+    pairs.add_argument("--steps-jsonl", type=Path, help="steps' --out: each variant's loss curve")
+    pairs.add_argument("--out", required=True, type=Path)
     args = p.parse_args(argv)
     if args.command == "steps":
         for spec in args.variants.split(","):
@@ -97,6 +111,8 @@ def main(argv=None) -> int:
         from bench import w4a8_parts
 
         return w4a8_parts.main(args)
+    if args.command == "lora-compare":
+        return lora_compare(args)
     if args.child:
         return child(args)
     deadline = time.monotonic() + args.budget
@@ -119,7 +135,8 @@ def run_child(args, spec: str, env: dict, left: float) -> bool:
     argv = [sys.executable, "-m", "bench.compiled_step", "steps", "--trainer", str(trainer.resolve()),
             "--variants", spec, "--out", str(args.out.resolve()), "--child", spec, "--double", str(args.double),
             "--single", str(args.single), "--warmup", str(args.warmup), "--steps", str(args.steps),
-            "--profile", str(args.profile), "--backend", args.backend] + (["--tiny"] if args.tiny else [])
+            "--profile", str(args.profile), "--backend", args.backend] + (["--tiny"] if args.tiny else []) \
+        + (["--save-lora", str(args.save_lora.resolve())] if args.save_lora else [])
     began = time.monotonic()
     code = run_within(argv, env, left)
     if code is None:
@@ -149,7 +166,8 @@ def build(torch, trainer, variant: dict, args, device):
     held = 0
     if variant.get("hold_gib"):
         held = int4_linear.hold_8bit_weights(model, int(variant["hold_gib"] * 2**30))
-    lora, _ = _trainer.add_lora(model, 32, 32.0, device, torch.float32)
+    compute = {"bf16": torch.bfloat16}.get(variant.get("lora_compute"))
+    lora, _ = _trainer.add_lora(model, 32, 32.0, device, torch.float32, compute_dtype=compute)
     model.gradient_checkpointing = True
     model.train()
     return params, model, lora, held
@@ -168,7 +186,7 @@ def child(args) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if variant.get("tf32"):
         torch.set_float32_matmul_precision("high")
-    torch.manual_seed(0)  # the LoRA's initial down projection (bench/_trainer.add_lora draws it)
+    torch.manual_seed(variant.get("seed", 0))  # the LoRA's initial down projection (bench/_trainer.add_lora draws it)
     began = time.perf_counter()
     params, model, lora, held = build(torch, trainer, variant, args, device)
     resolution, text_tokens = (64, 8) if args.tiny else (RESOLUTION, TEXT_TOKENS)
@@ -184,12 +202,20 @@ def child(args) -> int:
         block_compile.COMPILE_BOUND_S = float("inf")  # measured here, not cut short
         block_compile.compile_blocks(model, backend=args.backend, log=lambda line: None)
     step = stepper(torch, model, inputs, target, optimizer, lora, device)
-    row["warmup_s"] = [round(step()[0], 3) for _ in range(args.warmup)]
+    warmup = [step() for _ in range(args.warmup)]
+    row["warmup_s"] = [round(t, 3) for t, _ in warmup]
+    row["warmup_losses"] = [loss for _, loss in warmup]
     timed = [step() for _ in range(args.steps)]
     row["s_per_step"] = round(statistics.median(t for t, _ in timed), 4)
     row["steps_s"] = [round(t, 4) for t, _ in timed]
     row["losses"] = [loss for _, loss in timed]
     row["lora_norm"] = float(torch.linalg.vector_norm(torch.cat([p.detach().flatten() for p in lora])))
+    row["lora_compute"] = variant.get("lora_compute", "fp32")
+    if args.save_lora:
+        args.save_lora.mkdir(parents=True, exist_ok=True)
+        factors = {name: (m.lora_up.weight.detach().float().cpu(), m.lora_down.weight.detach().float().cpu())
+                   for name, m in model.named_modules() if hasattr(m, "lora_down")}
+        torch.save(factors, args.save_lora / f"{spec.replace('@', '_at_')}.pt")
     if device.type == "cuda":
         row["peak_alloc_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     counters = torch._dynamo.utils.counters
@@ -199,6 +225,33 @@ def child(args) -> int:
         row["breakdown"] = profiled(torch, step, args.profile, device)
     write_row(args.out, row)
     print(json.dumps({k: row[k] for k in ("variant", "s_per_step", "held_8bit_gib", "graph_breaks")}), flush=True)
+    return 0
+
+
+def lora_compare(args) -> int:
+    """Each pair's per-module cosine and norm ratio of the trained deltas (bench/lora_fidelity.py's
+    measures) and its loss curves."""
+    import torch
+
+    from bench import lora_fidelity
+
+    curves = {}
+    if args.steps_jsonl:
+        for line in args.steps_jsonl.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            if row.get("losses"):
+                curves[row["variant"]] = dict(enumerate(row.get("warmup_losses", []) + row["losses"], start=1))
+    result = {"pairs": [], "losses": curves}
+    for pair in args.pairs:
+        reference, other = pair.split(":", 1)
+        loras = [torch.load(args.folder / f"{name}.pt") for name in (reference, other)]
+        modules = lora_fidelity.compare_modules(*loras)
+        item = {"reference": reference, "other": other, **lora_fidelity.summary(modules),
+                "loss": lora_fidelity.loss_figures(curves.get(reference, {}), curves.get(other, {}))}
+        result["pairs"].append(item)
+        print(f"{reference} vs {other}: cosine median {item['cosine_median']:.4f}, min {item['cosine_min']:.4f}, "
+              f"norm ratio {item['norm_ratio_median']:.4f}, loss {item['loss']}", flush=True)
+    args.out.write_text(json.dumps(result) + "\n", encoding="utf-8")
     return 0
 
 
