@@ -364,7 +364,8 @@ def test_a_presets_value_is_kept_and_sets_the_variable_without_a_self_test(tmp_p
 
 
 @pytest.mark.parametrize("name, setting", [("TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL", "sdpa_kernels: experimental"),
-                                           ("MIOPEN_FIND_MODE", "miopen_find_mode: fast")])
+                                           ("MIOPEN_FIND_MODE", "miopen_find_mode: fast"),
+                                           ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "lora_matmuls: tf32")])
 def test_a_presets_env_cannot_set_what_a_setting_sets(name, setting):
     problems = list(trainer_env.env_block().check({name: "1"}, "launcher.env", Vocabulary()))
     assert len(problems) == 1 and f"set model_kwargs {setting} in the preset" in problems[0]

@@ -62,10 +62,12 @@ FROM_SETTINGS = {
     # variable: (the model_kwargs setting, its value that sets the variable, the variable's value)
     "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL": ("sdpa_kernels", "experimental", "1"),
     "MIOPEN_FIND_MODE": ("miopen_find_mode", "fast", "FAST"),
+    "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": ("lora_matmuls", "tf32", "1"),
 }
 """Variables PyTorch's and MIOpen's libraries read, each set by `run` from one model_kwargs setting
 (the self-test's verdict, or the preset's value): PyTorch reads the first once, at the first
-attention, and MIOpen the second at its first search, so the process starts with them."""
+attention, MIOpen the second at its first search, and PyTorch the third when it starts (its float32
+matmul precision then begins at "high", TF32), so the process starts with them."""
 ENV_ALLOWED_PREFIXES = {
     "AITK_TEST_": "read only by the tests' own interpreter wrappers (tests/test_atomic_save.py); the trainer ignores them",
 }
