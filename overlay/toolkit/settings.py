@@ -179,9 +179,10 @@ CATALOGUE: Dict[str, Setting] = _settings(
         "the qtype's own (64 int4_fused, 256 int4_w4a8)", minimum=1, maximum=65536),
     _kw("int4_kernel", "bool", True, "false: the plain-PyTorch reference of the 4-bit Linears even on a GPU "
         "(debugging)"),
-    _kw("lora_matmuls", "choice", "fp32", "the LoRA's matmuls (the step's only float32 ones): fp32, or tf32 "
-        "(`run` sets TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 for the trainer: NVIDIA's TF32 tensor cores, Ampere and "
-        "newer; nothing changes on AMD or the CPU)", choices=("fp32", "tf32"), resume_may_change=True),
+    _kw("lora_matmuls", "choice", "bf16", "the precision of the LoRA's two matmuls, its weights kept in float32: "
+        "bf16 (under autocast), tf32 (`run` sets TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 for the trainer: NVIDIA's TF32 "
+        "tensor cores, Ampere and newer; float32 elsewhere) or fp32 (the trainer's own)",
+        choices=("bf16", "tf32", "fp32"), resume_may_change=True),
     # ROCm's libraries, measured by the self-test
     _kw("rocm_blas", "choice", "default", "ROCm: the library of the bf16 matmuls (the 4-bit path's, after "
         "dequantizing): hipblas, hipblaslt, or default (PyTorch's pick for the GPU); unset or auto: the faster "
