@@ -316,20 +316,20 @@ def build_assets(trainer: Path, out: Path, model_dir: Path, args) -> None:
 
 def build_klein_transformer(args, model_dir: Path) -> None:
     """klein's transformer from the trainer's own Klein4BParams / Klein9BParams, under the file name
-    the trainer looks for (launcher/runs/klein.py)."""
+    the trainer looks for (launcher/families.py)."""
     import dataclasses
 
     from extensions_built_in.diffusion_models.flux2.src import model as flux2_model
     from extensions_built_in.diffusion_models.flux2.src.model import Flux2
 
-    from launcher.runs.klein import KLEIN
+    from launcher.families import FAMILIES
 
     params = getattr(flux2_model, f"Klein{args.model.removeprefix('klein').upper()}Params")()
     if args.single_blocks:
         params = dataclasses.replace(params, depth_single_blocks=args.single_blocks)
     params = dataclasses.replace(params, **args.flux2_shape)
     transformer = meta_shapes(Flux2, params)
-    path = model_dir / KLEIN[KLEIN_ARCH[args.model]].transformer_file
+    path = model_dir / FAMILIES[KLEIN_ARCH[args.model]].transformer_file
     timed("transformer", lambda: write_random_checkpoint(transformer, path))
 
 

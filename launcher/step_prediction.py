@@ -17,6 +17,7 @@ from pathlib import Path
 
 from launcher import trainer_rules
 from launcher.errors import LauncherError
+from launcher.families import DEFAULT_ARCH
 from launcher.runs.folders import RunFolder
 from launcher.runs.yaml_files import load_yaml
 from launcher.user_files import last_rows
@@ -41,7 +42,7 @@ class Prediction:
     compiled: bool
     bound_s: float  # GEMMs + attention at the central rate
     rest_s: float
-    model: str = "flux2"  # the preset's model arch: flux2 (FLUX.2 [dev]), flux2_klein_9b
+    model: str = DEFAULT_ARCH  # the preset's model arch (launcher/families.py), the table's key
 
     def step_at(self, rate: float) -> float:
         return self.bound_s * CENTRAL_RATE / rate + self.rest_s
@@ -106,7 +107,7 @@ def run_shape(run: RunFolder) -> tuple[str, str, int, bool] | None:
     except (LauncherError, OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
         return None
     path = PATHS_OF_QTYPES.get(str(model.get("qtype")))
-    return (str(model.get("arch", "flux2")), path, px, kwargs.get("compile_blocks") is True) if path else None
+    return (str(model.get("arch", DEFAULT_ARCH)), path, px, kwargs.get("compile_blocks") is True) if path else None
 
 
 def with_attention(row: Prediction, run: RunFolder) -> Prediction:

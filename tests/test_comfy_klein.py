@@ -17,8 +17,9 @@ from test_klein_lora import linear_shapes, lora, write_safetensors
 
 from launcher.cli import main
 from launcher.comfy import lora_check, templates, workflow
-from launcher.runs.klein import KLEIN
+from launcher.families import FLUX2_DEV, KLEIN_4B, KLEIN_9B
 
+KLEIN = {family.arch: family for family in (KLEIN_4B, KLEIN_9B)}
 PROMPT = "a photo of sks on a white background"
 UNET = {"flux2_klein_4b": "flux-2-klein-base-4b.safetensors", "flux2_klein_9b": "flux-2-klein-base-9b-fp8.safetensors"}
 """The base model file each klein template's kept subgraph loads."""
@@ -42,9 +43,9 @@ def links(api: dict) -> list[tuple[str, str, list]]:
 
 
 def test_the_arch_picks_the_template():
-    assert set(templates.KLEIN_TEMPLATES) == set(KLEIN), "every klein size the trainer knows has its template"
     for arch in ("flux2", None, 7):
-        assert templates.template_for(arch) == templates.DEV == templates.ComfyTemplate(workflow.TEMPLATE, None)
+        assert templates.template_for(arch) == FLUX2_DEV.comfy and FLUX2_DEV.comfy.name == workflow.TEMPLATE
+        assert FLUX2_DEV.comfy.subgraph is None
     names = {templates.template_for(arch).name for arch in KLEIN}
     assert len(names) == len(KLEIN) and workflow.TEMPLATE not in names
 
@@ -142,7 +143,7 @@ def test_the_4b_prompt_node_feeds_only_the_base_subgraph():
 
 def test_an_unknown_subgraph_name_is_refused():
     with pytest.raises(workflow.LauncherError, match="no subgraph named 'Text to Image'"):
-        workflow.build(workflow.load_template(templates.KLEIN_TEMPLATES["flux2_klein_4b"].name), "x", "p", "x",
+        workflow.build(workflow.load_template(KLEIN_4B.comfy.name), "x", "p", "x",
                        "Text to Image")
 
 

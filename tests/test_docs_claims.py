@@ -1,7 +1,7 @@
 """What the docs say about the repository is true: every file, flag, patch number, patch count
 and section they name exists. Fast: reads text and builds the launcher's parser, nothing else.
 
-Docs checked (DOCS): README.md, WALLS.md, docs/*.md, bench/README.md, bench/RESULTS.md. The rules:
+Docs checked (DOCS): README.md, WALLS.md, docs/*.md, docs/families/*.md, bench/README.md, bench/RESULTS.md. The rules:
 
 - **Paths.** A markdown link `[text](target)` (or image) is resolved from the doc's folder and must
   exist; a `#fragment` must be the slug of a heading of the page it points to (GitHub's slug:
@@ -50,6 +50,7 @@ from launcher.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = ["README.md", "WALLS.md", *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md")),
+        *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs" / "families").glob("*.md")),
         "bench/README.md", "bench/RESULTS.md"]
 TOP = {"launcher", "bench", "tests", "overlay", "patches", "presets", "docs", ".ci", "README.md", "WALLS.md",
        "CHANGELOG.md", "pyproject.toml", "upstream.lock"}

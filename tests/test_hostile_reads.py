@@ -15,6 +15,7 @@ from launcher.comfy import folder
 from launcher.envs import rocm_windows_toolchain
 from launcher.envs.workdir import read_state
 from launcher.errors import LauncherError
+from launcher.families import KLEIN_4B
 from launcher.in_trainer import plot, tiny_assets
 from launcher.runs import images, load_report, run_lock, validate
 from launcher.runs.schema import check_preset
@@ -105,7 +106,7 @@ def test_a_model_config_that_is_no_object_is_named(tmp_path):
     for text in (NESTED, "[]"):
         config.write_text(text, encoding="utf-8")
         with pytest.raises(LauncherError, match="config.json"):
-            validate.check_model_type(config, validate.model_kind("flux2_klein_4b"))
+            validate.check_model_type(config, KLEIN_4B)
 
 
 def test_a_preset_file_of_one_line_is_named_by_its_kind_never_quoted():

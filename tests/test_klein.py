@@ -9,10 +9,11 @@ import pytest
 
 from launcher.cli import main
 from launcher.errors import LauncherError
-from launcher.runs import klein
+from launcher.families import KLEIN_4B, KLEIN_9B
 from launcher.runs.presets import PRESETS_DIR, load_preset
 from launcher.runs.vocabulary import read_vocabulary
 
+KLEIN = {family.arch: family for family in (KLEIN_4B, KLEIN_9B)}
 KLEIN_PRESETS = sorted(path.stem for path in PRESETS_DIR.glob("klein*.yaml"))
 FLUX2_CLASS = 'class Flux2Model:\n    arch = "flux2"\n'
 KLEIN_CLASSES = 'class Klein4B:\n    arch = "flux2_klein_4b"\n\nclass Klein9B:\n    arch = "flux2_klein_9b"\n'
@@ -34,8 +35,8 @@ def test_there_is_a_nvidia_and_an_amd_preset_for_each_klein_size():
     for name in KLEIN_PRESETS:
         preset = load_preset(name)
         model = preset.config["config"]["process"][0]["model"]
-        assert model["arch"] in klein.KLEIN and klein.needed_target(model["arch"]) == "upstream-main"
-        assert model["model_kwargs"]["flux2_params"] == klein.KLEIN[model["arch"]].shape, name
+        assert model["arch"] in KLEIN and KLEIN[model["arch"]].target == "upstream-main"
+        assert model["model_kwargs"]["flux2_params"] == KLEIN[model["arch"]].shape, name
         assert model["qtype"] == "auto" and model["model_kwargs"]["memory_plan"] == "auto", name
         assert preset.settings["platform"] == ("rocm" if "_amd_" in name else "cuda"), name
 
@@ -95,11 +96,11 @@ def test_the_klein_shapes_are_the_trainer_s(installed_workdirs):
     params = klein_params(source)
     for arch, name in (("flux2_klein_4b", "Klein4BParams"), ("flux2_klein_9b", "Klein9BParams")):
         expected = {key: value for key, value in params[name].items() if key != "use_guidance_embed"}
-        assert klein.KLEIN[arch].shape == expected, arch
+        assert KLEIN[arch].shape == expected, arch
     classes = (trainer / "extensions_built_in/diffusion_models/flux2/flux2_klein_model.py").read_text(encoding="utf-8")
-    for model in klein.KLEIN.values():
+    for model in KLEIN.values():
         assert f'flux2_te_filename: str = "{model.transformer_file}"' in classes
-        assert f'flux2_klein_te_path: str = "{model.text_encoder}"' in classes
+        assert f'flux2_klein_te_path: str = "{model.text_encoder.hub_id}"' in classes
 
 
 @pytest.mark.trainer
@@ -107,7 +108,7 @@ def test_the_locked_targets_are_the_ones_the_table_names(installed_workdirs):
     """The fork's checkout has no klein, upstream-main's has both sizes."""
     fork = read_vocabulary(installed_workdirs("amd-fork").trainer).arches
     upstream = read_vocabulary(installed_workdirs("upstream-main").trainer).arches
-    assert not set(klein.KLEIN) & fork and set(klein.KLEIN) <= upstream
+    assert not set(KLEIN) & fork and set(KLEIN) <= upstream
 
 
 @pytest.mark.trainer

@@ -8,7 +8,9 @@ from test_comfy import write_safetensors
 
 from launcher.comfy import lora_check
 from launcher.errors import LauncherError
-from launcher.runs.klein import KLEIN
+from launcher.families import KLEIN_4B, KLEIN_9B
+
+KLEIN = {family.arch: family for family in (KLEIN_4B, KLEIN_9B)}
 
 MODULES = ("double_blocks.0.img_attn.qkv", "double_blocks.0.img_attn.proj", "single_blocks.0.linear2")
 

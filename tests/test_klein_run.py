@@ -11,10 +11,12 @@ from conftest import write_png
 
 from launcher.cli import main
 from launcher.runs import disk_budget
-from launcher.runs.klein import KLEIN
+from launcher.families import KLEIN_4B, KLEIN_9B
 from launcher.runs.presets import PRESETS_DIR
 
 from test_run import rendered_config
+
+KLEIN = {family.arch: family for family in (KLEIN_4B, KLEIN_9B)}
 
 
 def fake_safetensors(path: Path, nbytes: int) -> None:
@@ -118,6 +120,6 @@ def test_a_qwen3_folder_needs_no_processor_and_a_slow_tokenizer_is_enough(klein_
 def test_without_text_encoder_a_klein_run_names_its_own_hub_encoder(klein_places, capsys):
     assert dry_run(klein_places, text_encoder=False) == 2
     lines = error_lines(capsys)
-    snapshot = KLEIN[klein_places["arch"]].text_encoder
+    snapshot = KLEIN[klein_places["arch"]].text_encoder.hub_id
     assert len(lines) == 1 and f"text encoder '{snapshot}' is neither a local folder" in lines[0], lines
     assert f"a local snapshot of {snapshot}" in lines[0]

@@ -1,4 +1,4 @@
-"""The tiny FLUX.2 klein 4B (launcher/in_trainer/tiny_assets.py --klein), built under the trainer
+"""The tiny FLUX.2 klein 4B (launcher/in_trainer/tiny_assets.py --builder klein_4b), built under the trainer
 of the target that has klein: its Qwen3 encoder gives, through the trainer's own klein prompt
 path, embeddings as wide as its transformer's context, and its transformer is klein's (no
 guidance embedding)."""
@@ -32,7 +32,7 @@ def klein_assets(installed_workdirs, tmp_path_factory):
     workdir = installed_workdirs("upstream-main")
     out = tmp_path_factory.mktemp("tiny-klein")
     python = venv_python(workdir.venv)
-    done = subprocess.run(module_command(python, "tiny_assets", "--klein", "--trainer", str(workdir.trainer),
+    done = subprocess.run(module_command(python, "tiny_assets", "--builder", "klein_4b", "--trainer", str(workdir.trainer),
                                          "--out", str(out)), env=child_env(python=python), timeout=600)
     assert done.returncode == 0
     return workdir, python, out

@@ -19,7 +19,7 @@ from tiny_run import run_tiny, tiny_preset
 
 from launcher.comfy import lora_check
 from launcher.in_trainer import tiny_assets
-from launcher.runs import tiny
+from launcher.families import FAMILIES
 from launcher.runs.presets import PRESETS_DIR
 
 pytestmark = pytest.mark.trainer
@@ -51,7 +51,7 @@ def launches(klein_workdir, tmp_path_factory):
     env["HF_HUB_CACHE"] = str(root / "empty-hub")
     first = run_tiny(klein_workdir.root, TINY_KLEIN, root / "first", env=env)
     assert first.returncode == 0, first.stdout[-6000:]
-    assets = klein_workdir.assets / tiny.FOLDERS[ARCH]
+    assets = klein_workdir.assets / FAMILIES[ARCH].tiny.folder
     embeddings = cached_embeddings(assets)
     encoder, away = assets / tiny_assets.KLEIN_TEXT_ENCODER_DIR, root / "qwen3-moved-away"
     shutil.move(encoder, away)

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import LauncherError
-from launcher.runs.klein import KLEIN
-from launcher.runs.validate import TRANSFORMER_FILE, safetensors_header
+from launcher.families import family_of
+from launcher.runs.validate import safetensors_header
 
 LORA_KEY = re.compile(r"^diffusion_model\.(?P<module>.+)\.(?P<part>lora_A\.weight|lora_B\.weight|alpha)$")
 BASE_PREFIXES = ("model.diffusion_model.", "diffusion_model.")
@@ -48,10 +48,9 @@ class LoraSummary:
 
 def base_checkpoint(name_or_path: str, arch: str | None = None) -> Path:
     """The transformer checkpoint a run's config names: the file itself, or in the folder the file the
-    trainer loads for the run's `arch` (flux2-dev.safetensors, or klein's own)."""
+    trainer loads for the run's `arch` (its family's transformer file)."""
     path = Path(name_or_path)
-    klein = KLEIN.get(arch) if isinstance(arch, str) else None
-    return path if path.suffix == ".safetensors" else path / (klein.transformer_file if klein else TRANSFORMER_FILE)
+    return path if path.suffix == ".safetensors" else path / family_of(arch).transformer_file
 
 
 def check_lora(lora: Path, base: Path) -> LoraSummary:

@@ -3,44 +3,30 @@
 ComfyUI ships a text-to-image template per FLUX.2 family (package `comfyui-workflow-templates-json`):
 [dev] `image_flux2_text_to_image`; klein 4B `image_flux2_klein_text_to_image`, with two subgraphs,
 klein base 4B (CFG, 20 steps) and the 4-step distilled klein 4B; klein 9B
-`image_flux2_text_to_image_9b`, klein base 9B only. The trainer trains klein on its base model
-(launcher/runs/klein.py), so a klein LoRA goes into the base subgraph and the distilled one is
-left out. The templates' model loaders name ComfyUI's files, which are not always the file the
-run trained on (klein 9B's is an fp8 build): `base_model_note` says which file goes where.
+`image_flux2_text_to_image_9b`, klein base 9B only (each family's `comfy` in launcher/families.py).
+The trainer trains klein on its base model, so a klein LoRA goes into the base subgraph and the
+distilled one is left out. The templates' model loaders name ComfyUI's files, which are not always
+the file the run trained on (klein 9B's is an fp8 build): `base_model_note` says which file goes where.
 """
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.comfy import folder
-from launcher.comfy.workflow import TEMPLATE
+from launcher.families import ComfyTemplate, family_of
 
-
-@dataclass(frozen=True)
-class ComfyTemplate:
-    name: str
-    """The template's file name in the package, without .json."""
-    subgraph: str | None
-    """The subgraph kept (the model the LoRA was trained on); None: the template as it is."""
-
-
-DEV = ComfyTemplate(TEMPLATE, None)
-KLEIN_TEMPLATES = {
-    "flux2_klein_4b": ComfyTemplate("image_flux2_klein_text_to_image", "Text to Image (FLUX.2 Klein 4B)"),
-    "flux2_klein_9b": ComfyTemplate("image_flux2_text_to_image_9b", "Text to Image (FLUX.2 Klein 9B)"),
-}
 MODEL_DIRECTORY = "diffusion_models"
 
 
 def template_for(arch) -> ComfyTemplate:
-    """The template of a run's `model.arch` (a klein size's, else FLUX.2 [dev]'s)."""
-    return KLEIN_TEMPLATES.get(arch, DEV) if isinstance(arch, str) else DEV
+    """The template of a run's `model.arch`: its family's."""
+    return family_of(arch).comfy
 
 
 def base_model_note(template: ComfyTemplate, models: list[dict], base: Path, comfy_dir: Path | None) -> str | None:
-    """For a klein run: whether the template's transformer file is the run's base checkpoint, and what to put
-    into models/diffusion_models/ (None for [dev], whose report is as it always was)."""
-    if template == DEV:
+    """Where the family asks for it (klein): whether the template's transformer file is the run's base
+    checkpoint, and what to put into models/diffusion_models/ (None for [dev], whose report is as it
+    always was)."""
+    if not template.base_model_note:
         return None
     model = next((m for m in models if m["directory"] == MODEL_DIRECTORY), None)
     if model is None:

@@ -24,9 +24,10 @@ import json
 from dataclasses import dataclass
 
 from launcher.errors import LauncherError
+from launcher.families import FLUX2_DEV
 
 TEMPLATE_PACKAGE = "comfyui_workflow_templates_json"
-TEMPLATE = "image_flux2_text_to_image"
+TEMPLATE = FLUX2_DEV.comfy.name
 """The FLUX.2 [dev] text-to-image template, the default."""
 SEED = 42
 MODEL_LOADER = "UNETLoader"

@@ -66,7 +66,7 @@ def handle(args) -> int:
     summary = lora_check.check_lora(lora, base)
     say(f"LoRA check: {lora.name}: {summary.modules} Linear modules, {summary.tensors} tensors, rank "
         f"{'/'.join(map(str, summary.ranks))}; every tensor is one ComfyUI's FLUX.2 loader matches")
-    template = templates.template_for(arch)  # FLUX.2 [dev]'s, or the klein size's base-model subgraph
+    template = templates.template_for(arch)  # the family's (klein: its base-model subgraph)
     built = workflow.build(workflow.load_template(template.name), lora.name, prompt, f"{OUTPUT_PREFIX}/{lora.stem}",
                            template.subgraph)
     if comfy_dir is not None:

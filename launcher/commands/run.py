@@ -23,6 +23,7 @@ from launcher.envs.rocm_windows_toolchain import trainer_env as toolchain_env
 from launcher.envs.torchenv import NO_BYTECODE, clean_env
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, read_state, venv_python
 from launcher.errors import LauncherError
+from launcher.families import FLUX2_DEV
 from launcher.progress import say, warn
 from launcher.resolve import resolve_run
 from launcher.runs import disk_budget, files, leash, load_report, memory_plan, ranks, resume, tiny, validate
@@ -44,7 +45,7 @@ from launcher.writer import open_append, replace_own
 
 LOCATIONS = {
     # flag -> (environment variable, what it is)
-    "model_dir": ("FLUX2_MODEL_DIR", "the folder holding flux2-dev.safetensors and ae.safetensors"),
+    "model_dir": ("FLUX2_MODEL_DIR", f"the folder holding {FLUX2_DEV.transformer_file} and ae.safetensors"),
     "text_encoder": ("FLUX2_TEXT_ENCODER", "the Mistral-Small-3.1-24B folder (model + processor)"),
     "dataset": ("FLUX2_DATASET", "the folder of images with caption files"),
     "output": ("FLUX2_OUTPUT", "where run folders go (default: <workdir>/runs)"),

@@ -28,12 +28,14 @@ import random
 import sys
 from pathlib import Path
 
+from launcher.families import FLUX2_DEV, KLEIN_4B
+
 ASSETS_FORMAT = 2
 """Bump when the assets change shape, so existing workdirs rebuild them."""
 
 DEFAULT_SEED = 0
 MANIFEST_NAME = "manifest.json"
-TRANSFORMER_FILE = "flux2-dev.safetensors"
+TRANSFORMER_FILE = FLUX2_DEV.transformer_file
 VAE_FILE = "ae.safetensors"
 TEXT_ENCODER_DIR = "text_encoder"
 DATASET_DIR = "dataset"
@@ -86,9 +88,7 @@ CHAT_TEMPLATE = (
     "{% else %}{{ part['text'] }}{{ eos_token }}{% endif %}"
     "{% endfor %}{% endfor %}"
 )
-KLEIN_DIR = "klein"
-"""The tiny FLUX.2 klein 4B, beside the tiny FLUX.2 in its own folder with its own manifest."""
-KLEIN_TRANSFORMER_FILE = "flux-2-klein-base-4b.safetensors"
+KLEIN_TRANSFORMER_FILE = KLEIN_4B.transformer_file
 KLEIN_TEXT_ENCODER_DIR = "qwen3"
 KLEIN_TE_LAYERS = 27
 """klein stacks Qwen3 hidden states 9, 18 and 27 (OUTPUT_LAYERS_QWEN3 in its pipeline), so the
@@ -300,7 +300,7 @@ def build_klein(trainer: Path, out: Path, seed: int) -> dict:
     build_qwen3_encoder(out / KLEIN_TEXT_ENCODER_DIR, seed)
     build_dataset(out, seed)
     manifest = {"format": ASSETS_FORMAT, "seed": seed, "name_or_path": ".", "dataset": DATASET_DIR,
-                "resolution": IMAGE_SIZE, "arch": "flux2_klein_4b",
+                "resolution": IMAGE_SIZE, "arch": KLEIN_4B.arch,
                 "model_kwargs": {"flux2_params": FLUX2_PARAMS, "ae_params": AE_PARAMS,
                                  "text_encoder_path": KLEIN_TEXT_ENCODER_DIR}}
     (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
@@ -336,15 +336,22 @@ def build(trainer: Path, out: Path, seed: int) -> dict:
     return manifest
 
 
+BUILDERS = {"flux2": (build, "FLUX.2"), "klein_4b": (build_klein, "FLUX.2 klein")}
+"""Each builder a family's tiny recipe may name (launcher/families.py TinyRecipe.builder), with what it
+builds."""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.in_trainer.tiny_assets", description=__doc__.splitlines()[0])
     parser.add_argument("--trainer", type=Path, required=True, help="the trainer checkout (for Flux2/AutoEncoder)")
     parser.add_argument("--out", type=Path, required=True, help="folder for the assets")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--klein", action="store_true", help="the tiny FLUX.2 klein 4B (a trainer with klein)")
+    parser.add_argument("--builder", choices=sorted(BUILDERS), default="flux2",
+                        help="which tiny model: flux2 (FLUX.2), klein_4b (FLUX.2 klein 4B, a trainer with klein)")
     args = parser.parse_args(argv)
-    (build_klein if args.klein else build)(args.trainer, args.out, args.seed)
-    print(f"tiny FLUX.2{' klein' if args.klein else ''} assets ready in {args.out}", flush=True)
+    builder, what = BUILDERS[args.builder]
+    builder(args.trainer, args.out, args.seed)
+    print(f"tiny {what} assets ready in {args.out}", flush=True)
     return 0
 
 

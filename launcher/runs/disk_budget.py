@@ -13,10 +13,10 @@ from pathlib import Path
 
 from launcher.envs.hostinfo import free_disk_gib
 from launcher.errors import LauncherError
+from launcher.families import family_of
 from launcher.patching.lock import find_target
 from launcher.trainer_rules import import_module as overlay_module
 from launcher.runs.dataset import dataset_images
-from launcher.runs.validate import TRANSFORMER_FILE
 
 GIB = 2**30
 # 4-bit weights + group scales/zeros: 17.8 GiB for the 64.4 GB bf16 file (bench/RESULTS.md)
@@ -87,7 +87,7 @@ def run_needs(config: dict, run_root: Path, cache_dir: Path) -> list[Need]:
     needs = []
     for process in config["config"]["process"]:
         model = process["model"]
-        checkpoint = Path(model["name_or_path"]) / TRANSFORMER_FILE
+        checkpoint = Path(model["name_or_path"]) / family_of(model.get("arch")).transformer_file
         if model.get("quantize") and model.get("model_kwargs", {}).get("quantized_cache", True):
             found = valid_quantized_cache(cache_dir, checkpoint, str(model.get("qtype", "qfloat8")))
             size = checkpoint.stat().st_size * QUANTIZED_FRACTION / GIB if checkpoint.is_file() else 18.0

@@ -4,12 +4,11 @@ The keys and bounds of the trainer's Flux2Params (extensions_built_in/diffusion_
 and the arithmetic between them that the trainer's Flux2 refuses as it builds the model, minutes in.
 """
 
+from launcher.families import FLUX2_DEV
 from launcher.runs.schema_nodes import Block, ListOf, Vocabulary, number, whole
 
 MAX_SHAPE = 65536
 """A size in flux2_params: ten times FLUX.2 [dev]'s widest (hidden_size 6144, context_in_dim 15360)."""
-DEV_SHAPE = {"hidden_size": 6144, "num_heads": 48, "axes_dim": [32, 32, 32, 32]}
-"""FLUX.2 [dev]'s values of the keys the arithmetic reads, which an unset key stands for."""
 
 FLUX2_PARAMS = Block({
     **{name: whole(1, MAX_SHAPE) for name in ("in_channels", "context_in_dim", "hidden_size", "num_heads", "depth",
@@ -30,7 +29,8 @@ def flux2_params_problems(data: dict) -> list[str]:
         if not isinstance(params, dict) or any(problem for problem in FLUX2_PARAMS.check(params, "", Vocabulary())):
             continue
         where = f"config.process[{index}].model.model_kwargs.flux2_params"
-        hidden, heads, axes = ({**DEV_SHAPE, **params}[key] for key in ("hidden_size", "num_heads", "axes_dim"))
+        shape = {**FLUX2_DEV.shape, **params}  # an unset key is the trainer's default, FLUX.2 [dev]'s
+        hidden, heads, axes = (shape[key] for key in ("hidden_size", "num_heads", "axes_dim"))
         if hidden % heads:
             problems.append(f"{where}: hidden_size {hidden} is not a multiple of num_heads {heads}; the trainer "
                             "refuses this shape when it builds the model")

@@ -28,8 +28,8 @@ import yaml
 
 from launcher import trainer_rules
 from launcher.errors import LauncherError
+from launcher.families import FLUX2_DEV, family_of
 from launcher.runs.inheritance import MergedPreset, Origins, read_merged, shipped_names
-from launcher.runs.klein import KLEIN
 from launcher.runs.schema import Vocabulary, check_preset
 from launcher.writer import replace_own
 
@@ -43,7 +43,6 @@ REQUIRED_PLACES = {
     "model_dir": "--model-dir (or $FLUX2_MODEL_DIR): the folder holding {transformer} and ae.safetensors",
     "dataset": "--dataset (or $FLUX2_DATASET): the folder of captioned images",
 }
-DEFAULT_TEXT_ENCODER = "mistralai/Mistral-Small-3.1-24B-Instruct-2503"  # the fork's hub id
 
 
 @dataclass(frozen=True)
@@ -119,7 +118,22 @@ def load_preset(spec: str, vocabulary: Vocabulary | None = None) -> Preset:
     raise_problems(path, check_preset(data, vocabulary or Vocabulary()), merged.origins)
     sha256 = hashlib.sha256(yaml.safe_dump(data, sort_keys=False, allow_unicode=True).encode("utf-8")).hexdigest()
     settings = {**LAUNCHER_DEFAULTS, **(data.pop(LAUNCHER_KEY, None) or {})}
+    if not settings["tiny"]:  # a tiny preset's shapes are its tiny model's (`fill_tiny`)
+        fill_family_shapes(data)
     return Preset(path=path, settings=settings, config=data, files=merged.files, sha256=sha256)
+
+
+def fill_family_shapes(config: dict) -> None:
+    """A model block whose family's transformer is not the trainer's default Flux2Params (FLUX.2 [dev]'s)
+    gets that shape as `model_kwargs.flux2_params` where the preset gives none: a preset names its family
+    by `arch` alone, and the memory plan, `qtype: auto`, the model-folder checks and the trainer all see
+    that family's transformer."""
+    for process in config["config"]["process"]:
+        model = process["model"]
+        kwargs = model.get("model_kwargs") or {}
+        shape = family_of(model.get("arch")).shape
+        if shape != FLUX2_DEV.shape and "flux2_params" not in kwargs:
+            model["model_kwargs"] = {**kwargs, "flux2_params": copy.deepcopy(shape)}
 
 
 def read_preset(spec: str) -> MergedPreset:
@@ -164,16 +178,15 @@ def render(preset: Preset, run_dir: Path, tiny_manifest: dict | None = None, pla
 def fill_places(process: dict, places: dict, preset_path: Path) -> None:
     """Point one trainer process at the user's model, text encoder and dataset folders."""
     model = process.setdefault("model", {})
-    klein = KLEIN.get(model.get("arch")) if isinstance(model.get("arch"), str) else None
+    family = family_of(model.get("arch"))
     for needed, how in REQUIRED_PLACES.items():
         if needed not in places:
-            transformer = klein.transformer_file if klein else "flux2-dev.safetensors"
-            raise LauncherError(f"{preset_path.name} needs {how.format(transformer=transformer)}")
+            raise LauncherError(f"{preset_path.name} needs {how.format(transformer=family.transformer_file)}")
     model["name_or_path"] = str(places["model_dir"])
     if "text_encoder" in places:
         model["model_kwargs"] = {**(model.get("model_kwargs") or {}), "text_encoder_path": str(places["text_encoder"])}
     elif (model.get("model_kwargs") or {}).get("text_encoder_path") == PLACEHOLDER:
-        model["model_kwargs"]["text_encoder_path"] = klein.text_encoder if klein else DEFAULT_TEXT_ENCODER
+        model["model_kwargs"]["text_encoder_path"] = family.text_encoder.hub_id
     for dataset in process.get("datasets", []):
         dataset["folder_path"] = str(places["dataset"])
 

@@ -12,8 +12,8 @@ and `launcher.watchdog` launcher/runs/watchdog_schema.py.
 """
 
 from launcher import trainer_rules
+from launcher.families import family_of
 from launcher.runs.flux2_shape import FLUX2_PARAMS, flux2_params_problems
-from launcher.runs.klein import arch_problems
 from launcher.runs.schema_nodes import (Anything, Block, Extension, ListOf, Nullable, OneOrList, PlainName, Text,
                                         Vocabulary, catalogued, flag, kind_of, number, short, whole)
 from launcher.runs.trainer_env import env_block
@@ -106,6 +106,24 @@ def check_preset(data, vocab: Vocabulary = Vocabulary()) -> list[str]:
         return [f"the preset is {kind_of(data)}, not a mapping; it needs `job:`, `config:` and optionally `launcher:`"]
     return [*preset_schema().check(data, "", vocab), *quantized_network_problems(data, vocab),
             *flux2_params_problems(data), *arch_problems(data, vocab)]
+
+
+def arch_problems(data: dict, vocab: Vocabulary) -> list[str]:
+    """A family's arch on a trainer checkout without it: the target that has it, and the setup line."""
+    if vocab.arches is None:
+        return []
+    config = data.get("config")
+    process = config.get("process") if isinstance(config, dict) else None
+    problems = []
+    for index, item in enumerate(process if isinstance(process, list) else []):
+        arch = item["model"].get("arch") if isinstance(item, dict) and isinstance(item.get("model"), dict) else None
+        family = family_of(arch)
+        if family.target is not None and arch not in vocab.arches:
+            problems.append(
+                f"config.process[{index}].model.arch = {short(arch)}: {family.label} needs the trainer target "
+                f"{family.target}, and this workdir's checkout has no {arch} (the default target amd-fork predates "
+                f"it); run `python -m launcher setup --target {family.target} --workdir W` and train with --workdir W")
+    return problems
 
 
 LOW_RANK_TYPES = {"lora", "locon"}

@@ -39,7 +39,7 @@ class Vocabulary:
     dtypes: set[str] | None = None
     jobs: set[str] | None = None
     arches: set[str] | None = None
-    """The `arch` of each model class of the trainer's extensions (launcher/runs/klein.py)."""
+    """The `arch` of each model class of the trainer's extensions (launcher/runs/vocabulary.py)."""
 
 
 _PREVIEW = reprlib.Repr()

@@ -3,19 +3,19 @@
 The assets themselves are built by `launcher.in_trainer.tiny_assets` under the trainer's
 interpreter (it needs torch and the fork's classes); this module starts that build and reads
 its manifest, resolving the manifest's relative names against the assets folder. A tiny preset
-of arch flux2_klein_4b gets the tiny FLUX.2 klein 4B instead, in a folder of its own.
+of another family gets that family's tiny recipe (launcher/families.py), in a folder of its own.
 """
 
 from pathlib import Path
 
+from launcher import families
 from launcher.envs.trainer_python import run_module
 from launcher.errors import LauncherError
+from launcher.families import TinyRecipe
 from launcher.in_trainer import tiny_assets
 from launcher.progress import step
 
 DEFAULT_SEED = tiny_assets.DEFAULT_SEED
-FOLDERS = {"flux2": "tiny", "flux2_klein_4b": "tiny_klein"}
-"""The arches a tiny model is built for, each with its folder under the workdir's assets."""
 
 
 def read_manifest(out: Path, seed: int) -> dict | None:
@@ -40,24 +40,26 @@ def inside(root: Path, name: str) -> str:
 
 
 def ensure_for_arch(assets: Path, arch, trainer: Path, python: Path, seed: int = DEFAULT_SEED) -> dict:
-    """The tiny model of a tiny preset's `arch`, built once in its own folder under `assets`."""
-    if arch not in FOLDERS:
+    """The tiny model of a tiny preset's `arch` (its family's recipe), built once in its own folder under `assets`."""
+    family = families.FAMILIES.get(arch) if isinstance(arch, str) else None
+    if family is None or family.tiny is None:
+        tiny_arches = sorted(name for name, known in families.FAMILIES.items() if known.tiny is not None)
         raise LauncherError(f"a tiny preset's model.arch is {arch!r}; the tiny model exists for "
-                            f"{' and '.join(sorted(FOLDERS))}: set model.arch to one of them")
-    return ensure_assets(assets / FOLDERS[arch], trainer, python, seed, klein=arch != "flux2")
+                            f"{' and '.join(tiny_arches)}: set model.arch to one of them")
+    return ensure_assets(assets / family.tiny.folder, trainer, python, seed, family.tiny)
 
 
-def ensure_assets(out: Path, trainer: Path, python: Path, seed: int = DEFAULT_SEED, klein: bool = False) -> dict:
-    """Build the tiny FLUX.2 (or klein 4B) into `out` once per seed, with the trainer's
-    interpreter; its manifest."""
+def ensure_assets(out: Path, trainer: Path, python: Path, seed: int = DEFAULT_SEED,
+                  recipe: TinyRecipe = families.FLUX2_DEV.tiny) -> dict:
+    """Build the tiny model of `recipe` (the tiny FLUX.2 unless told) into `out` once per seed, with the
+    trainer's interpreter; its manifest."""
     manifest = read_manifest(out, seed)
     if manifest is not None:
         return manifest
-    what = "the tiny FLUX.2 klein 4B" if klein else "the tiny FLUX.2"
-    with step(f"building {what}"):
+    with step(f"building {recipe.label}"):
         result = run_module(python, "tiny_assets", "--trainer", str(trainer.resolve()),
-                            "--out", str(out.resolve()), "--seed", str(seed), *(["--klein"] if klein else []))
+                            "--out", str(out.resolve()), "--seed", str(seed), "--builder", recipe.builder)
     manifest = read_manifest(out, seed)
     if result.returncode != 0 or manifest is None:
-        raise LauncherError(f"building {what} in {out} failed (exit {result.returncode}); see above")
+        raise LauncherError(f"building {recipe.label} in {out} failed (exit {result.returncode}); see above")
     return manifest

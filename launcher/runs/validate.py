@@ -4,18 +4,16 @@ launcher/runs/dataset.py.)"""
 
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import LauncherError
+from launcher.families import DEFAULT_ARCH, FLUX2_DEV, Family, family_of
 from launcher.patching.lock import find_target
 from launcher.trainer_rules import import_module as overlay_module
 from launcher.progress import say
 from launcher.runs.files import TEXT_ENCODER_RECORD
-from launcher.runs.klein import KLEIN
 from launcher.user_files import UserFileError, load_json, open_regular
 
-TRANSFORMER_FILE = "flux2-dev.safetensors"
 VAE_FILE = "ae.safetensors"
 # Smaller than FLUX.2 [dev]'s 64 GB checkpoint: another model or an incomplete download.
 FULL_MODEL_BYTES = 30 * 2**30
@@ -45,87 +43,63 @@ def safetensors_header(path: Path) -> dict:
                for entry in header.entries.values()}}
 
 
-FLUX2_DEFAULTS = {"in_channels": 128, "context_in_dim": 15360, "hidden_size": 6144, "num_heads": 48, "depth": 8,
-                  "depth_single_blocks": 48, "axes_dim": [32, 32, 32, 32], "theta": 2000, "mlp_ratio": 3.0}
-"""The trainer's Flux2Params: FLUX.2 [dev]'s shape, which `flux2_params` in model_kwargs overrides."""
-
-
 def reshapes(flux2_params) -> bool:
     """Whether `flux2_params` gives a transformer other than FLUX.2 [dev] (`{}` is FLUX.2 [dev] itself)."""
-    return isinstance(flux2_params, dict) and any(FLUX2_DEFAULTS.get(key) != value for key, value in flux2_params.items())
+    return isinstance(flux2_params, dict) and any(FLUX2_DEV.shape.get(key) != value for key, value in flux2_params.items())
 
 
 def check_block_counts(path: Path, header: dict, flux2_params: dict) -> None:
-    """The transformer file holds the blocks `flux2_params` says (when its tensors are named by block)."""
+    """The transformer file holds the blocks `flux2_params` says (when its tensors are named by block); an
+    unset key is the trainer's default Flux2Params, FLUX.2 [dev]'s shape."""
     for prefix, key in (("double_blocks", "depth"), ("single_blocks", "depth_single_blocks")):
         found = {int(m.group(1)) for name in header if (m := re.search(rf"(?:^|\.){prefix}\.(\d+)\.", name))}
-        wanted = flux2_params.get(key, FLUX2_DEFAULTS[key])
+        wanted = flux2_params.get(key, FLUX2_DEV.shape[key])
         if found and len(found) != wanted:
             raise LauncherError(f"{path} holds {len(found)} {prefix} where model_kwargs flux2_params gives {key} {wanted}; "
                                 f"set flux2_params to the file's shape, or point --model-dir at the model it describes")
 
 
-@dataclass(frozen=True)
-class ModelKind:
-    """What the trainer reads for one arch: the transformer file in the model folder, and the text
-    encoder folder (FLUX.2 [dev]: Mistral3 with its processor; klein: Qwen3 with a tokenizer only)."""
-
-    label: str
-    transformer_file: str
-    encoder: str
-    encoder_snapshot: str
-    encoder_processor: bool
-    encoder_model_type: str | None  # config.json's model_type the trainer's class loads; None: not checked
-
-
-FLUX2_DEV = ModelKind("FLUX.2-dev", TRANSFORMER_FILE, "Mistral3", "mistralai/Mistral-Small-3.1-24B-Instruct-2503",
-                      True, None)
-
-
-def model_kind(arch) -> ModelKind:
-    klein = KLEIN.get(arch) if isinstance(arch, str) else None
-    if klein is None:
-        return FLUX2_DEV
-    return ModelKind(klein.label, klein.transformer_file, "Qwen3", klein.text_encoder, False, "qwen3")
-
-
-def check_model_dir(model_dir: Path, full_size: bool, flux2_params: dict | None = None, arch: str = "flux2") -> None:
-    kind = model_kind(arch)
+def check_model_dir(model_dir: Path, full_size: bool, flux2_params: dict | None = None, arch: str = DEFAULT_ARCH) -> None:
+    """The model folder holds the family's transformer file (FLUX.2 [dev] full size unless the run reshapes
+    it) and the VAE, each with a header the trainer's reader accepts."""
+    family = family_of(arch)
+    dev_file = FLUX2_DEV.transformer_file
     if model_dir.exists() and not model_dir.is_dir():
         raise LauncherError(f"model folder {model_dir} is a file, not a folder; pass --model-dir (or FLUX2_MODEL_DIR) "
-                            f"the folder holding {kind.transformer_file} and {VAE_FILE}")
+                            f"the folder holding {family.transformer_file} and {VAE_FILE}")
     if not model_dir.is_dir():
         raise LauncherError(
             f"model folder {model_dir} does not exist; pass --model-dir (or FLUX2_MODEL_DIR) pointing at "
-            f"the folder holding {kind.transformer_file} and {VAE_FILE}"
+            f"the folder holding {family.transformer_file} and {VAE_FILE}"
         )
-    for name in (kind.transformer_file, VAE_FILE):
+    for name in (family.transformer_file, VAE_FILE):
         if not (model_dir / name).is_file():
-            other = (f" (the folder holds {TRANSFORMER_FILE}, FLUX.2 [dev]'s transformer, not {kind.label}'s)"
-                     if name != TRANSFORMER_FILE and (model_dir / TRANSFORMER_FILE).is_file() else "")
+            other = (f" (the folder holds {dev_file}, FLUX.2 [dev]'s transformer, not {family.label}'s)"
+                     if name != dev_file and (model_dir / dev_file).is_file() else "")
             raise LauncherError(
-                f"{model_dir / name} is missing{other}; download {name} from the root of the {kind.label} model "
+                f"{model_dir / name} is missing{other}; download {name} from the root of the {family.label} model "
                 "repository (the single file, not the diffusers transformer/ folder) into that folder"
             )
         header = safetensors_header(model_dir / name)
-        if name == kind.transformer_file and isinstance(flux2_params, dict):
+        if name == family.transformer_file and isinstance(flux2_params, dict):
             check_block_counts(model_dir / name, header, flux2_params)
-    if full_size and (model_dir / TRANSFORMER_FILE).stat().st_size < FULL_MODEL_BYTES:
+    if full_size and (model_dir / dev_file).stat().st_size < FULL_MODEL_BYTES:
         raise LauncherError(
-            f"{model_dir / TRANSFORMER_FILE} is {(model_dir / TRANSFORMER_FILE).stat().st_size / 2**30:.1f} GiB; "
+            f"{model_dir / dev_file} is {(model_dir / dev_file).stat().st_size / 2**30:.1f} GiB; "
             "FLUX.2 [dev] is about 64 GB: is this another model, or an incomplete download?"
         )
 
 
-def check_text_encoder(path_or_id: str, text_cache: Path | None = None, arch: str = "flux2") -> None:
+def check_text_encoder(path_or_id: str, text_cache: Path | None = None, arch: str = DEFAULT_ARCH) -> None:
     """A local folder with config, tokenizer (and for FLUX.2 [dev] processor) and complete weight
     shards, or a hub id already in the local cache, or a folder gone whose prompts the text phase
     may all have cached (`text_cache`)."""
-    kind = model_kind(arch)
+    family = family_of(arch)
+    encoder = family.text_encoder
     local = Path(path_or_id)
     if local.is_dir():
         missing = [name for name in ("config.json",) if not (local / name).is_file()]
-        if kind.encoder_processor:
+        if encoder.processor:
             if not any((local / name).is_file() for name in ("tokenizer.json", "tekken.json", "tokenizer.model")):
                 missing.append("tokenizer.json (or tekken.json)")
             if not any((local / name).is_file() for name in ("processor_config.json", "preprocessor_config.json")):
@@ -135,10 +109,10 @@ def check_text_encoder(path_or_id: str, text_cache: Path | None = None, arch: st
             missing.append("tokenizer.json (or vocab.json and merges.txt)")
         if missing:
             raise LauncherError(
-                f"text encoder folder {local} lacks {', '.join(missing)}; it must hold the {kind.encoder} model "
-                f"and its {'processor' if kind.encoder_processor else 'tokenizer'} (a snapshot of {kind.encoder_snapshot})"
+                f"text encoder folder {local} lacks {', '.join(missing)}; it must hold the {encoder.kind} model "
+                f"and its {'processor' if encoder.processor else 'tokenizer'} (a snapshot of {encoder.hub_id})"
             )
-        check_model_type(local / "config.json", kind)
+        check_model_type(local / "config.json", family)
         check_weight_shards(local)
         return
     if "/" in path_or_id and not local.exists() and _hub_cached(path_or_id):
@@ -149,22 +123,23 @@ def check_text_encoder(path_or_id: str, text_cache: Path | None = None, arch: st
         return
     raise LauncherError(
         f"text encoder {path_or_id!r} is neither a local folder nor in the Hugging Face cache; pass "
-        f"--text-encoder (or FLUX2_TEXT_ENCODER) with a local snapshot of {kind.encoder_snapshot}"
+        f"--text-encoder (or FLUX2_TEXT_ENCODER) with a local snapshot of {encoder.hub_id}"
     )
 
 
-def check_model_type(config: Path, kind: ModelKind) -> None:
+def check_model_type(config: Path, family: Family) -> None:
     """The encoder's config.json names the model class the trainer loads for this arch."""
-    if kind.encoder_model_type is None:
+    encoder = family.text_encoder
+    if encoder.model_type is None:
         return
     data = load_json(config, "model_json")
     if not isinstance(data, dict):
         raise LauncherError(f"{config} is not a model config (a JSON {type(data).__name__}, not an object); "
                             "download it again")
     found = data.get("model_type")
-    if found != kind.encoder_model_type:
-        raise LauncherError(f"{config} says model_type {found!r}, but {kind.label} reads a {kind.encoder} encoder "
-                            f"({kind.encoder_model_type!r}); pass --text-encoder a snapshot of {kind.encoder_snapshot}")
+    if found != encoder.model_type:
+        raise LauncherError(f"{config} says model_type {found!r}, but {family.label} reads a {encoder.kind} encoder "
+                            f"({encoder.model_type!r}); pass --text-encoder a snapshot of {encoder.hub_id}")
 
 
 def check_weight_shards(folder: Path) -> None:

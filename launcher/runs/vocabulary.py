@@ -4,7 +4,7 @@
   `get_conf('key'` of the train processes; `model_kwargs` keys: every `model_kwargs.get('key'`
   and `settings.read(model_kwargs, 'key'` in the checkout;
 - model arches: the `arch = '...'` of each model class in extensions_built_in (a FLUX.2 klein
-  preset on a checkout without klein names the target that has it, launcher/runs/klein.py);
+  preset on a checkout without klein names the target that has it, launcher/families.py);
 - optimizers, network types, dtypes and job types: the names the trainer's dispatch code
   compares against (toolkit/optimizer.py, the NetworkType literal, get_torch_dtype, get_job);
 - qtypes: asked from the trainer's own `get_qtype` under its interpreter
@@ -20,7 +20,6 @@ import re
 from pathlib import Path
 
 from launcher.envs.trainer_python import run_module
-from launcher.runs.klein import trainer_arches
 from launcher.runs.schema import Vocabulary
 from launcher.user_files import load_json_state
 from launcher.writer import replace_own
@@ -111,6 +110,20 @@ def read_vocabulary(trainer: Path, python: Path | None = None, qtypes_cache: Pat
         jobs=_found(r"job\s*==\s*['\"](\w+)['\"]", _read(trainer, "toolkit/job.py")),
         arches=trainer_arches(trainer),
     )
+
+
+MODEL_CLASS_ARCH = re.compile(r"^\s+arch\s*=\s*['\"]([\w.\-]+)['\"]", re.M)
+
+
+def trainer_arches(trainer: Path) -> set[str] | None:
+    """The `arch` of every model class of the trainer's extensions (None: no extensions folder)."""
+    folder = trainer / "extensions_built_in"
+    if not folder.is_dir():
+        return None
+    found: set[str] = set()
+    for path in sorted(folder.rglob("*.py")):
+        found |= set(MODEL_CLASS_ARCH.findall(path.read_text(encoding="utf-8", errors="replace")))
+    return found
 
 
 def trainer_qtypes(trainer: Path, python: Path, cache: Path | None, head: str | None) -> set[str] | None:

@@ -19,6 +19,7 @@ import yaml
 
 from launcher.envs.workdir import Workdir
 from launcher.errors import LauncherError
+from launcher.families import DEFAULT_ARCH, FLUX2_DEV
 from launcher.runs.inheritance import INHERITS_KEY, leaves, merge, shipped_names
 from launcher.runs.presets import PRESETS_DIR, raise_problems, read_preset
 from launcher.runs.schema import PlainName, check_preset
@@ -42,7 +43,7 @@ FIELDS = {
 PLACES = {
     # field: (label, `run` flag)
     "dataset": ("dataset folder", "--dataset"),
-    "model_dir": ("model folder (flux2-dev.safetensors, ae.safetensors)", "--model-dir"),
+    "model_dir": (f"model folder ({FLUX2_DEV.transformer_file}, ae.safetensors)", "--model-dir"),
     "text_encoder": ("text encoder folder", "--text-encoder"),
 }
 CONFIG_START = re.compile(r"(job|config):")
@@ -231,7 +232,7 @@ def eta(workdir: Workdir, config: dict) -> str:
         compiled = (model.get("model_kwargs") or {}).get("compile_blocks") is True
     except (KeyError, IndexError, TypeError, ValueError):
         return "no ETA before the run: the dry run's config lacks the steps, model or resolution"
-    shape = (str(model.get("arch", "flux2")), PATHS_OF_QTYPES.get(str(model.get("qtype"))), px, compiled)
+    shape = (str(model.get("arch", DEFAULT_ARCH)), PATHS_OF_QTYPES.get(str(model.get("qtype"))), px, compiled)
     row = next((row for row in rows_for_gpu(load_table(), gpu) if (row.model, row.path, row.px, row.compiled) == shape),
                None)
     if row is None:

@@ -23,7 +23,7 @@ VARIABLE = "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL"
 ON = ("1", "ON", "YES", "TRUE", "Y")
 """The values PyTorch's c10::utils::check_env reads as true."""
 HEADS, HEAD_DIM = 48, 128
-"""FLUX.2 [dev]'s attention: 6144 hidden in 48 heads of 128 (launcher/runs/flux2_shape.py DEV_SHAPE)."""
+"""FLUX.2 [dev]'s attention: 6144 hidden in 48 heads of 128 (launcher/families.py FLUX2_DEV)."""
 BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 """torch.nn.attention.SDPBackend names, in the order PyTorch prefers them."""
 MATH = "MATH"

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from launcher.families import FLUX2_DEV
+
 PROMPT = "a photo of a red square on a white background"
 SIZE, STEPS, SEED, RANK = 128, 4, 42, 4
 LORA_MODULES = ("double_blocks.0.img_attn.qkv", "single_blocks.0.linear1")
@@ -36,7 +38,7 @@ def check(trainer: Path, assets: dict, out: Path) -> dict:
     from toolkit import lora_sampler
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    config = dict(name_or_path=assets["name_or_path"], arch="flux2", quantize=True, qtype="uint4", low_vram=True,
+    config = dict(name_or_path=assets["name_or_path"], arch=FLUX2_DEV.arch, quantize=True, qtype="uint4", low_vram=True,
                   layer_offloading=False, model_kwargs=dict(assets["model_kwargs"]))
     start = time.perf_counter()
     model = lora_sampler.load_model(config, "bf16", [PROMPT], str(out), device=device)
