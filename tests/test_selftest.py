@@ -80,7 +80,7 @@ def test_dry_run_renders_the_chosen_qtype_and_its_kernel(places, tmp_path, capsy
     """The choice reaches the trainer as concrete model_kwargs in the config, never as variables."""
     monkeypatch.setattr(disk_budget, "free_disk_gib", lambda path: 100.0)  # this machine's disk is not the point
     workdir = workdir_with(tmp_path, GPU_RESULT)
-    assert dry_run(places, "rtx4090_512.yaml", "--profile", "3", workdir=workdir.root) == 0
+    assert dry_run(places, "base_512.yaml", "--profile", "3", workdir=workdir.root) == 0
     out = capsys.readouterr().out
     config = test_run.rendered_config(out)  # the choice is a comment line in it
     assert config["config"]["process"][0]["model"]["qtype"] == "int4_w4a8"
