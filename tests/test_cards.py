@@ -164,3 +164,14 @@ def test_nothing_run_imports_reads_bench():
         if strings:
             readers.append(name)
     assert readers == ["launcher.step_prediction"], readers
+
+
+def test_setup_takes_an_amd_card_s_gfx_target_from_its_row():
+    """Windows names the adapter; a card of the table gets its row's arch, whole words only (the
+    RX 7900 XT is not taken for the XTX)."""
+    from launcher.envs import amdgpu
+
+    amd = [card for card in cards.CARDS if card.hip]
+    assert {card.name for card in amd} >= {"RX 7900 XTX", "RX 7900 XT", "RX 9070 XT"}
+    assert all(amdgpu.target_of(f"AMD Radeon {card.name}") == card.arch for card in amd)
+    assert amdgpu.target_of("AMD Radeon(TM) Graphics") is None

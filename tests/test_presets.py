@@ -287,6 +287,15 @@ def test_one_preset_in_full_with_the_file_of_each_value(capsys):
     assert re.search(r"^        memory_plan: auto +# base_512\.yaml:\d+$", out, re.M)
 
 
+def test_an_old_name_as_a_path_from_the_repository_runs_its_preset(monkeypatch, capsys):
+    """`presets/rtx4090_512.yaml`, as README commands and users' scripts wrote it, from the checkout."""
+    monkeypatch.chdir(PRESETS_DIR.parent)
+    assert main(["presets", "presets/rtx4090_512.yaml"]) == 0
+    assert capsys.readouterr().out.startswith("# rtx4090_512 is base_512 now (presets/cards.csv: RTX 4090, RTX 3090)")
+    with pytest.raises(LauncherError, match="no preset 'elsewhere/rtx4090_512.yaml'"):
+        load_preset("elsewhere/rtx4090_512.yaml")
+
+
 def test_an_old_name_in_full_says_what_it_is_now(capsys):
     assert main(["presets", "rtx12gb_512"]) == 0
     out = capsys.readouterr().out
