@@ -18,7 +18,7 @@ from launcher.runs.yaml_files import load_yaml
 
 EXAMPLES = """examples:
   python -m launcher presets                 # each shipped preset: px, batch, card, what it changes
-  python -m launcher presets rtx12gb_512     # one preset in full, each value beside the file that set it
+  python -m launcher presets 7900xtx_768     # one preset in full, each value beside the file that set it
   python -m launcher presets my_preset.yaml  # your own, laid over the presets it inherits
 """
 IDENTITY = {"config.name", f"{LAUNCHER_KEY}.card"}

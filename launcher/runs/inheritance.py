@@ -1,8 +1,8 @@
 """`inherits:`: a preset written as another preset plus what differs.
 
-    inherits: rtx16gb_512        # a shipped preset's name, or a YAML file relative to this file's folder
+    inherits: 7900xtx_512        # a shipped preset's name, or a YAML file relative to this file's folder
     config:
-      name: flux2_rtx12gb_512    # everything else as in rtx16gb_512
+      name: flux2_7900xtx_768    # everything else as in 7900xtx_512
 
 The parent is read first (itself inheriting, to any depth) and the file laid over it:
 
