@@ -1,5 +1,6 @@
 """The card table (presets/cards.csv): what `auto` gives each card, the self-test's verdict on paper
-row by row, and what the table writes elsewhere (preset labels, README tables)."""
+row by row, worked out, never typed; what the table writes elsewhere (docs/cards.md, the listing);
+the measured figures the docs show, read from bench/results."""
 
 import csv
 import re
@@ -21,12 +22,19 @@ HEADER = ",".join(card_table.COLUMNS)
 @pytest.mark.parametrize("triton,inductor", cards.STATES, ids=["triton+inductor", "triton", "neither"])
 @pytest.mark.parametrize("card", cards.CARDS, ids=[card.name for card in cards.CARDS])
 def test_what_each_card_trains_on(card, triton, inductor):
-    """The row's verdict columns are what the self-test's rules give; every card compiles with
-    Inductor and none without it."""
+    """With Triton a card trains on a Triton path, FP8's where it has FP8 units; without it on the
+    fallback the memory plan allows (the reference path where its preset may stream blocks). AMD
+    cards stream serialized, NVIDIA's overlapped; every card compiles with Inductor, none without."""
     result = cards.outcome(card, triton, inductor)
-    assert result.candidate == (card.with_triton if triton else card.without_triton)
     assert result.qtype == result.candidate.split()[0]
-    assert result.stream_mode == card.stream_mode
+    if triton:
+        assert result.candidate.startswith("int4_w4a8 fp8") == card.fp8_units
+        assert "reference" not in result.candidate
+    else:
+        streams = cards.streams(card)
+        assert result.qtype == (verdict.STREAMING_FALLBACK if streams else verdict.FALLBACK_QTYPE)
+        assert result.candidate.endswith("(reference)") == streams
+    assert result.stream_mode == (SER if card.hip else "overlapped")
     assert result.compile_blocks == (triton and inductor)
 
 
@@ -36,13 +44,25 @@ def test_the_fp8_rule_is_the_runtime_s_for_every_arch_spelling():
     rule = trainer_rules.qtypes().arch_has_fp8_units
     facts = {"sm_86": False, "sm_89": True, "sm_90a": True, "sm_100a": True, "sm_120": True,
              "gfx1100": False, "gfx1101": False, "gfx1200": True, "gfx1201": True}
-    assert {arch: card_table.Card("x", arch, 16, "rtx16gb_512").fp8_units for arch in facts} == facts
+    assert {arch: card_table.Card("x", arch, 16, "base_512").fp8_units for arch in facts} == facts
     assert all(card.fp8_units == rule(card.arch) for card in cards.CARDS)
 
 
-def test_each_card_preset_is_labelled_with_its_rows():
-    assert {preset: load_preset(preset).settings["card"] for preset in card_table.labels(cards.CARDS)} == \
-        card_table.labels(cards.CARDS)
+def test_no_shipped_preset_names_its_cards():
+    """The card table is the only card -> preset map: a card preset says nothing of its cards."""
+    assert all(not load_preset(preset).settings["card"] for preset in card_table.labels(cards.CARDS))
+
+
+def test_the_old_card_presets_are_the_ones_they_copied():
+    """Each old name of the table reads its preset, in the run folder it always had."""
+    moved = card_table.old_names(cards.CARDS)
+    assert {old: card.preset for old, card in moved.items()} == {
+        "7900xt_512": "7900xtx_512", "rx16gb_512": "7900xtx_512", "rtx4090_512": "base_512",
+        "rtx16gb_512": "base_512", "rtx12gb_512": "base_512", "rtx8gb_512": "base_512"}
+    for old, card in moved.items():
+        renamed, preset = load_preset(old), load_preset(card.preset)
+        assert renamed.path == preset.path and renamed.name == f"flux2_{old}"
+        assert {**renamed.config, "config": {**renamed.config["config"], "name": preset.name}} == preset.config
 
 
 def test_the_generated_files_are_current():
@@ -50,34 +70,31 @@ def test_the_generated_files_are_current():
 
 
 def test_a_card_is_one_row(tmp_path):
-    """A throwaway row in a copy of the table reaches its preset's label, docs/cards.md's card table
-    and the verdict check; the shipped files then read as stale."""
+    """A throwaway row in a copy of the table reaches its preset's cards, docs/cards.md's card table
+    with its verdicts worked out, and docs/presets.md's listing; only those docs then read as stale."""
     table = tmp_path / "cards.csv"
-    row = f"RTX Test 16 GB,sm_100a,16,rtx16gb_512,{FP8_SCALED},int4_fused (reference),overlapped"
-    table.write_text(card_table.TABLE.read_text(encoding="utf-8") + row + "\n", encoding="utf-8")
+    table.write_text(card_table.TABLE.read_text(encoding="utf-8") + "RTX Test 16 GB,sm_100a,16,base_512,\n",
+                     encoding="utf-8")
     rows = card_table.read_cards(table)
     assert rows[-1].name == "RTX Test 16 GB" and len(rows) == len(cards.CARDS) + 1
-    assert card_table.labels(rows)["rtx16gb_512"].endswith(", RTX Test 16 GB (16 GB)")
-    assert f"| RTX Test 16 GB | sm_100a | rtx16gb_512.yaml | {FP8_SCALED} | overlapped | yes |" in cards.markdown_table(rows)
-    assert cards.wrong_verdicts(rows) == []
-    preset = card_table.PRESETS_DIR / "rtx16gb_512.yaml"
-    assert cards_doc.stale(cards_doc.preset_files(rows)) == [preset]
+    assert card_table.labels(rows)["base_512"].startswith("RTX 4090, ") and "RTX Test 16 GB" in card_table.labels(rows)["base_512"]
+    assert f"| RTX Test 16 GB | sm_100a | base_512.yaml | {FP8_SCALED} | overlapped | yes |" in cards.markdown_table(rows)
     assert cards_doc.stale(cards_doc.documents(rows)) == [cards_doc.CARDS_DOC]
 
 
-def test_a_row_whose_verdict_is_not_the_rules_is_named(tmp_path):
+def test_an_old_name_with_two_presets_is_refused(tmp_path):
     table = tmp_path / "cards.csv"
-    table.write_text(f"{HEADER}\nRTX Test,sm_86,24,rtx4090_512,{FP8_SCALED},uint4,overlapped\n", encoding="utf-8")
-    assert cards.wrong_verdicts(card_table.read_cards(table)) == [
-        f"RTX Test: with_triton is {FP8_SCALED!r}, the self-test's rules give 'int4_fused'"]
+    table.write_text(f"{HEADER}\nA,sm_89,24,base_512,old_512\nB,gfx1100,24,7900xtx_512,old_512\n", encoding="utf-8")
+    with pytest.raises(LauncherError, match=re.escape(f"{table}, line 3: old_name 'old_512' is preset base_512 on line 2")):
+        card_table.read_cards(table)
 
 
 @pytest.mark.parametrize("row,says", [
-    ("RTX Test,sm89,24,rtx4090_512,a,b,overlapped", "arch 'sm89' is neither"),
-    ("RTX Test,sm_89,24 GB,rtx4090_512,a,b,overlapped", "vram_gb '24 GB' is not a whole number"),
-    ("RTX Test,sm_89,24,rtx4090_512.yaml,a,b,overlapped", "preset 'rtx4090_512.yaml' is not a file of presets/"),
-    ("RTX Test,sm_89,24,rtx4090_512,a,b,fast", "stream_mode 'fast' is none of serialized, overlapped"),
-    ("RTX Test,sm_89,24,rtx4090_512", "4 cells, the table has 7"),
+    ("RTX Test,sm89,24,base_512,", "arch 'sm89' is neither"),
+    ("RTX Test,sm_89,24 GB,base_512,", "vram_gb '24 GB' is not a whole number"),
+    ("RTX Test,sm_89,24,base_512.yaml,", "preset 'base_512.yaml' is not a file of presets/"),
+    ("RTX Test,sm_89,24,base_512,tiny", "old_name 'tiny' is a shipped preset's file"),
+    ("RTX Test,sm_89,24,base_512", "4 cells, the table has 5"),
 ])
 def test_a_bad_row_is_refused_with_its_line(tmp_path, row, says):
     table = tmp_path / "cards.csv"
@@ -88,7 +105,7 @@ def test_a_bad_row_is_refused_with_its_line(tmp_path, row, says):
 
 def test_a_table_without_its_header_is_refused(tmp_path):
     table = tmp_path / "cards.csv"
-    table.write_text("RTX Test,sm_89,24,rtx4090_512,a,b,overlapped\n", encoding="utf-8")
+    table.write_text("RTX Test,sm_89,24,base_512,\n", encoding="utf-8")
     with pytest.raises(LauncherError, match=re.escape(f"{table}, line 1: the header must be {HEADER}")):
         card_table.read_cards(table)
 
@@ -113,21 +130,48 @@ def test_amd_cards_stream_serialized_even_when_the_check_passed():
     assert mode == SER and "wall 5" in why
 
 
-def test_block_times_are_the_measured_ones():
-    """PAPER_FACTS' block-Linear times are the H200 self-test's latest call, as the results table says."""
-    with (REPO / "bench" / "results" / "selftest_paths.csv").open(newline="", encoding="utf-8") as handle:
-        rows = list(csv.reader(handle))
-    column = next(i for i, name in enumerate(rows[0]) if name.startswith("block Linears ms, call 9")) + 1
-    measured = {row[0]: float(row[column]) for row in rows[1:] if row[column]}
-    names = {"int4_fused": "`int4_fused`", FP8_TRITON: "`int4_w4a8` FP8, Triton GEMM",
-             FP8_SCALED: "`int4_w4a8` FP8, `torch._scaled_mm`", "int4_w4a8 int8 triton": "`int4_w4a8` int8, Triton GEMM"}
-    assert {name: measured[row] for name, row in names.items()} == cards.PAPER_FACTS["x_bf16"]
+def test_block_times_are_the_latest_call_of_the_results_file():
+    """The paper verdicts' block-Linear times come from selftest_paths.csv's last call column."""
+    assert cards.x_bf16() == {"int4_fused": 1.37, FP8_TRITON: 1.10, FP8_SCALED: 1.00, "int4_w4a8 int8 triton": 1.06}
 
 
-def test_the_fallback_costs_are_the_measured_ones():
-    """The costs the table and `run` print are the full-width same-call figures (x int4_fused)."""
+def test_the_fallback_costs_in_the_docs_are_the_results_file_s():
+    """docs/cards.md shows the full-width same-call figures of fallback_cost.csv (x int4_fused)."""
     with (REPO / "bench" / "results" / "fallback_cost.csv").open(newline="", encoding="utf-8") as handle:
         rows = {row["qtype"] + (" reference" if "reference" in row["kernel"] else ""): row for row in csv.DictReader(handle)}
-    assert f"{rows['uint4']['x int4_fused:']}x the int4_fused time, {rows['uint4']['x bf16:']}x bf16" in verdict.FALLBACK_COST
-    assert f"{rows['int4_fused reference']['x int4_fused:']}x int4_fused's Triton time" in verdict.REFERENCE_COST
-    assert verdict.REFERENCE_COST in cards.NO_TRITON["int4_fused"]
+    costs, page = cards.fallback_costs(), cards_doc.CARDS_DOC.read_text(encoding="utf-8")
+    assert f"{rows['uint4']['x int4_fused:']}x the int4_fused time, {rows['uint4']['x bf16:']}x bf16" in costs["uint4"]
+    assert f"{rows['int4_fused reference']['x int4_fused:']}x int4_fused's Triton time" in costs["int4_fused"]
+    assert all(f"{qtype}, uncompiled: {cost}" in page for qtype, cost in costs.items())
+
+
+def test_nothing_run_imports_reads_bench():
+    """bench/ is a maintainer's folder an install need not have: no module `run` loads names it as a path."""
+    import ast
+    import subprocess
+    import sys
+
+    loaded = subprocess.run([sys.executable, "-c", "import sys, launcher.cli, launcher.commands.run, launcher.commands.report, "
+                             "launcher.ui.server; print('\\n'.join(sys.modules))"], capture_output=True, text=True,
+                            encoding="utf-8", check=True, cwd=REPO).stdout.split()
+    readers = []
+    for name in (name for name in loaded if name.startswith("launcher")):
+        path = REPO / (name.replace(".", "/") + ".py")
+        if not path.is_file():
+            continue
+        strings = [node.value for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                   if isinstance(node, ast.Constant) and node.value == "bench"]
+        if strings:
+            readers.append(name)
+    assert readers == ["launcher.step_prediction"], readers
+
+
+def test_setup_takes_an_amd_card_s_gfx_target_from_its_row():
+    """Windows names the adapter; a card of the table gets its row's arch, whole words only (the
+    RX 7900 XT is not taken for the XTX)."""
+    from launcher.envs import amdgpu
+
+    amd = [card for card in cards.CARDS if card.hip]
+    assert {card.name for card in amd} >= {"RX 7900 XTX", "RX 7900 XT", "RX 9070 XT"}
+    assert all(amdgpu.target_of(f"AMD Radeon {card.name}") == card.arch for card in amd)
+    assert amdgpu.target_of("AMD Radeon(TM) Graphics") is None

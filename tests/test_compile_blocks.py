@@ -124,7 +124,7 @@ def test_the_schema_takes_auto_true_or_false():
 def test_dry_run_renders_the_selftests_choice(places, tmp_path, capsys, monkeypatch):  # noqa: F811
     monkeypatch.setattr(disk_budget, "free_disk_gib", lambda path: 100.0)
     workdir = workdir_with(tmp_path, {**GPU_RESULT, "compile": {**CHILD, "passed": True}})
-    assert dry_run(places, "rtx4090_512.yaml", workdir=workdir.root) == 0
+    assert dry_run(places, "base_512.yaml", workdir=workdir.root) == 0
     out = capsys.readouterr().out
     config = test_run.rendered_config(out)
     assert config["config"]["process"][0]["model"]["model_kwargs"]["compile_blocks"] is True

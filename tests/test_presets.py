@@ -10,7 +10,6 @@ from launcher.cli import main
 from launcher.errors import LauncherError
 from launcher.runs.inheritance import INHERITS_KEY, leaves
 from launcher.runs.presets import PRESETS_DIR, find_preset, load_preset, read_preset, render
-from launcher.runs.resume import differences
 from launcher.runs.yaml_files import load_yaml
 
 MANIFEST = {
@@ -92,23 +91,24 @@ def test_a_card_preset_is_its_parent_plus_exactly_what_it_lists(name):
     assert read_preset(name).data == expected
 
 
-def test_rtx16gb_is_the_base_for_other_cards():
-    """`qtype: auto` and the memory plan adapt to the card: a 16 GB preset changes nothing else."""
-    base, card = load_preset("base_512"), load_preset("rtx16gb_512")
-    changed = {path for path, _, _ in differences({**base.config, "launcher": base.settings},
-                                                  {**card.config, "launcher": card.settings})}
-    assert changed == {"config.name", "launcher.card"}
+def test_no_two_shipped_presets_are_one_configuration():
+    """One file per real variation: `qtype: auto` and the memory plan adapt to the card, so no preset
+    differs from another only in its run name."""
+    configs = {}
+    for path in PRESETS_DIR.glob("*.yaml"):
+        preset = load_preset(path.stem)
+        config = {**preset.config, "config": {**preset.config["config"], "name": None}}
+        configs.setdefault(yaml.safe_dump({**config, "launcher": preset.settings}), []).append(path.stem)
+    assert [names for names in configs.values() if len(names) > 1] == []
 
 
-def test_each_preset_names_its_cards():
-    cards = {path.stem: load_preset(path.stem).settings["card"] for path in PRESETS_DIR.glob("*.yaml")}
-    assert all(cards.values()), cards
-    assert cards["rtx4090_512"] == "RTX 4090, RTX 3090 (24 GB)" and cards["7900xtx_768"] == cards["7900xtx_512"]
+def test_an_old_name_is_refused_where_no_row_names_it():
+    with pytest.raises(LauncherError, match="no preset 'rtx2080_512'"):
+        load_preset("rtx2080_512")
 
 
-def test_the_12gb_preset_has_the_16gb_memory_plan():
-    model = load_preset("rtx12gb_512").config["config"]["process"][0]["model"]
-    assert load_preset("rtx12gb_512").files[1] == PRESETS_DIR / "rtx16gb_512.yaml"
+def test_the_base_plans_streaming_on_smaller_cards():
+    model = load_preset("base_512").config["config"]["process"][0]["model"]
     assert model["qtype"] == "auto" and model["model_kwargs"]["memory_plan"] == "auto"
 
 
@@ -118,7 +118,7 @@ def test_the_8gb_preset_plans_the_full_model_on_an_8gb_card():
     from launcher.runs import memory_plan
 
     preset = load_preset("rtx8gb_512")
-    assert preset.files[1] == PRESETS_DIR / "rtx12gb_512.yaml"
+    assert preset.files == (PRESETS_DIR / "base_512.yaml",)
     plan = memory_plan.plan_for(preset.config["config"]["process"][0], 8 - memory_plan.DESKTOP_GIB)
     assert len(plan.blocks) == 56 and len(plan.streamed()) >= 50
 
@@ -170,11 +170,11 @@ launcher:
 
 
 def test_a_chain_and_a_preset_of_your_own_inheriting_a_shipped_one(tmp_path):
-    mine = write(tmp_path, "mine.yaml", "inherits: rtx16gb_512\nconfig:\n  name: my_lora\n")
+    mine = write(tmp_path, "mine.yaml", "inherits: rtx16gb_512\nconfig:\n  name: my_lora\n")  # an old name
     deeper = write(tmp_path, "more/steps.yaml", "inherits: ../mine.yaml\nconfig:\n  process:\n"
                                                  "    - train: {steps: 3000}\n")
     preset = load_preset(str(deeper))
-    assert [file.name for file in preset.files] == ["steps.yaml", "mine.yaml", "rtx16gb_512.yaml", "base_512.yaml"]
+    assert [file.name for file in preset.files] == ["steps.yaml", "mine.yaml", "base_512.yaml"]
     assert preset.name == "my_lora" and preset.config["config"]["process"][0]["train"]["steps"] == 3000
     assert load_preset(str(mine)).config["config"]["process"][0]["model"]["qtype"] == "auto"
 
@@ -190,7 +190,7 @@ def test_a_file_beside_the_preset_comes_before_a_shipped_name(tmp_path):
     ({"a.yaml": "inherits: b\n", "b.yaml": "inherits: c.yaml\n", "c.yaml": "inherits: a\n"},
      ["a.yaml inherits in a circle", "a.yaml -> ", "b.yaml -> ", "c.yaml -> "]),
     ({"a.yaml": "job: extension\ninherits: nowhere\n"},
-     ["a.yaml, line 2: inherits = 'nowhere': no such preset", "rtx4090_512", "fix the name or the path"]),
+     ["a.yaml, line 2: inherits = 'nowhere': no such preset", "base_512", "fix the name or the path"]),
     ({"a.yaml": "inherits: 5\n"}, ["a.yaml, line 1: inherits = 5: not a preset", "a shipped preset's name"]),
     ({"a.yaml": "inherits: b\n", "b.yaml": "- a list\n"}, ["a.yaml inherits ", "b.yaml, which holds a list,",
                                                          "not a preset's mapping"]),
@@ -211,8 +211,7 @@ def test_a_bad_inherits_is_named_with_its_files(tmp_path, files, fragments):
 
 
 def test_a_problem_names_the_file_and_line_that_set_the_key(tmp_path):
-    parent = write(tmp_path, "parent.yaml", read_text("rtx4090_512").replace("config:\n", "config:\n  process:\n"
-                                                                             "    - train: {lr: -1}\n"))
+    parent = write(tmp_path, "parent.yaml", "inherits: base_512\nconfig:\n  process:\n    - train: {lr: -1}\n")
     child = write(tmp_path, "child.yaml", "inherits: parent.yaml\nconfig:\n  process:\n"
                                           "    - train: {steps: ten}\n")
     with pytest.raises(LauncherError) as error:
@@ -257,10 +256,10 @@ def test_the_listing_names_every_shipped_preset_with_its_card_and_changes(capsys
     out = capsys.readouterr().out
     for path in PRESETS_DIR.glob("*.yaml"):
         assert re.search(rf"^{re.escape(path.stem)} +\d+ px +batch \d  \S", out, re.M), path.stem
-    assert "RTX 3060 12 GB, RTX 4070, RTX 5070 (12 GB)" in out
+    assert "RTX 4090, RTX 3090, RTX 4060 Ti 16 GB" in out and "RTX 5060 (24 or 16 or 12 or 8 GB)" in out
     assert re.search(r"^7900xtx_448_bs2 +448 px +batch 2  RX 7900 XTX .*\n +inherits 7900xtx_512, sets "
                      r"datasets\[0\]\.resolution=\[448\] train\.batch_size=2 train\.lr=0\.000141421$", out, re.M)
-    assert re.search(r"^rtx12gb_512 .*\n +inherits rtx16gb_512$", out, re.M)
+    assert re.search(r"^7900xtx_768 .*\n +inherits 7900xtx_512, sets datasets\[0\]\.resolution=\[768\]$", out, re.M)
 
 
 def test_the_docs_show_the_listing_as_it_is(capsys):
@@ -274,28 +273,46 @@ def test_the_docs_example_of_a_preset_of_your_own_loads(tmp_path):
     docs = (PRESETS_DIR.parent / "docs" / "presets.md").read_text(encoding="utf-8")
     example = write(tmp_path, "my_lora.yaml", re.search(r"```yaml\n# my_lora.yaml\n(.*?)```", docs, re.S)[1])
     preset = load_preset(str(example))
-    assert preset.name == "my_lora" and preset.files[1] == PRESETS_DIR / "rtx4090_512.yaml"
+    assert preset.name == "my_lora" and preset.files[1] == PRESETS_DIR / "base_512.yaml"
     assert preset.config["config"]["process"][0]["datasets"][0]["cache_latents_to_disk"] is True
 
 
 def test_one_preset_in_full_with_the_file_of_each_value(capsys):
-    assert main(["presets", "rtx12gb_512"]) == 0
+    assert main(["presets", "7900xtx_768"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("# rtx12gb_512.yaml, which inherits rtx16gb_512.yaml, which inherits base_512.yaml\n")
-    assert yaml.safe_load(out) == read_preset("rtx12gb_512").data
+    assert out.startswith("# 7900xtx_768.yaml, which inherits 7900xtx_512.yaml, which inherits base_512.yaml\n")
+    assert yaml.safe_load(out) == read_preset("7900xtx_768").data
     assert re.search(r"^      qtype: auto +# base_512\.yaml:\d+$", out, re.M)
-    assert re.search(r"^  name: flux2_rtx12gb_512 +# rtx12gb_512\.yaml:\d+$", out, re.M)
+    assert re.search(r"^  name: flux2_7900xtx_768 +# 7900xtx_768\.yaml:\d+$", out, re.M)
     assert re.search(r"^        memory_plan: auto +# base_512\.yaml:\d+$", out, re.M)
 
 
+def test_an_old_name_as_a_path_from_the_repository_runs_its_preset(monkeypatch, capsys):
+    """`presets/rtx4090_512.yaml`, as README commands and users' scripts wrote it, from the checkout."""
+    monkeypatch.chdir(PRESETS_DIR.parent)
+    assert main(["presets", "presets/rtx4090_512.yaml"]) == 0
+    assert capsys.readouterr().out.startswith("# rtx4090_512 is base_512 now (presets/cards.csv: RTX 4090, RTX 3090)")
+    with pytest.raises(LauncherError, match="no preset 'elsewhere/rtx4090_512.yaml'"):
+        load_preset("elsewhere/rtx4090_512.yaml")
+
+
+def test_an_old_name_in_full_says_what_it_is_now(capsys):
+    assert main(["presets", "rtx12gb_512"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# rtx12gb_512 is base_512 now (presets/cards.csv: RTX 3060 12 GB, RTX 4070, RTX 5070); "
+                          "it trains in the run folder flux2_rtx12gb_512 as before\n# base_512.yaml\n")
+    assert yaml.safe_load(out) == read_preset("rtx12gb_512").data
+    assert re.search(r"^  name: flux2_rtx12gb_512 +# cards\.csv:\d+$", out, re.M)
+
+
 def test_a_value_over_several_lines_is_shown_intact(tmp_path, capsys):
-    mine = write(tmp_path, "mine.yaml", "inherits: rtx4090_512\nconfig:\n  process:\n    - sample:\n        prompts:\n"
+    mine = write(tmp_path, "mine.yaml", "inherits: 7900xtx_512\nconfig:\n  process:\n    - sample:\n        prompts:\n"
                                         "          - 'first line\n\n            second # not a comment'\n"
                                         f"          - {'a long prompt ' * 20}\n")
     assert main(["presets", str(mine)]) == 0
     out = capsys.readouterr().out
     assert yaml.safe_load(out) == read_preset(str(mine)).data
-    assert out.startswith(f"# {mine}, which inherits rtx4090_512.yaml, which inherits base_512.yaml\n")
+    assert out.startswith(f"# {mine}, which inherits 7900xtx_512.yaml, which inherits base_512.yaml\n")
 
 
 def test_a_preset_with_problems_is_refused_before_it_is_shown(tmp_path, capsys):

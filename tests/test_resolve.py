@@ -11,7 +11,7 @@ from test_selftest import GPU_RESULT, places, workdir_with  # noqa: F401  (place
 from launcher import resolve, trainer_rules
 from launcher.runs import memory_plan
 
-BUDGETED = "inherits: rtx16gb_512\nconfig:\n  process:\n    - model:\n        model_kwargs:\n          vram_budget_gib: 16\n"
+BUDGETED = "inherits: base_512\nconfig:\n  process:\n    - model:\n        model_kwargs:\n          vram_budget_gib: 16\n"
 
 
 def counting(calls: list, function, name: str):

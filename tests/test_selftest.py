@@ -80,7 +80,7 @@ def test_dry_run_renders_the_chosen_qtype_and_its_kernel(places, tmp_path, capsy
     """The choice reaches the trainer as concrete model_kwargs in the config, never as variables."""
     monkeypatch.setattr(disk_budget, "free_disk_gib", lambda path: 100.0)  # this machine's disk is not the point
     workdir = workdir_with(tmp_path, GPU_RESULT)
-    assert dry_run(places, "rtx4090_512.yaml", "--profile", "3", workdir=workdir.root) == 0
+    assert dry_run(places, "base_512.yaml", "--profile", "3", workdir=workdir.root) == 0
     out = capsys.readouterr().out
     config = test_run.rendered_config(out)  # the choice is a comment line in it
     assert config["config"]["process"][0]["model"]["qtype"] == "int4_w4a8"
@@ -94,12 +94,12 @@ def test_dry_run_renders_the_chosen_qtype_and_its_kernel(places, tmp_path, capsy
                  f"TRITON_CACHE_DIR={workdir.triton_cache}",
                  f"TORCHINDUCTOR_CACHE_DIR={workdir.inductor_cache}"):
         assert line in out, line
-    assert (kwargs["profile_steps"], kwargs["profile_dir"]) == (3, str(workdir.runs / "flux2_rtx4090_512" / "profile"))
+    assert (kwargs["profile_steps"], kwargs["profile_dir"]) == (3, str(workdir.runs / "flux2_base_512" / "profile"))
 
 
-@pytest.mark.parametrize("preset", ["rtx16gb_512.yaml", "rtx12gb_512.yaml", "rtx8gb_512.yaml", "rx16gb_512.yaml"])
+@pytest.mark.parametrize("preset", ["base_512.yaml", "7900xtx_512.yaml"])
 def test_auto_on_a_card_whose_plan_may_stream_is_a_streamable_qtype(places, tmp_path, capsys, monkeypatch, preset):
-    """The 8-20 GB presets say `qtype: auto`: the self-test's pick (every one of them streams), and
+    """The presets of 8-24 GB cards say `qtype: auto`: the self-test's pick (every one of them streams), and
     without one int4_fused on its plain-PyTorch path, never uint4, which a plan cannot stream."""
     monkeypatch.setattr(disk_budget, "free_disk_gib", lambda path: 100.0)
     for result, qtype, kwargs in ((GPU_RESULT, "int4_w4a8", {"w4a8_activations": "fp8", "w4a8_gemm": "scaled_mm"}),
@@ -112,10 +112,23 @@ def test_auto_on_a_card_whose_plan_may_stream_is_a_streamable_qtype(places, tmp_
         assert out.startswith(f"# qtype auto -> {qtype}")
 
 
+def test_an_old_preset_name_runs_its_preset_in_its_old_run_folder(places, tmp_path, capsys, monkeypatch):
+    """`run presets/rtx16gb_512.yaml`, as written before the card presets were merged: base_512's
+    config in flux2_rtx16gb_512, said first."""
+    monkeypatch.setattr(disk_budget, "free_disk_gib", lambda path: 100.0)
+    workdir = workdir_with(tmp_path, GPU_RESULT)
+    assert dry_run(places, "rtx16gb_512.yaml", workdir=workdir.root) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# rtx16gb_512 is base_512 now (presets/cards.csv: RTX 4060 Ti 16 GB, ")
+    config = test_run.rendered_config(out)
+    assert config["config"]["name"] == "flux2_rtx16gb_512"
+    assert config["config"]["process"][0]["training_folder"].endswith("flux2_rtx16gb_512")
+
+
 @pytest.mark.parametrize("value", ["0", "-2", "three"])
 def test_profile_needs_a_positive_step_count(places, value, capsys):
     with pytest.raises(SystemExit):
-        dry_run(places, "rtx4090_512.yaml", "--profile", value)
+        dry_run(places, "base_512.yaml", "--profile", value)
     assert "--profile takes a number of steps" in capsys.readouterr().err
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from launcher.card_table import labels, read_cards, renamed, renamed_note
 from launcher.progress import say
 from launcher.runs.inheritance import INHERITS_KEY, Origins, leaves
 from launcher.runs.presets import LAUNCHER_KEY, PRESETS_DIR, Preset, load_preset, read_preset
@@ -17,7 +18,7 @@ from launcher.runs.yaml_files import load_yaml
 
 EXAMPLES = """examples:
   python -m launcher presets                 # each shipped preset: px, batch, card, what it changes
-  python -m launcher presets rtx12gb_512     # one preset in full, each value beside the file that set it
+  python -m launcher presets 7900xtx_768     # one preset in full, each value beside the file that set it
   python -m launcher presets my_preset.yaml  # your own, laid over the presets it inherits
 """
 IDENTITY = {"config.name", f"{LAUNCHER_KEY}.card"}
@@ -40,15 +41,17 @@ def run_presets(args) -> int:
 
 
 def listing() -> list[str]:
-    """Two lines a preset: name, px, batch, card; then the preset it inherits and what it changes.
-    A family stays together: each preset follows the one it inherits."""
+    """Two lines a preset: name, px, batch, its cards (the card table's rows, else the preset's own
+    `card`); then the preset it inherits and what it changes. A family stays together: each preset
+    follows the one it inherits."""
     presets = sorted((load_preset(str(path)) for path in PRESETS_DIR.glob("*.yaml")),
                      key=lambda preset: [file.stem for file in reversed(preset.files)])
+    cards = labels(read_cards())
     width = max(len(preset.path.stem) for preset in presets)
     lines = []
     for preset in presets:
         lines.append(f"{preset.path.stem:<{width}}  {pixels(preset):<6}  batch {batch(preset)}  "
-                     f"{preset.settings['card'] or '-'}")
+                     f"{cards.get(preset.path.stem) or preset.settings['card'] or '-'}")
         if len(preset.files) > 1:
             changes = " ".join(f"{key.removeprefix(PROCESS)}={as_text(value)}"
                                for key, value in own_values(preset.path) if key not in IDENTITY)
@@ -82,7 +85,9 @@ def shown(spec: str) -> list[str]:
     merged = read_preset(spec)
     text = yaml.safe_dump(merged.data, sort_keys=False, allow_unicode=True)
     chain = ", which inherits ".join(display(file) for file in preset.files)
-    return [f"# {chain}", "# after each value: the file and line that set it", *annotated(text, merged.origins)]
+    card = renamed(spec)
+    note = [f"# {renamed_note(card)}"] if card else []
+    return [*note, f"# {chain}", "# after each value: the file and line that set it", *annotated(text, merged.origins)]
 
 
 def annotated(text: str, origins: Origins) -> list[str]:

@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from launcher import __version__
+from launcher.card_table import renamed, renamed_note
 from launcher.envs.probe import probe_with
 from launcher.envs.rocm_windows_toolchain import trainer_env as toolchain_env
 from launcher.envs.torchenv import NO_BYTECODE, clean_env
@@ -109,6 +110,8 @@ def handle(args) -> int:
     workdir = Workdir(args.workdir.resolve())
     workdir.check_is_folder()
     preset = load_preset(args.preset, trainer_vocabulary(workdir, keep=not args.dry_run))
+    if (card := renamed(args.preset)) is not None:
+        say(f"# {renamed_note(card)}" if args.dry_run else renamed_note(card))
     places = locations(args)
     run = RunFolder.inside(places.get("output") or workdir.runs, preset.name,
                            workdir=None if "output" in places else workdir.root)

@@ -3,13 +3,15 @@
 AMD's multi-arch torch wheels keep each GPU's kernels in a separate `amd-torch-device-gfxNNNN`
 package, pulled in by a `[device-gfxNNNN]` extra; without the card's own target every kernel launch
 fails with hipErrorInvalidImage. Windows names the card ("AMD Radeon RX 7900 XTX") but not its gfx
-target, so the names are mapped here (TheRock RELEASES.md, "gfx target lookup table").
+target: a card of the card table (presets/cards.csv) has its row's arch; the AMD cards the table does
+not list are mapped by family here (TheRock RELEASES.md, "gfx target lookup table").
 """
 
 import platform
 import re
 import subprocess
 
+from launcher.card_table import read_cards
 from launcher.errors import LauncherError
 
 FAMILIES = {
@@ -20,7 +22,7 @@ TARGETS = tuple(FAMILIES)
 DEFAULT_TARGET = "gfx1100"  # the RX 7900 XTX this project is first measured on
 TARGET_CHOICES = ("auto", *TARGETS)
 
-# (pattern over the adapter name, target); the first match wins
+# (pattern over the adapter name, target) for cards the card table does not list; the first match wins
 _CARDS = [
     (r"RX\s*79\d\d|PRO\s*W7[89]\d\d", "gfx1100"),  # RX 7900 XTX / XT / GRE, 7900M; PRO W7900 / W7800
     (r"RX\s*7[78]\d\d|PRO\s*W77\d\d", "gfx1101"),  # RX 7800 XT, 7700 XT / 7700; PRO W7700
@@ -31,7 +33,12 @@ _CARDS = [
 
 
 def target_of(name: str) -> str | None:
-    """The gfx target of one adapter name, or None for a card outside the table."""
+    """The gfx target of one adapter name: the arch of the card table's longest card name in it (as
+    whole words: "RX 7900 XT" is not in "RX 7900 XTX"), else its family's; None for another card."""
+    listed = [card for card in read_cards() if card.hip
+              and re.search(r"(?<!\w)" + re.escape(card.name) + r"(?!\w)", name, re.IGNORECASE)]
+    if listed:
+        return max(listed, key=lambda card: len(card.name)).arch
     for pattern, target in _CARDS:
         if re.search(pattern, name, re.IGNORECASE):
             return target

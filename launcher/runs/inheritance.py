@@ -1,8 +1,8 @@
 """`inherits:`: a preset written as another preset plus what differs.
 
-    inherits: rtx16gb_512        # a shipped preset's name, or a YAML file relative to this file's folder
+    inherits: 7900xtx_512        # a shipped preset's name, or a YAML file relative to this file's folder
     config:
-      name: flux2_rtx12gb_512    # everything else as in rtx16gb_512
+      name: flux2_7900xtx_768    # everything else as in 7900xtx_512
 
 The parent is read first (itself inheriting, to any depth) and the file laid over it:
 
@@ -43,9 +43,9 @@ def shipped_names(folder: Path) -> list[str]:
     return sorted(path.stem for path in folder.glob("*.yaml"))
 
 
-def read_merged(path: Path, shipped: Path) -> MergedPreset:
+def read_merged(path: Path, shipped: Path, moved: dict[str, Path] | None = None) -> MergedPreset:
     """The preset in `path` laid over the chain of presets it inherits; `shipped` holds the
-    presets a bare name refers to."""
+    presets a bare name refers to, `moved` the files of shipped presets' old names."""
     layers: list[tuple[Path, object, Origins]] = []  # the preset first, then each parent
     file = path
     while True:
@@ -59,7 +59,7 @@ def read_merged(path: Path, shipped: Path) -> MergedPreset:
             break
         spec, line = data.pop(INHERITS_KEY), lines.get(INHERITS_KEY)
         origins.pop(INHERITS_KEY, None)
-        parent = _parent_file(spec, file, line, shipped)
+        parent = _parent_file(spec, file, line, shipped, moved or {})
         if parent.resolve() in {layer[0].resolve() for layer in layers}:
             circle = " -> ".join(str(layer[0]) for layer in layers) + f" -> {parent}"
             raise LauncherError(f"{path} inherits in a circle: {circle}; remove the `{INHERITS_KEY}:` line of "
@@ -84,8 +84,9 @@ def _load(path: Path, child: Path | None) -> tuple[object, dict[str, int]]:
         raise LauncherError(f"{error} (inherited by {child})") from None
 
 
-def _parent_file(spec, child: Path, line: int | None, shipped: Path) -> Path:
-    """The file `inherits: spec` in `child` names: relative to `child`'s folder first, then a shipped preset."""
+def _parent_file(spec, child: Path, line: int | None, shipped: Path, moved: dict[str, Path]) -> Path:
+    """The file `inherits: spec` in `child` names: relative to `child`'s folder first, then a shipped
+    preset, then a shipped preset's old name."""
     where = f"{child}{f', line {line}' if line else ''}: {INHERITS_KEY}"
     if not isinstance(spec, str) or not spec.strip():
         raise LauncherError(f"{where} = {short(spec)}: not a preset; write a shipped preset's name "
@@ -96,6 +97,8 @@ def _parent_file(spec, child: Path, line: int | None, shipped: Path) -> Path:
         if _is_file(candidate):  # any other file may hold anything, secrets too: never read as a preset
             raise LauncherError(f"{where} = {short(spec)}: not a preset file (a preset ends in .yaml); inherit a "
                                 "shipped preset's name or a .yaml file")
+    if spec.removesuffix(".yaml") in moved:
+        return moved[spec.removesuffix(".yaml")]
     raise LauncherError(f"{where} = {short(spec)}: no such preset, neither a file relative to {child.parent} nor a "
                         f"shipped preset ({', '.join(shipped_names(shipped))}); fix the name or the path")
 

@@ -21,7 +21,7 @@ A preset may name another in `inherits:` and hold only what differs (launcher/ru
 
 import copy
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -138,8 +138,19 @@ def fill_family_shapes(config: dict) -> None:
 
 def read_preset(spec: str) -> MergedPreset:
     """A preset's file laid over the presets it inherits, not yet checked: the keys as written,
-    the `launcher:` block among them, each with the file and line that set it."""
-    return read_merged(find_preset(spec), PRESETS_DIR)
+    the `launcher:` block among them, each with the file and line that set it. A merged card
+    preset's old name (`old_name` in presets/cards.csv) reads the preset it names now, with the run
+    name it always had (`flux2_<old name>`), set by the table's line."""
+    from launcher import card_table  # it reads PRESETS_DIR from this module
+
+    cards = card_table.read_cards()
+    moved = {card.old_name: PRESETS_DIR / f"{card.preset}.yaml" for card in card_table.old_names(cards).values()}
+    card = card_table.renamed(spec, cards)
+    if card is None:
+        return read_merged(find_preset(spec), PRESETS_DIR, moved)
+    merged = read_merged(moved[card.old_name], PRESETS_DIR, moved)
+    merged.data["config"]["name"] = f"flux2_{card.old_name}"
+    return replace(merged, origins={**merged.origins, "config.name": (card_table.TABLE, card.line)})
 
 
 def raise_problems(path: Path, problems: list[str], origins: Origins | None = None) -> None:

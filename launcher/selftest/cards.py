@@ -5,15 +5,20 @@ cards of the card table (`presets/cards.csv`, read by `launcher/card_table.py`).
 (architecture, FP8 matrix units by the runtime's rule, HIP or CUDA) and a software state (Triton
 importable or not, Inductor compiling or not) it writes the self-test report the runner would
 write, with the runner's own candidate list, quality rule and pick, and passes it to the verdict
-functions `run` uses. What the paper cannot know is stated in `PAPER_FACTS`: the quality gate's
-figures (measured on the CPU reference path, the same on every card) and the block-Linear time of
-each path relative to bf16 (measured on the H200; the order of the FP8 and bf16 paths holds where
-FP8 runs at twice the bf16 rate, as on every FP8 card listed). `python -m launcher.cards_doc`
-writes the table docs/cards.md carries; `python -m launcher.selftest.cards` prints it.
+functions `run` uses. What the paper cannot know: the quality gate's figures (`QUALITY`, measured
+on the CPU reference path by the w4a8 tests, the same on every card), and what was measured on the
+H200, read from its results file in bench/results/ (never typed here): the block-Linear time of
+each path relative to bf16, from the self-test's latest call (the order of the FP8 and bf16 paths
+holds where FP8 runs at twice the bf16 rate, as on every FP8 card listed), and the fallbacks' step
+costs. A maintainer's tool, like bench/: `python -m launcher.cards_doc` writes the table
+docs/cards.md carries; `python -m launcher.selftest.cards` prints it. Nothing `run` imports reads
+bench/, which an install need not have.
 """
 
+import csv
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 
 from launcher.card_table import Card, read_cards
 from launcher.in_trainer.selftest import compiled, kernels, runner
@@ -40,15 +45,45 @@ def streams(card: Card) -> bool:
 
 
 CARDS = read_cards()
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 
-PAPER_FACTS = {
-    # the 8-bit-activation error against bf16 activations (QUALITY_TOLERANCE's measurements)
-    "quality": {("int8", False): 0.010, ("fp8", False): 0.037, ("int8", True): 0.126, ("fp8", True): 0.031},
-    # block Linears' time against bf16 weights, the self-test on the H200 at 1024 + 512 tokens
-    # (bench/results/selftest_paths.csv, call 9); int8 never wins a pick: it fails the outlier gate
-    "x_bf16": {"int4_fused": 1.37, "int4_w4a8 fp8 triton": 1.10, "int4_w4a8 fp8 scaled_mm": 1.00,
-               "int4_w4a8 int8 triton": 1.06},
-}
+QUALITY = {("int8", False): 0.010, ("fp8", False): 0.037, ("int8", True): 0.126, ("fp8", True): 0.031}
+"""The 8-bit-activation error against bf16 activations (kernels.QUALITY_TOLERANCE's measurements)."""
+PATH_ROWS = {"int4_fused": "`int4_fused`", "int4_w4a8 fp8 triton": "`int4_w4a8` FP8, Triton GEMM",
+             "int4_w4a8 fp8 scaled_mm": "`int4_w4a8` FP8, `torch._scaled_mm`",
+             "int4_w4a8 int8 triton": "`int4_w4a8` int8, Triton GEMM"}
+"""Each candidate's row in bench/results/selftest_paths.csv."""
+
+
+def read_results(name: str) -> tuple[list[str], list[list[str]]]:
+    """The header and rows of bench/results/NAME.csv."""
+    with (RESULTS / f"{name}.csv").open(newline="", encoding="utf-8") as handle:
+        header, *rows = csv.reader(handle)
+    return header, rows
+
+
+@cache
+def x_bf16() -> dict[str, float]:
+    """Block Linears' time against bf16 weights, the self-test on the H200 at 1024 + 512 tokens: the
+    latest call of bench/results/selftest_paths.csv. int8 never wins a pick: it fails the outlier gate."""
+    header, rows = read_results("selftest_paths")
+    column = max(index for index, name in enumerate(header) if name.startswith("block Linears ms")) + 1
+    measured = {row[0]: float(row[column]) for row in rows if row[column]}
+    return {candidate: measured[row] for candidate, row in PATH_ROWS.items()}
+
+
+@cache
+def fallback_costs() -> dict[str, str]:
+    """{qtype `auto` falls back to: what it costs}, the full-width same-call steps of
+    bench/results/fallback_cost.csv (x int4_fused, x bf16)."""
+    header, rows = read_results("fallback_cost")
+    found = {row["qtype"] + (" reference" if "reference" in row["kernel"] else ""): row
+             for row in (dict(zip(header, row)) for row in rows)}
+    uint4, reference = found[verdict.FALLBACK_QTYPE], found[f"{verdict.STREAMING_FALLBACK} reference"]
+    return {verdict.FALLBACK_QTYPE: f"{verdict.FALLBACK_QTYPE} steps {uint4['x int4_fused:']}x the int4_fused time, "
+                                    f"{uint4['x bf16:']}x bf16 (H200, full width; bench/RESULTS.md)",
+            verdict.STREAMING_FALLBACK: f"the plain-PyTorch path steps {reference['x int4_fused:']}x int4_fused's "
+                                        "Triton time (H200, full width; bench/RESULTS.md)"}
 
 
 def paper_report(card: Card, triton: bool, inductor: bool) -> dict:
@@ -57,7 +92,7 @@ def paper_report(card: Card, triton: bool, inductor: bool) -> dict:
               "environment": {"triton": "3.x" if triton else None, "hip": "7.x" if card.hip else None,
                               "fp8_units": card.fp8_units,
                               "gpu": {"name": card.name, "vram_gib": card.vram_gib, "arch": card.arch}}}
-    for (fmt, outliers), error in PAPER_FACTS["quality"].items():
+    for (fmt, outliers), error in QUALITY.items():
         tolerance = kernels.QUALITY_TOLERANCE["outliers" if outliers else fmt]
         report["checks"].append({"format": fmt, "outliers": outliers, "max_relative_error": error,
                                  "tolerance": tolerance, "passed": error <= tolerance})
@@ -67,7 +102,7 @@ def paper_report(card: Card, triton: bool, inductor: bool) -> dict:
         candidates = kernels.candidates(card.fp8_units, card.hip)
         eligible = {c["name"] for c in candidates if kernels.quality_passed(report["checks"], c)}
         rows = [{"candidate": "bf16", "step_ms": 1.0}]
-        rows += [{"candidate": c["name"], "step_ms": PAPER_FACTS["x_bf16"][c["name"]]} for c in candidates]
+        rows += [{"candidate": c["name"], "step_ms": x_bf16()[c["name"]]} for c in candidates]
         report["timing"].append({"results": rows})
         report["fastest"] = runner.pick_fastest(report, candidates, eligible)
     report["streaming"] = {"passed": True, "device": "cuda", "seconds": 60}
@@ -115,20 +150,6 @@ STATES = ((True, True), (True, False), (False, False))
 """Triton and Inductor working, Triton without Inductor, neither."""
 
 
-def wrong_verdicts(cards: list[Card]) -> list[str]:
-    """Where a row's verdict columns (`with_triton`, `without_triton`, `stream_mode`) are not what
-    the self-test's rules give its card: one line a card, with the value to write."""
-    problems = []
-    for card in cards:
-        best, _, bare = (outcome(card, *state) for state in STATES)
-        for column, written, derived in (("with_triton", card.with_triton, best.candidate),
-                                         ("without_triton", card.without_triton, bare.candidate),
-                                         ("stream_mode", card.stream_mode, best.stream_mode)):
-            if written != derived:
-                problems.append(f"{card.name}: {column} is {written!r}, the self-test's rules give {derived!r}")
-    return problems
-
-
 def eight_bit_path(card: Card) -> str:
     """Why the card's 8-bit-activation path can or cannot be its pick (bench/RESULTS.md: the
     quality gate, the Hadamard rotation, int4 WMMA)."""
@@ -140,8 +161,6 @@ def eight_bit_path(card: Card) -> str:
 
 
 NO_INDUCTOR = "uncompiled blocks (compiled: 0.68-0.92x the step on the H200)"
-NO_TRITON = {verdict.FALLBACK_QTYPE: f"{verdict.FALLBACK_QTYPE}, uncompiled: {verdict.FALLBACK_COST}",
-             "int4_fused": f"int4_fused, uncompiled: {verdict.REFERENCE_COST}"}
 
 
 def markdown_table(cards: list[Card] = CARDS) -> str:
@@ -166,7 +185,7 @@ def group_cards(cards: list[Card]) -> dict[tuple, list[Card]]:
         best, plain, bare = (outcome(card, *state) for state in STATES)
         lost = NO_INDUCTOR if best.compile_blocks and not plain.compile_blocks else "-"
         cells = (best.candidate, best.stream_mode, "yes" if best.compile_blocks else "no", eight_bit_path(card), lost,
-                 NO_TRITON[bare.qtype])
+                 f"{bare.qtype}, uncompiled: {fallback_costs()[bare.qtype]}")
         groups.setdefault((card.arch, card.preset, cells), []).append(card)
     return groups
 
