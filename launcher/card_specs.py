@@ -69,21 +69,22 @@ class CardSpec:
         return rate
 
 
-AMD_PAGE = "AMD product page (amd.com, Radeon RX 7000 series specifications)"
-ADA = "NVIDIA Ada GPU Architecture whitepaper, appendix A (GeForce RTX {card}); clocks: NVIDIA's product page"
+AMD_PAGE = ("AMD product page (amd.com, Radeon RX 7000 series specifications: FP16 peak, bandwidth, memory, PCIe); "
+            "int8 and int4: RDNA3's WMMA at 1x and 2x its fp16 rate (AMD RDNA3 ISA reference guide)")
+ADA = "NVIDIA Ada GPU Architecture whitepaper, appendix A (GeForce RTX {card})"
 SPECS = {spec.name: spec for spec in (
     CardSpec("RX 7900 XTX", "gfx1100", 24, 122.8, 122.8, 245.6, None, 960.0, (4, 16), None, AMD_PAGE),
     CardSpec("RX 7900 XT", "gfx1100", 20, 103.0, 103.0, 206.0, None, 800.0, (4, 16), None, AMD_PAGE),
     CardSpec("RX 7800 XT", "gfx1101", 16, 74.6, 74.6, 149.2, None, 624.0, (4, 16), None, AMD_PAGE),
-    CardSpec("RTX 4090", "sm_89", 24, 165.2, 660.6, 1321.2, 330.3, 1008.0, (4, 16), (2230, 2520), ADA.format(card="4090")),
-    CardSpec("RTX 4080", "sm_89", 16, 97.5, 389.9, 779.8, 194.9, 716.8, (4, 16), (2210, 2510), ADA.format(card="4080")),
+    CardSpec("RTX 4090", "sm_89", 24, 165.2, 660.6, 1321.2, 330.3, 1008.0, (4, 16), (2235, 2520), ADA.format(card="4090")),
+    CardSpec("RTX 4080", "sm_89", 16, 97.5, 389.9, 779.8, 194.9, 716.8, (4, 16), (2205, 2505), ADA.format(card="4080")),
     CardSpec("RTX 4070 Ti Super", "sm_89", 16, 88.2, 352.8, 705.6, 176.4, 672.0, (4, 16), (2340, 2610),
              "NVIDIA's product page (66 SMs, 2.34/2.61 GHz, 706 AI TOPS = FP8 sparse with FP16 accumulation, 4x the "
              "dense FP32-accumulate rate; 16 GB at 672 GB/s) and the Ada whitepaper's rate per SM and clock"),
-    CardSpec("RTX 3090", "sm_86", 24, 71.0, 284.0, 568.0, None, 936.0, (4, 16), (1400, 1700),
-             "NVIDIA Ampere GA102 GPU Architecture whitepaper, table of the GeForce RTX 3090; clocks: NVIDIA's product page"),
-    CardSpec("RTX 5090", "sm_120", 32, 209.5, 838.0, None, 419.0, 1792.0, (5, 16), (2010, 2410),
-             "NVIDIA RTX Blackwell GPU Architecture whitepaper, appendix (GeForce RTX 5090); clocks: NVIDIA's product page"),
+    CardSpec("RTX 3090", "sm_86", 24, 71.0, 284.0, 568.0, None, 936.0, (4, 16), (1395, 1695),
+             "NVIDIA Ampere GA102 GPU Architecture whitepaper, appendix A (GeForce RTX 3090)"),
+    CardSpec("RTX 5090", "sm_120", 32, 209.5, 838.0, None, 419.0, 1792.0, (5, 16), (2017, 2407),
+             "NVIDIA RTX Blackwell GPU Architecture whitepaper, appendix (GeForce RTX 5090; no int4 rate given)"),
 )}
 
 
