@@ -4,7 +4,7 @@ Windows' GPU timeout: a dispatch that runs past TdrDelay (2 s by default) resets
 
 No AMD card has run the project yet, so this scales the H200's figures the way predict_step.py
 scales compute: by the H200's block-Linear rate (776 TFLOP/s) against the card's bf16 GEMM rate at
-the low end of the published range (RATES["low"], relative rates of CARDS), the slowest case:
+the slow end of its range (`card_specs.gemm_rates`), the slowest case:
 - the largest GEMM: the slowest single bf16 Linear call of the H200 self-test (forward or input
   gradient of single.linear1, one BLAS dispatch; int4_fused cuts it into 64 MiB weight slices, so
   this bounds every 4-bit path), archive/selftest_h200_2026-11-30.json;
@@ -19,8 +19,9 @@ the low end of the published range (RATES["low"], relative rates of CARDS), the 
 
 import json
 
-from bench.predict_step import CARDS, H200, HERE, RATES, h200_breakdown
+from bench.predict_step import HERE, h200_breakdown
 from launcher import trainer_rules
+from launcher.card_specs import H200_GEMM_TFLOPS, SPECS, gemm_rates
 
 TDR_DELAY_S = 2.0
 """Windows' default TdrDelay (HKLM\\System\\CurrentControlSet\\Control\\GraphicsDrivers)."""
@@ -41,15 +42,14 @@ def h200_largest_gemm_ms(px: int, path=SELFTEST) -> float:
 
 def longest_s(card: str, px: int, h200_gemm_ms: float, h200_attention_s: float) -> dict:
     """Seconds of the longest dispatch of each kind on `card` at `px`, from the H200's figures."""
-    relative_rate, bandwidth, _, _ = CARDS[card]
-    slower = H200["gemm_tflops"] / (RATES["low"] * relative_rate)
+    slower = H200_GEMM_TFLOPS / gemm_rates(card)[0]
     plan = trainer_rules.memory_plan()
     shape = plan.Flux2Shape()
     matrix = shape.heads * plan.tokens(px) ** 2 * plan.FP32
     blocks = shape.depth + shape.depth_single
     return {"gemm": h200_gemm_ms / 1000 * slower,
             "attention backward": h200_attention_s / blocks * BACKWARD_SHARE * slower,
-            "math softmax": 2 * matrix / (bandwidth * 1e9)}
+            "math softmax": 2 * matrix / (SPECS[card].bandwidth_gbs * 1e9)}
 
 
 def rows() -> list[dict]:

@@ -1,34 +1,45 @@
 #!/usr/bin/env python3
-"""A prediction the first run on an RX 7900 XTX can check: seconds per step per path and preset.
+"""A prediction the first run on a card can check: seconds per step per path and preset.
 
-No AMD card has run the project yet. This scales the H200's measured step breakdown (the
-uncompiled bf16 step of the same-call runs, results/step_profile.csv, 44 of 56 blocks) to the
-RDNA3 cards part by part, by what bounds each part:
+No AMD card and none of the consumer NVIDIA cards has run the project yet. This scales the H200's
+measured step breakdown (the uncompiled bf16 step of the same-call runs, results/step_profile.csv,
+44 of 56 blocks) to each card part by part, by what bounds each part; the card's figures are the
+public ones of `launcher/card_specs.py` (dense tensor rates, bandwidth, memory, PCIe link, each
+with its source):
 - block GEMMs and attention: compute; scaled by the measured bf16 GEMM rates: the H200's block
-  Linears at 776 TFLOP/s (results/block_linear_time.csv). The 7900 XTX's rate through hipBLAS at
-  FLUX.2's block shapes is the named assumption, taken as a range (RATES): 46.3 TFLOP/s low (the
-  lowest published bf16 2048^2 figure, torch 2.10 + ROCm 7.10:
-  https://github.com/zzc0721/torch-performance-test-data/issues/103), 77 central (the 6144x6144 @
-  6144x18432 burst of the recipe's write-up: github.com/drhawktopus/flux2-32b-qlora-rocm-windows),
-  99.4 high (the highest published bf16 4096^2 figure, torch 2.7.1 + ROCm 6.3:
-  https://github.com/zzc0721/torch-performance-test-data/issues/58); the other RDNA3 cards by their
-  published FP16 peak relative to the 7900 XTX's (AMD product pages). A measured step gives the rate
-  back (`launcher/step_prediction.py`, in the report): the first owner's s/it confirms the range or
-  says by how much the GEMMs miss it;
-- elementwise chains, LoRA matmuls, the optimizer and copies: memory bandwidth (H200 4.8 TB/s;
-  7900 XTX 960 GB/s, 7900 XT 800, 7800 XT 624: AMD product pages);
+  Linears at 776 TFLOP/s (results/block_linear_time.csv) against the card's rate at FLUX.2's block
+  shapes, the named assumption, taken as a range (`card_specs.gemm_rates`). The 7900 XTX's rate
+  through hipBLAS: 46.3 TFLOP/s low (the lowest published bf16 2048^2 figure, torch 2.10 + ROCm
+  7.10: https://github.com/zzc0721/torch-performance-test-data/issues/103), 77 central (the
+  6144x6144 @ 6144x18432 burst of the recipe's write-up:
+  github.com/drhawktopus/flux2-32b-qlora-rocm-windows), 99.4 high (the highest published bf16
+  4096^2 figure, torch 2.7.1 + ROCm 6.3: https://github.com/zzc0721/torch-performance-test-data/issues/58);
+  the other RDNA3 cards by their published FP16 peak relative to the 7900 XTX's. An NVIDIA card
+  reaches the share of its dense bf16 peak the H200 reached (776 / 989.4), at its base clock (slow
+  end), midway to its rated boost (central), at its rated boost (fast end): a power-limited card
+  holds its base clock, GPU Boost runs above the rated boost where power allows. A measured step
+  gives the rate back (`launcher/step_prediction.py`, in the report);
+- a path whose GEMMs take 8-bit (or 4-bit) activations: the bf16 GEMM time times the card's bf16
+  peak over its peak in that format, times the H200's measured FP8 GEMM time against bf16 over its
+  own peak ratio (compiled blocks, 512 px, both calls of results/compiled_step_profile.csv: 0.57 of
+  the bf16 time at twice the rate). FP8 where the arch has FP8 units (sm_89 and newer, the
+  runtime's rule), so the RTX 3090 (sm_86) gets `int4_fused`, its preset's pick, and the int8
+  path (4x its bf16 rate; passes the quality gate only rotated, not built) beside it;
+- elementwise chains, LoRA matmuls, the optimizer and copies: memory bandwidth (H200 4.8 TB/s);
 - GPU idle time (the host launching kernels): unchanged;
 - each 4-bit path adds what it adds on the H200, taken as memory traffic and scaled by bandwidth:
   int4_fused's dequantize (block Linears 1.37x bf16, results/selftest_paths.csv call 9),
   int4_w4a8's requantization (results/step_profile.csv), uint4's torchao dequantize (2.33x the bf16
-  step, results/step.csv); int8 WMMA runs at the bf16 rate on RDNA3, int4 WMMA at twice it;
+  step, results/step.csv);
 - compiled blocks: the elementwise part at 0.53x (compiled int4_w4a8 vs uncompiled bf16 at
   1024 px, results/step_profile.csv);
-- streamed blocks (serialized: the copy is never hidden): the memory plan's streamed bytes,
-  copied twice per step (forward; recompute + backward), at 25 GB/s (PCIe 4.0 x16, 31.5 GB/s
-  raw), the plan's budget the card's memory less 1.5 GiB for the desktop.
-All figures scale by 56/44 to the full model. Each row keeps its compute-bound seconds at the
-central rate and the rest apart, so s/it = compute * 77 / R + rest for any rate R.
+- streamed blocks: the memory plan's streamed bytes at the card's memory less 1.5 GiB for the
+  desktop (in flight: one block serialized, two overlapped), copied twice per step (forward;
+  recompute + backward) at 79 % of the card's raw PCIe rate (25 GB/s of PCIe 4.0 x16's 31.5). AMD
+  cards serialize copy and compute: the copy is never hidden. NVIDIA cards overlap them: the fast
+  end of the range takes the copy as hidden, the slow end as serialized.
+All figures scale by 56/44 to the full model. Each row keeps its compute-bound seconds at the card's
+central rate and the rest apart, so s/it = compute * central / R + rest for any rate R.
 FLUX.2 klein 9B (its preset klein9b_amd_512, 512 px) is predicted the same way from its own H200
 profiles at full width (all 32 blocks, so no scaling): the bf16 step with the plan off, and the
 requantization of its int4_w4a8 step at the 8 GB cap, where every block is recomputed as in a
@@ -40,35 +51,43 @@ with its stall watchdog) on uint4.
 
 import csv
 import sys
+from functools import cache
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from launcher.step_prediction import BANDWIDTH_GBS, CENTRAL_RATE, RATE_RANGE, Prediction  # noqa: E402 (the repository, put on the path above)
+from launcher import trainer_rules  # noqa: E402 (the repository, put on the path above)
+from launcher.card_specs import (H200_BANDWIDTH_GBS, H200_BF16_TFLOPS, H200_FP8_TFLOPS,  # noqa: E402
+                                 H200_GEMM_TFLOPS, SPECS, gemm_rates)
+from launcher.card_table import read_cards  # noqa: E402
+from launcher.runs.presets import load_preset  # noqa: E402
+from launcher.step_prediction import Prediction  # noqa: E402
 
 RESULTS = HERE / "results"
 FULL = 56 / 44
-H200 = {"gemm_tflops": 776.0, "bandwidth_gbs": 4800.0}
-RATES = {"low": RATE_RANGE[0], "central": CENTRAL_RATE, "high": RATE_RANGE[1]}  # the 7900 XTX's bf16 GEMM TFLOP/s (docstring)
-CARDS = {  # name: (bf16 GEMM rate relative to the 7900 XTX's, bandwidth GB/s, memory GiB, preset)
-    "RX 7900 XTX": (1.0, BANDWIDTH_GBS["RX 7900 XTX"], 24, "7900xtx_512.yaml"),
-    "RX 7900 XT": (103.0 / 122.8, BANDWIDTH_GBS["RX 7900 XT"], 20, "7900xt_512.yaml"),
-    "RX 7800 XT": (74.6 / 122.8, BANDWIDTH_GBS["RX 7800 XT"], 16, "rx16gb_512.yaml"),
-}
 MODELS = {  # preset arch: (its bf16 profile row, the start of its requantization row, blocks scale, preset)
     "flux2": ("bf16 weights, plan off (same calls)", "`int4_w4a8` FP8 Triton, 256 MiB slices", FULL, None),
     "flux2_klein_9b": ("klein 9B: bf16 weights, plan off", "klein 9B: `int4_w4a8` FP8 `torch._scaled_mm`, 8 GB",
                        1.0, "klein9b_amd_512.yaml"),
 }
-PCIE_GBS, COPIES_PER_STEP = 25.0, 2
+COPIES_PER_STEP = 2
 COMPILED_ELEMENTWISE = 469.3 / 881.2
 FUSED_EXTRA, UINT4_STEP_X = 0.37, 2.33
-PATHS = {  # path: (GEMM time factor at the bf16 rate, extra that is memory traffic, what it is)
-    "int4_fused": (1.0, "fused", "the preset's pick (Triton dequantize, bf16 WMMA)"),
-    "uint4": (1.0, "uint4", "no Triton: torchao's dequantize"),
-    "int4_w4a8 int8 rotated": (1.0, "requant", "int8 WMMA at the bf16 rate; passes the gate only rotated (not built)"),
-    "W4A4": (0.5, "requant", "int4 WMMA at twice the rate; fails the quality gate (not built)"),
+PATHS = {  # path: (the GEMMs' input format, extra that is memory traffic, what it is)
+    "int4_fused": ("bf16", "fused", "the pick without FP8 (Triton dequantize, bf16 GEMM)"),
+    "int4_w4a8 fp8": ("fp8", "requant", "the pick with FP8 units (`torch._scaled_mm` or Triton)"),
+    "uint4": ("bf16", "uint4", "no Triton: torchao's dequantize"),
+    "int4_w4a8 int8 rotated": ("int8", "requant", "int8 GEMMs; passes the gate only rotated (not built)"),
+    "W4A4": ("int4", "requant", "int4 GEMMs; fails the quality gate (not built)"),
 }
+WHAT_IFS = {"RX 7900 XTX": ("uint4", "int4_w4a8 int8 rotated", "W4A4"), "RTX 3090": ("int4_w4a8 int8 rotated",)}
+"""Paths beside the card's pick: what the card would train at without Triton or with a path not built."""
+
+
+def paths(card: str) -> tuple[str, ...]:
+    """The card's pick by the runtime's FP8 rule (RDNA3 and Ampere have no FP8 units), then its what-ifs."""
+    pick = "int4_w4a8 fp8" if trainer_rules.qtypes().arch_has_fp8_units(SPECS[card].arch) else "int4_fused"
+    return (pick, *WHAT_IFS.get(card, ()))
 
 
 def read(name: str) -> list[dict]:
@@ -89,38 +108,61 @@ def h200_breakdown(model: str, px: int) -> dict:
     return part
 
 
-def memory_plan():
-    from launcher import trainer_rules
+def h200_low_precision_x() -> float:
+    """The H200's FP8 block GEMMs' time over bf16's, per unit of its FP8-over-bf16 peak: 1.0 where
+    an 8-bit GEMM kept the bf16 one's share of its peak (compiled, 512 px, both calls of
+    results/compiled_step_profile.csv)."""
+    gemms = {row["run (blocks compiled)"]: float(row["block GEMMs:"]) for row in read("compiled_step_profile")}
+    fp8 = sum(gemms[f"call {call}: `int4_w4a8` FP8, `torch._scaled_mm`, 256 MiB slices"] for call in (1, 2))
+    bf16 = sum(gemms[f"call {call}: bf16 weights"] for call in (1, 2))
+    return fp8 / bf16 * H200_FP8_TFLOPS / H200_BF16_TFLOPS
 
-    return trainer_rules.memory_plan()
+
+def gemm_factor(card: str, fmt: str) -> float:
+    """The block GEMMs' time with `fmt` inputs over their bf16 time on `card`."""
+    spec = SPECS[card]
+    return 1.0 if fmt == "bf16" else spec.peak("bf16") / spec.peak(fmt) * h200_low_precision_x()
+
+
+def stream_mode(card: str) -> str:
+    """AMD cards copy and compute in turn on every driver (docs/amd.md); NVIDIA cards overlap them."""
+    return "serialized" if SPECS[card].hip else "overlapped"
+
+
+@cache
+def dev_preset(card: str) -> str:
+    """The card table's FLUX.2 [dev] preset for `card`; a card the table has no row for has none."""
+    for row in read_cards():
+        if row.name == card and load_preset(row.preset).config["config"]["process"][0]["model"]["arch"] == "flux2":
+            return f"{row.preset}.yaml"
+    return "none (no row in presets/cards.csv)"
 
 
 def shape_of(plan, preset: str | None):
-    """The transformer shape a preset plans with (its flux2_params; none: FLUX.2 [dev])."""
+    """The transformer shape a preset plans with (its family's, or its own flux2_params; none: FLUX.2 [dev])."""
     if preset is None:
         return plan.Flux2Shape()
-    from launcher.runs.presets import read_preset
-
-    kwargs = read_preset(str(HERE.parent / "presets" / preset)).data["config"]["process"][0]["model"]["model_kwargs"]
-    return plan.Flux2Shape.from_params(kwargs["flux2_params"])
+    kwargs = load_preset(str(HERE.parent / "presets" / preset)).config["config"]["process"][0]["model"]["model_kwargs"]
+    return plan.Flux2Shape.from_params(kwargs["flux2_params"]) if "flux2_params" in kwargs else plan.Flux2Shape()
 
 
-def streamed_gib(plan, memory_gib: int, px: int, shape) -> float:
+def streamed_gib(plan, memory_gib: int, px: int, shape, in_flight: int) -> float:
     from launcher.runs.memory_plan import DESKTOP_GIB
 
     budget = int((memory_gib - DESKTOP_GIB - plan.DEFAULT_MARGIN_GIB) * plan.GIB)
-    made = plan.make_plan(plan.flux2_inputs(shape, budget, px, in_flight=1))
+    made = plan.make_plan(plan.flux2_inputs(shape, budget, px, in_flight=in_flight))
     return made.streamed_weight_bytes / plan.GIB
 
 
 def predict(card: str, path: str, px: int, compiled: bool, plan, model: str = "flux2") -> dict:
-    relative_rate, bandwidth, memory_gib, preset = CARDS[card]
-    preset = MODELS[model][3] or preset
-    compute = H200["gemm_tflops"] / (RATES["central"] * relative_rate)
-    memory = H200["bandwidth_gbs"] / bandwidth
+    spec = SPECS[card]
+    preset = MODELS[model][3] or dev_preset(card)
+    slow, central, fast = gemm_rates(card)
+    compute = H200_GEMM_TFLOPS / central
+    memory = H200_BANDWIDTH_GBS / spec.bandwidth_gbs
     h = h200_breakdown(model, px)
-    factor, extra, _ = PATHS[path]
-    gemm = h["gemm"] * compute * factor
+    fmt, extra, _ = PATHS[path]
+    gemm = h["gemm"] * compute * gemm_factor(card, fmt)
     if extra == "fused":
         overhead = h["gemm"] * FUSED_EXTRA * memory
     elif extra == "uint4":
@@ -129,24 +171,27 @@ def predict(card: str, path: str, px: int, compiled: bool, plan, model: str = "f
         overhead = h["requant"] * memory
     elementwise = h["elementwise"] * memory * (COMPILED_ELEMENTWISE if compiled else 1.0)
     other = (h["lora"] + h["optimizer"] + h["copies"]) * memory + h["idle"]
-    streamed = streamed_gib(plan, memory_gib, px, shape_of(plan, MODELS[model][3]))
-    stream = streamed * plan.GIB / 1e9 * COPIES_PER_STEP / PCIE_GBS
+    mode = stream_mode(card)
+    streamed = streamed_gib(plan, spec.memory_gb, px, shape_of(plan, MODELS[model][3]), 2 if mode == "overlapped" else 1)
+    stream = streamed * plan.GIB / 1e9 * COPIES_PER_STEP / spec.pcie_gbs
     bound = gemm + h["attention"] * compute
     rest = overhead + elementwise + other + stream
-    at = {name: Prediction(card, path, px, compiled, bound, rest, model).step_at(rate) for name, rate in RATES.items()}
+    row = Prediction(card, path, px, compiled, bound, rest, model, stream if mode == "overlapped" else 0.0)
+    fast_s, slow_s = row.range_s
     return {"model": model, "card": card, "preset": preset, "path": path, "px:": px, "compiled": "yes" if compiled else "no",
-            "GEMMs + attention s at 77:": f"{bound:.2f}", "4-bit overhead s:": f"{overhead:.2f}",
+            "stream": mode, "bf16 GEMM TFLOP/s slow / central / fast:": f"{slow:.1f} / {central:.1f} / {fast:.1f}",
+            "GEMMs + attention s at central:": f"{bound:.2f}", "4-bit overhead s:": f"{overhead:.2f}",
             "elementwise s:": f"{elementwise:.2f}", "LoRA + optimizer + idle s:": f"{other:.2f}",
             "streamed GiB:": f"{streamed:.1f}", "copies s:": f"{stream:.2f}", "rest s:": f"{rest:.2f}",
-            "s/it at 99.4:": f"{at['high']:.1f}", "s/it at 77:": f"**{at['central']:.1f}**", "s/it at 46.3:": f"{at['low']:.1f}"}
+            "s/it fast:": f"{fast_s:.1f}", "s/it central:": f"**{row.step_at(central):.1f}**", "s/it slow:": f"{slow_s:.1f}"}
 
 
 def main() -> int:
-    plan = memory_plan()
+    plan = trainer_rules.memory_plan()
     rows = []
-    for card in CARDS:
+    for card in SPECS:
         for px in (512, 1024):
-            for path in PATHS if card == "RX 7900 XTX" else ("int4_fused",):
+            for path in paths(card):
                 for compiled in ((False, True) if path != "uint4" else (False,)):
                     rows.append(predict(card, path, px, compiled, plan))
     for card in ("RX 7900 XTX", "RX 7800 XT"):  # klein 9B's AMD preset is for 16 to 24 GB cards
@@ -156,7 +201,7 @@ def main() -> int:
         writer = csv.DictWriter(handle, [*rows[0], "date", "source"], lineterminator="\n")
         writer.writeheader()
         for row in rows:
-            writer.writerow({**row, "date": "2026-12-04", "source": ""})
+            writer.writerow({**row, "date": "2026-12-06", "source": ""})
     print(f"wrote {RESULTS / 'prediction.csv'} ({len(rows)} rows)")
     return 0
 

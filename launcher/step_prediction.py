@@ -1,12 +1,14 @@
-"""The predicted step of an AMD card against the step a run measured, for the field report.
+"""The predicted step of a card against the step a run measured, for the field report and the ETA.
 
-`bench/predict_step.py` predicts the RDNA3 cards' s/it from the H200's measured step, with the
-card's bf16 GEMM rate through hipBLAS as the one named assumption (a range, bench/RESULTS.md "The
-RX 7900 XTX, predicted"). Each row of its table keeps the compute-bound seconds at the central
-rate apart from the rest, so a measured step gives the rate back: the first owner's s/it either
-lands inside the range (and says which rate it implies) or misses it by a stated amount. A run
-whose GPU has only PyTorch's math attention (`sdpa_kernels: math`, the self-test's verdict) is held
-against its row plus that attention's memory traffic (math_attention_s).
+`bench/predict_step.py` predicts the cards' s/it from the H200's measured step, with the card's
+bf16 GEMM rate at FLUX.2's block shapes as the one named assumption (a range per card,
+`card_specs.gemm_rates`; bench/RESULTS.md "Predicted steps"). Each row of its table keeps the
+compute-bound seconds at the card's central rate apart from the rest, so a measured step gives the
+rate back: the first owner's s/it either lands inside the range (and says which rate it implies) or
+misses it by a stated amount. A card that overlaps streaming with compute may hide its copies: its
+fast end leaves them out, its slow end counts them. A run whose GPU has only PyTorch's math
+attention (`sdpa_kernels: math`, the self-test's verdict) is held against its row plus that
+attention's memory traffic (math_attention_s).
 """
 
 import csv
@@ -16,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from launcher import trainer_rules
+from launcher.card_specs import SPECS, gemm_rates
 from launcher.errors import LauncherError
 from launcher.families import DEFAULT_ARCH
 from launcher.runs.folders import RunFolder
@@ -23,10 +26,8 @@ from launcher.runs.yaml_files import load_yaml
 from launcher.user_files import last_rows
 
 TABLE = Path(__file__).resolve().parent.parent / "bench" / "results" / "prediction.csv"
-CENTRAL_RATE = 77.0  # TFLOP/s: the rate the table's compute-bound column is given at
-RATE_RANGE = (46.3, 99.4)  # the low and high published bf16 GEMM rates of the RX 7900 XTX
-PATHS_OF_QTYPES = {"int4_fused": "int4_fused", "uint4": "uint4"}  # qtypes the table predicts
-BANDWIDTH_GBS = {"RX 7900 XTX": 960.0, "RX 7900 XT": 800.0, "RX 7800 XT": 624.0}  # AMD product pages
+PATHS_OF_QTYPES = {"int4_fused": "int4_fused", "uint4": "uint4", "int4_w4a8": "int4_w4a8 fp8"}
+"""The qtypes the table predicts, by the table's path name (`int4_w4a8` as the FP8 cards run it)."""
 MATH_PASSES = 15
 """Passes over one block's attention matrix the math backend makes in a step with checkpointing:
 the forward writes the scores, the softmax reads them and writes the probabilities, the product
@@ -40,21 +41,31 @@ class Prediction:
     path: str
     px: int
     compiled: bool
-    bound_s: float  # GEMMs + attention at the central rate
-    rest_s: float
+    bound_s: float  # GEMMs + attention at the card's central rate
+    rest_s: float  # everything else, the streamed copies included
     model: str = DEFAULT_ARCH  # the preset's model arch (launcher/families.py), the table's key
+    hideable_s: float = 0.0  # the streamed copies' seconds a card that overlaps them may hide
+
+    @property
+    def rates(self) -> tuple[float, float, float]:
+        """The card's bf16 GEMM rate, TFLOP/s: slow end, central, fast end (card_specs.gemm_rates)."""
+        return gemm_rates(self.card)
 
     def step_at(self, rate: float) -> float:
-        return self.bound_s * CENTRAL_RATE / rate + self.rest_s
+        """The step at bf16 GEMM rate `rate`, the streamed copies counted in full."""
+        return self.bound_s * self.rates[1] / rate + self.rest_s
 
     @property
     def range_s(self) -> tuple[float, float]:
-        return self.step_at(RATE_RANGE[1]), self.step_at(RATE_RANGE[0])
+        """Fast end: the fast rate, the copies hidden where they can be; slow end: the slow rate, counted."""
+        slow, _, fast = self.rates
+        return self.step_at(fast) - self.hideable_s, self.step_at(slow)
 
     def implied_rate(self, s_per_it: float) -> float | None:
-        """The GEMM rate (TFLOP/s) that makes this row's step equal `s_per_it`; None when the rest alone is slower."""
+        """The GEMM rate (TFLOP/s) that makes this row's step equal `s_per_it`, the copies counted;
+        None when the rest alone is slower."""
         spare = s_per_it - self.rest_s
-        return self.bound_s * CENTRAL_RATE / spare if spare > 0 else None
+        return self.bound_s * self.rates[1] / spare if spare > 0 else None
 
     def verdict(self, s_per_it: float) -> str:
         low, high = self.range_s
@@ -66,7 +77,8 @@ class Prediction:
             where = f"inside the predicted {low:.1f}-{high:.1f} s/it"
         else:
             where = f"{s_per_it / high:.2f}x the slow end of the predicted {low:.1f}-{high:.1f} s/it"
-        return f"{s_per_it:.2f} s/it: {where} ({implied}; assumed {RATE_RANGE[0]}-{RATE_RANGE[1]})"
+        slow, _, fast = self.rates
+        return f"{s_per_it:.2f} s/it: {where} ({implied}; assumed {slow:.1f}-{fast:.1f})"
 
 
 def load_table(path: Path = TABLE) -> list[Prediction]:
@@ -75,7 +87,8 @@ def load_table(path: Path = TABLE) -> list[Prediction]:
         return []
     with path.open(newline="", encoding="utf-8") as handle:
         return [Prediction(row["card"], row["path"], int(row["px:"]), row["compiled"] == "yes",
-                           float(row["GEMMs + attention s at 77:"]), float(row["rest s:"]), row["model"])
+                           float(row["GEMMs + attention s at central:"]), float(row["rest s:"]), row["model"],
+                           float(row["copies s:"]) if row["stream"] == "overlapped" else 0.0)
                 for row in csv.DictReader(handle)]
 
 
@@ -87,7 +100,7 @@ def math_attention_s(card: str, px: int, flux2_params: dict | None = None, batch
     plan = trainer_rules.memory_plan()
     shape = plan.Flux2Shape.from_params(flux2_params or {})
     matrix = batch * shape.heads * plan.tokens(px) ** 2 * plan.FP32
-    return MATH_PASSES * (shape.depth + shape.depth_single) * matrix / (BANDWIDTH_GBS[card] * 1e9)
+    return MATH_PASSES * (shape.depth + shape.depth_single) * matrix / (SPECS[card].bandwidth_gbs * 1e9)
 
 
 def rows_for_gpu(table: list[Prediction], gpu_name: str) -> list[Prediction]:
@@ -118,7 +131,7 @@ def with_attention(row: Prediction, run: RunFolder) -> Prediction:
         batch = int((process.get("train") or {}).get("batch_size", 1))
     except (LauncherError, OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
         return row
-    if kwargs.get("sdpa_kernels") != "math" or row.card not in BANDWIDTH_GBS:
+    if kwargs.get("sdpa_kernels") != "math":
         return row
     return replace(row, rest_s=row.rest_s + math_attention_s(row.card, row.px, kwargs.get("flux2_params"), batch))
 
@@ -134,9 +147,10 @@ def report(gpu_names: list[str], runs: list[RunFolder], table: list[Prediction] 
     """What the field report carries: the card's predicted ranges, and each recent run against its row."""
     table = load_table() if table is None else table
     rows = [row for name in gpu_names for row in rows_for_gpu(table, name)]
-    found = {"assumption": f"the card's bf16 GEMM rate through hipBLAS at FLUX.2 block shapes, "
-                           f"{RATE_RANGE[0]}-{RATE_RANGE[1]} TFLOP/s (central {CENTRAL_RATE})",
+    found = {"assumption": "the card's bf16 GEMM rate at FLUX.2 block shapes, a range (bf16_gemm_tflops: slow "
+                           "end, central, fast end); a card that overlaps streaming may hide its copies (fast end)",
              "predicted": [{"model": r.model, "path": r.path, "px": r.px, "compiled": r.compiled,
+                            "bf16_gemm_tflops": [round(rate, 1) for rate in r.rates],
                             "s_per_it": [round(s, 2) for s in r.range_s]} for r in rows],
              "runs": []}
     for run in runs:

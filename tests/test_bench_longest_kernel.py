@@ -7,19 +7,20 @@ from pathlib import Path
 import pytest
 
 from bench import longest_kernel
-from bench.predict_step import CARDS, H200, RATES
+from launcher.card_specs import H200_GEMM_TFLOPS, SPECS, gemm_rates
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_a_dispatch_scales_by_the_cards_rate_and_bandwidth():
     xtx = longest_kernel.longest_s("RX 7900 XTX", 1024, h200_gemm_ms=4.5, h200_attention_s=0.2)
-    assert xtx["gemm"] == pytest.approx(4.5e-3 * H200["gemm_tflops"] / RATES["low"])
-    assert xtx["attention backward"] == pytest.approx(0.2 / 56 * 2.5 / 4.5 * H200["gemm_tflops"] / RATES["low"])
+    assert xtx["gemm"] == pytest.approx(4.5e-3 * H200_GEMM_TFLOPS / gemm_rates("RX 7900 XTX")[0])
+    assert xtx["attention backward"] == pytest.approx(0.2 / 56 * 2.5 / 4.5 * H200_GEMM_TFLOPS / gemm_rates("RX 7900 XTX")[0])
     slower = longest_kernel.longest_s("RX 7800 XT", 1024, h200_gemm_ms=4.5, h200_attention_s=0.2)
-    rate, bandwidth = CARDS["RX 7800 XT"][:2]
+    rate = SPECS["RX 7800 XT"].bf16_tflops / SPECS["RX 7900 XTX"].bf16_tflops
     assert slower["gemm"] == pytest.approx(xtx["gemm"] / rate)
-    assert slower["math softmax"] == pytest.approx(xtx["math softmax"] * CARDS["RX 7900 XTX"][1] / bandwidth)
+    assert slower["math softmax"] == pytest.approx(
+        xtx["math softmax"] * SPECS["RX 7900 XTX"].bandwidth_gbs / SPECS["RX 7800 XT"].bandwidth_gbs)
     small = longest_kernel.longest_s("RX 7900 XTX", 512, h200_gemm_ms=4.5, h200_attention_s=0.2)
     assert xtx["math softmax"] == pytest.approx(small["math softmax"] * (4608 / 1536) ** 2)
 

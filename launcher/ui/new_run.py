@@ -219,7 +219,7 @@ def read_dry_run(output: str) -> tuple[list[str], dict]:
 
 def eta(workdir: Workdir, config: dict) -> str:
     """The time to train the config's steps at the step the prediction table gives the self-tested
-    card (bench/RESULTS.md, "The RX 7900 XTX, predicted"), or why there is none."""
+    card (bench/RESULTS.md, "Predicted steps"), or why there is none."""
     result = load_result(workdir) or {}
     gpu = ((result.get("environment") or {}).get("gpu") or {}).get("name")
     if not gpu:
