@@ -47,8 +47,9 @@ from __future__ import annotations
 
 import torch
 
-from toolkit.int4_kernels import GROUP_SIZE, HAVE_TRITON, config_family, tuning_arch, unpack_uint4
-from toolkit.qtypes import FP8, INT8, Int4Kernel
+from toolkit.int4_kernels import (GROUP_SIZE, HAVE_TRITON, config_family, dequantize_weight, tuning_arch,
+                                  unpack_uint4)
+from toolkit.qtypes import FP8, IN_REGISTER, INT8, Int4Kernel
 
 QMAX = {FP8: 448.0, INT8: 127.0}
 SLICE_ALIGN = 128  # rows / columns per requantized slice: a multiple of the GEMM tiles
@@ -169,6 +170,14 @@ def reference_bwd(dy2d, qweight, scale, zero, scales: WeightScales, fmt: str, gr
     wq = requantized_weight_reference(qweight, scale, zero, scales.col_inv, True, fmt, group_size)
     dx = (dyq @ wq) * dy_scale[:, None] * scales.col[None, :]
     return dx.to(dy2d.dtype)
+
+
+def reference_fwd_in_register(x2d, qweight, scale, zero, fmt: str, group_size: int = GROUP_SIZE):
+    """gemm "in_register"'s forward: x quantized per token as above, the 4-bit weight exact (no 8-bit
+    rounding): (q - zero) * scale in fp32, which is exact."""
+    xq, x_scale = quantize_rows_reference(x2d, fmt)
+    w = dequantize_weight(qweight, scale.to(torch.float32), zero, group_size, torch.float32)
+    return ((xq @ w.t()) * x_scale[:, None]).to(x2d.dtype)
 
 
 # --------------------------------------------------------------------------- Triton kernels
@@ -292,6 +301,67 @@ if HAVE_TRITON:
         tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=(out_m[:, None] < M) & (out_n[None, :] < N))
 
 
+    # ---- gemm "in_register": the 4-bit weight read by the GEMM itself, never written in 8 bits
+
+    IN_REGISTER = {  # BLOCK_N (weight rows), BLOCK_M (tokens), num_warps, num_stages; BLOCK_K is the group (64)
+        "amd": [(128, 128, 4, 2), (64, 128, 4, 2), (128, 64, 4, 2)],
+        "nvidia": [(128, 128, 8, 4), (128, 256, 8, 3), (256, 128, 8, 3), (128, 128, 4, 4)],
+        "nvidia_99k": [(128, 128, 8, 4), (128, 256, 8, 3), (128, 128, 4, 4), (64, 128, 4, 4)],
+    }
+
+    def in_register_configs(arch: str):
+        """The in-register GEMM's autotuning list on `arch` (bench/kernel_isa.py compiles each)."""
+        return [triton.Config({"BLOCK_N": bn, "BLOCK_M": bm, "GROUP_M": 8}, num_warps=w, num_stages=s)
+                for bn, bm, w, s in IN_REGISTER[config_family(arch)]]
+
+    @triton.jit
+    def _centred_codes(b, z, FP8: tl.constexpr):
+        # b [R, GROUP // 2] packed bytes, z [R] zero points -> [R, GROUP] the exact integers q - zero
+        # (-15..15, exact in int8 and in e4m3). FP8: 0x6400 | q is the fp16 1024 + q, so one OR, one
+        # subtract of 1024 + zero and one convert (two elements an instruction) make the e4m3 code
+        q = tl.interleave(b & 0xF, b >> 4)
+        if FP8:
+            biased = (q.to(tl.uint16) | 0x6400).to(tl.float16, bitcast=True)
+            codes = (biased - (z.to(tl.float16) + 1024.0)[:, None]).to(tl.float8e4nv)
+        else:
+            codes = q.to(tl.int8) - z.to(tl.int8)[:, None]
+        return codes
+
+    @_autotune(configs=in_register_configs(tuning_arch()), key=["M", "N", "K"])
+    @triton.jit
+    def _in_register_gemm_kernel(a_ptr, qw_ptr, s_ptr, z_ptr, c_ptr, sa_ptr, M, N, K, stride_am, stride_qn,
+                                 stride_sn, stride_cm, FP8: tl.constexpr, GROUP: tl.constexpr,
+                                 BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr):
+        # c[m, n] = sa[m] * sum_g s[n, g] * sum_{k in group g} a[m, k] * (q[n, k] - zero[n, g]): a holds the
+        # per-token 8-bit codes, the weight enters the MMA as the exact integers q - zero, and each group's
+        # partial product is scaled on the accumulator. The weight tile is the MMA's first operand (computed
+        # as c^T, rows of W by tokens), where it may stay in registers; a is read K-major from shared memory.
+        pid_n, pid_m = _swizzle(tl.program_id(0), N, M, BLOCK_N, BLOCK_M, GROUP_M)
+        offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N  # wrap: loads need no mask
+        offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+        rows64 = offs_n.to(tl.int64)
+        a_ptrs = a_ptr + (offs_m.to(tl.int64) * stride_am)[None, :] + tl.arange(0, GROUP)[:, None]  # [GROUP, BLOCK_M]
+        b_ptrs = qw_ptr + (rows64 * stride_qn)[:, None] + tl.arange(0, GROUP // 2)[None, :]
+        s_ptrs = s_ptr + rows64 * stride_sn
+        z_ptrs = z_ptr + rows64 * stride_sn
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for g in range(0, K // GROUP):
+            w = _centred_codes(tl.load(b_ptrs), tl.load(z_ptrs + g), FP8)
+            a = tl.load(a_ptrs)
+            if FP8:
+                part = tl.dot(w, a)
+            else:
+                part = tl.dot(w, a, out_dtype=tl.int32).to(tl.float32)
+            acc += part * tl.load(s_ptrs + g).to(tl.float32)[:, None]
+            a_ptrs += GROUP
+            b_ptrs += GROUP // 2
+        out = acc * tl.load(sa_ptr + offs_m)[None, :]
+        out_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        out_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        c_ptrs = c_ptr + (out_m.to(tl.int64) * stride_cm)[None, :] + out_n[:, None]
+        tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=(out_n[:, None] < N) & (out_m[None, :] < M))
+
+
 def padded(width: int) -> int:
     return -(-width // K_ALIGN) * K_ALIGN
 
@@ -344,6 +414,25 @@ def scaled_gemm(a, a_scale, b_rows, b_scale, out, fmt: str, gemm: str, dtype=Non
 
     _scaled_gemm_kernel[grid](a, b_rows, out, a_scale, b_scale, M, N, K, a.stride(0), b_rows.stride(0),
                               out.stride(0), FP8=fmt == FP8)
+    return out
+
+
+def in_register_matmul(a2d, qweight, scale, zero, fmt: str, group_size: int = GROUP_SIZE):
+    """a2d[M, K] @ W^T -> [M, N] in a2d's dtype (gemm "in_register"): a2d quantized per token, the 4-bit
+    weight read by the GEMM itself and multiplied as the exact integers q - zero, each group's scale
+    applied to its partial product (no 8-bit copy of the weight is written)."""
+    a2d = a2d.contiguous()
+    M, K, N = a2d.shape[0], qweight.shape[1] * 2, qweight.shape[0]
+    out = torch.empty((M, N), device=a2d.device, dtype=a2d.dtype)
+    if M == 0:
+        return out
+    aq, a_scale = quantize_rows(a2d, fmt)
+
+    def grid(meta):
+        return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+
+    _in_register_gemm_kernel[grid](aq, qweight, scale, zero, out, a_scale, M, N, K, aq.stride(0), qweight.stride(0),
+                                   scale.stride(0), out.stride(0), FP8=fmt == FP8, GROUP=group_size)
     return out
 
 
@@ -402,11 +491,16 @@ def w4a8_matmul(a2d, qweight, scale, zero, group_size: int, kernel: Int4Kernel, 
                 transposed: bool):
     """a2d[M, K] @ W^T -> [M, N] (forward), or a2d[M, N] @ W -> [M, K] (transposed: the input
     gradient), in a2d's dtype through 8-bit operands: the GPU kernels, or the reference."""
-    scales = weight_scales(qweight, scale, zero, group_size, kernel.activations)
+    fmt = kernel.activations
+    if kernel.gemm == IN_REGISTER and not transposed:
+        if use_kernel:
+            return in_register_matmul(a2d, qweight, scale, zero, fmt, group_size)
+        return reference_fwd_in_register(a2d, qweight, scale, zero, fmt, group_size)
+    scales = weight_scales(qweight, scale, zero, group_size, fmt)
     if use_kernel:
         return _sliced_8bit_matmul(a2d, qweight, scale, zero, scales, kernel, group_size, transposed)
     reference = reference_bwd if transposed else reference_fwd
-    return reference(a2d, qweight, scale, zero, scales, kernel.activations, group_size)
+    return reference(a2d, qweight, scale, zero, scales, fmt, group_size)
 
 
 # --------------------------------------------------------------------------- 8-bit copies held
