@@ -77,6 +77,7 @@ def parse(argv=None):
     kernels = sub.add_parser("kernels", help="the 8-bit matmul's parts per block Linear shape")
     kernels.add_argument("--trainer", required=True, type=Path)
     kernels.add_argument("--out", required=True, type=Path)
+    kernels.add_argument("--px", type=int, default=512, choices=(512, 1024), help="the image size of the shapes")
     args = p.parse_args(argv)
     if args.command == "steps":
         for spec in args.variants.split(","):
