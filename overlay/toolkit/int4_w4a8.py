@@ -28,6 +28,19 @@ weight per orientation; the requantization, 59 ms of a 0.41 s compiled 512 px st
 on an H200 (bench/RESULTS.md), is then skipped). LoRA adapters and every trainable tensor stay in bf16 (this module only
 computes the frozen base's matmuls and the input gradient through them).
 
+gemm "in_register" (forward and recompute) writes no 8-bit weight at all: its Triton GEMM reads the
+packed 4-bit tile and feeds the MMA the exact integers q - zero (-15..15, exact in int8 and e4m3:
+unpack, subtract, convert; FP8 through fp16, 0x6400 | q being 1024 + q), one group of 64 inputs per
+MMA step, and applies the group's scale on the accumulator (FP8: the accumulator is kept in units of the
+current group's scale, so the MMA adds into it: one multiply per accumulator element and group, one
+accumulator); the token scale in the epilogue:
+  y[r, n] = (amax_r / QMAX) * sum_g scale[n, g] * sum_{k in g} code_x[r, k] * (q[n, k] - zero[n, g])
+The weight is not rounded to 8 bits, so this is closer to the bf16-activation path than the sliced
+paths (reference_fwd_in_register). Its input gradient reduces over W's rows, along which the group
+scale varies, so the scale cannot be applied on the accumulator there (folding it into dy instead
+would requantize dy once per group of 64 outputs, more conversions than the weight requantization
+saves): the input gradient stays the sliced path's, through the Triton GEMM.
+
 reference_fwd / reference_bwd compute the same quantization in plain PyTorch (fp32
 matmuls of the 8-bit values): the CPU path, and the oracle the kernels are checked
 against.
