@@ -7,7 +7,8 @@ Triton's AMD and NVIDIA backends compile without a GPU (`triton.compile` with a 
 machine code of toolkit/int4_kernels.py and toolkit/int4_w4a8.py can be checked for cards nobody
 here has: RDNA3 (gfx1100 RX 7900, gfx1101 RX 7800/7700), RDNA4 (gfx1201 RX 9070) and NVIDIA
 Ampere/Ada/Blackwell consumer parts (sm_86, sm_89, sm_120). Each kernel is compiled with every
-config the runtime would autotune over on that arch (int4_w4a8's `gemm_configs(arch)`) and in
+config the runtime would autotune over on that arch (int4_w4a8's `gemm_configs(arch)`,
+`in_register_configs(arch, fp8)`) and in
 every 8-bit format the arch would run (`qtypes.arch_has_fp8_units`); `measure_all` returns, per
 target, kernel, variant and config:
 
@@ -131,7 +132,7 @@ def jobs(arch: str) -> list[Job]:
                               "stride_cm"),
                              {"FP8": fmt == qtypes.FP8, **config.kwargs},
                              {"num_warps": config.num_warps, "num_stages": config.num_stages}))
-        for config in w.in_register_configs(arch):
+        for config in w.in_register_configs(arch, fmt == qtypes.FP8):
             found.append(Job("_in_register_gemm_kernel", fmt, config_label(config),
                              jit_function(w._in_register_gemm_kernel),
                              {"a_ptr": code, **weight, "c_ptr": "*bf16", "sa_ptr": "*fp32", "M": "i32", "N": "i32",

@@ -316,19 +316,26 @@ if HAVE_TRITON:
 
     # ---- gemm "in_register": the 4-bit weight read by the GEMM itself, never written in 8 bits
 
-    IN_REGISTER_TILES = {  # BLOCK_N (weight rows), BLOCK_M (tokens), num_warps, num_stages; BLOCK_K is the group (64).
-        # None spills on bench/kernel_isa.py's targets in either 8-bit format (int8 keeps a second accumulator,
-        # the group's int32 product: it limits the consumer lists); "nvidia" (H100/H200) adds the 256-wide tiles
-        # FP8 holds in registers there (one accumulator: 203-222 registers at 8 warps, sm_90, FP8)
+    IN_REGISTER_TILES = {  # BLOCK_N (weight rows), BLOCK_M (tokens), num_warps, num_stages; BLOCK_K is the group (64)
         "amd": [(64, 128, 4, 2), (64, 128, 8, 2), (64, 256, 8, 2)],
         "nvidia": [(128, 128, 8, 4), (128, 256, 8, 3), (256, 128, 8, 3), (64, 128, 4, 4), (128, 64, 4, 4)],
         "nvidia_99k": [(128, 128, 8, 4), (64, 128, 4, 4), (128, 64, 4, 4)],
     }
+    INT8_TILE_LIMIT = 128 * 128
+    """int8 keeps a second accumulator (the group's int32 product) beside the fp32 one, so on NVIDIA its tiles
+    stop at 128x128: the 256-wide ones spill there (sm_90: 712-920 B), while FP8's single accumulator holds
+    them (203-222 registers). None of the tiles left spills (bench/kernel_isa.py)."""
 
-    def in_register_configs(arch: str):
-        """The in-register GEMM's autotuning list on `arch` (bench/kernel_isa.py compiles each)."""
-        return [triton.Config({"BLOCK_N": bn, "BLOCK_M": bm, "GROUP_M": 8}, num_warps=w, num_stages=s)
-                for bn, bm, w, s in IN_REGISTER_TILES[config_family(arch)]]
+    def _tiles_of_format(configs, named_args, **kwargs):
+        # the autotuner's early prune: each 8-bit format times only its own tiles
+        return [c for c in configs if kwargs["FP8"] or c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_M"] <= INT8_TILE_LIMIT]
+
+    def in_register_configs(arch: str, fp8: bool = True):
+        """The in-register GEMM's autotuning list on `arch` for one 8-bit format (bench/kernel_isa.py compiles
+        each)."""
+        configs = [triton.Config({"BLOCK_N": bn, "BLOCK_M": bm, "GROUP_M": 8}, num_warps=w, num_stages=s)
+                   for bn, bm, w, s in IN_REGISTER_TILES[config_family(arch)]]
+        return _tiles_of_format(configs, {}, FP8=fp8)
 
     @triton.jit
     def _centred_codes(b, z, FP8: tl.constexpr):
@@ -343,7 +350,8 @@ if HAVE_TRITON:
             codes = q.to(tl.int8) - z.to(tl.int8)[:, None]
         return codes
 
-    @_autotune(configs=in_register_configs(tuning_arch()), key=["M", "N", "K"])
+    @_autotune(configs=in_register_configs(tuning_arch()), key=["M", "N", "K", "FP8"],
+               prune_configs_by={"early_config_prune": _tiles_of_format})
     @triton.jit
     def _in_register_gemm_kernel(a_ptr, qw_ptr, s_ptr, z_ptr, c_ptr, sa_ptr, M, N, K, stride_am, stride_qn,
                                  stride_sn, stride_cm, FP8: tl.constexpr, GROUP: tl.constexpr,
