@@ -124,7 +124,7 @@ def per_step(rows: list) -> dict:
 
 def largest_errors(rows: list) -> dict:
     """Each relative error's largest value over the shapes."""
-    keys = [key for key in rows[0] if "_vs_" in key]
+    keys = [key for key in rows[0] if "vs_" in key]
     return {key: max(row[key] for row in rows) for key in keys}
 
 
