@@ -52,6 +52,8 @@ grows to 0.13-0.22 at FLUX.2 widths (one step per token is stretched by the outl
 Tested: NVIDIA H200 (every path against the reference at the FLUX.2 block shapes; see
 bench/RESULTS.md in the launcher repository) and Triton's CPU interpreter. Not tested on any
 AMD GPU: the int8 path is written for RDNA3 (Triton's int8 tl.dot) but has never run there.
+gemm in_register has run only on Triton's CPU interpreter (against reference_fwd_in_register) and
+been compiled for every target (bench/kernel_isa.py); no GPU has run or timed it yet.
 bench/kernel_isa.py compiles every kernel for RDNA3/4 and consumer NVIDIA on the CPU (int8 WMMA,
 no spills, LDS within 64 KiB); `python -m launcher selftest` is how it gets checked on a user's card.
 """
@@ -369,7 +371,7 @@ if HAVE_TRITON:
         s_ptrs = s_ptr + rows64 * stride_sn
         z_ptrs = z_ptr + rows64 * stride_sn
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        held = tl.full((BLOCK_N,), 1.0, dtype=tl.float32)  # FP8: the group scale acc is counted in
+        held = tl.full((BLOCK_N,), 1.0, dtype=tl.float32)  # FP8: the scale whose units acc is in
         for g in range(0, K // GROUP):
             w = _centred_codes(tl.load(b_ptrs), tl.load(z_ptrs + g), FP8)
             a = tl.load(a_ptrs)
