@@ -86,6 +86,7 @@ def parse(argv=None):
     kernels = sub.add_parser("kernels", help="the 8-bit matmul's parts per block Linear shape")
     kernels.add_argument("--trainer", required=True, type=Path)
     kernels.add_argument("--out", required=True, type=Path)
+    kernels.add_argument("--px", type=int, default=512, choices=(512, 1024), help="the image size of the shapes")
     pairs = sub.add_parser("lora-compare", help="the LoRAs of steps --save-lora compared (bench/lora_fidelity.py)")
     pairs.add_argument("folder", type=Path, help="the --save-lora folder")
     pairs.add_argument("pairs", nargs="+", help="REF:OTHER variant names")

@@ -103,7 +103,9 @@ SCENARIOS = {s.name: s for s in [
              "the GPU machine's python3 (the trainer venv (W/venv) with --tiny)",
              ("compiled_step", "compiled_step_profile"), ("steps.jsonl",)),
     Scenario("w4a8_parts", "the 8-bit matmul's parts per FLUX.2 block Linear shape at 512 px, per step: bf16 cuBLAS, "
-             "int4_w4a8 FP8 as run, its FP8 GEMM, requantization and activation quantization, with the 8-bit weight held",
+             "int4_w4a8 FP8 as run, its FP8 GEMM, requantization and activation quantization, with the 8-bit weight held, "
+             "the sliced Triton GEMM and gemm in_register (the GEMM reads the 4-bit weight), with each path's "
+             "error against its reference and against bf16 (`-- --px 1024`: the 1024 px shapes)",
              ("bench.compiled_step", "kernels", "--trainer", "{trainer}", "--out", "{out}/parts.json"),
              "GPU", "the GPU machine's python3", ("w4a8_parts",), ("parts.json",)),
     Scenario("w4a8_gpu", "one GPU call: the self-test's trainer side at 512 and 1024 px (kernel checks, tiny steps, "

@@ -1,26 +1,34 @@
-"""The 8-bit matmul's parts per FLUX.2 block Linear shape at 512 px (`compiled_step kernels`).
+"""The 8-bit matmul's parts per FLUX.2 block Linear shape at 512 px, or 1024 (`compiled_step kernels`).
 
 Per shape (M tokens, N outputs, K inputs; random 4-bit codes, group scales ~0.003): milliseconds
 (triton.testing.do_bench, median) of the bf16 cuBLAS matmul, of toolkit/int4_w4a8.w4a8_matmul as
 the trainer runs it (FP8, torch._scaled_mm, 256 MiB slices), of its parts (the activation
 quantization, the whole weight requantized, torch._scaled_mm on it
-with and without fast accumulation), and with the 8-bit weight held; forward and input gradient.
-Per step: each shape's count in the 44 blocks (the double blocks' image and text streams, the
-single blocks), the forward twice (the pass and its checkpointed recompute).
+with and without fast accumulation), with the 8-bit weight held, through the sliced Triton GEMM
+(gemm "triton") and through gemm "in_register" (the GEMM reads the 4-bit weight; its input gradient
+is the sliced Triton path); forward and input gradient. Relative errors: each FP8 path against its
+reference, and against the bf16 matmul on the same 4-bit weight. Per step: each shape's count in
+the 44 blocks (the double blocks' image and text streams, the single blocks), the forward twice
+(the pass and its checkpointed recompute).
 """
 
 import json
 
 import torch
 
-IMG, TXT = 1024, 512  # tokens at 512 px
-SHAPES = [  # (name, M, N, K, layers in the 44 blocks)
-    ("single.linear1", IMG + TXT, 55296, 6144, 36), ("single.linear2", IMG + TXT, 6144, 24576, 36),
-    ("img.qkv", IMG, 18432, 6144, 8), ("txt.qkv", TXT, 18432, 6144, 8),
-    ("img.proj", IMG, 6144, 6144, 8), ("txt.proj", TXT, 6144, 6144, 8),
-    ("img.mlp0", IMG, 36864, 6144, 8), ("txt.mlp0", TXT, 36864, 6144, 8),
-    ("img.mlp2", IMG, 6144, 18432, 8), ("txt.mlp2", TXT, 6144, 18432, 8),
-]
+TXT = 512  # text tokens
+
+
+def shapes(px: int) -> list[tuple]:
+    """(name, M, N, K, layers in the 44 blocks) at `px` (image tokens: one per 16x16 pixels)."""
+    img = (px // 16) ** 2
+    return [
+        ("single.linear1", img + TXT, 55296, 6144, 36), ("single.linear2", img + TXT, 6144, 24576, 36),
+        ("img.qkv", img, 18432, 6144, 8), ("txt.qkv", TXT, 18432, 6144, 8),
+        ("img.proj", img, 6144, 6144, 8), ("txt.proj", TXT, 6144, 6144, 8),
+        ("img.mlp0", img, 36864, 6144, 8), ("txt.mlp0", TXT, 36864, 6144, 8),
+        ("img.mlp2", img, 6144, 18432, 8), ("txt.mlp2", TXT, 6144, 18432, 8),
+    ]
 
 
 def bench(fn) -> float:
@@ -59,6 +67,18 @@ def shape_row(w, qtypes, name, M, N, K, count, device) -> dict:
                                        w.reference_bwd(dy, qweight, scale, zero, scales, fp8))
     ms["bf16_fwd"] = bench(lambda: torch.nn.functional.linear(x, weight))
     ms["bf16_bwd"] = bench(lambda: dy @ weight)
+    y_bf16, dx_bf16 = torch.nn.functional.linear(x, weight), dy @ weight
+    for gemm in ("triton", "in_register"):
+        other = qtypes.Int4Kernel(fp8, gemm, 256 * 2**20, True)
+        y, dx = (w.w4a8_matmul(a, qweight, scale, zero, 64, other, True, t) for a, t in ((x, False), (dy, True)))
+        y_ref, dx_ref = (w.w4a8_matmul(a, qweight, scale, zero, 64, other, False, t) for a, t in ((x, False), (dy, True)))
+        row[f"{gemm}_vs_reference_fwd"], row[f"{gemm}_vs_reference_bwd"] = relative(y, y_ref), relative(dx, dx_ref)
+        row[f"{gemm}_vs_bf16_fwd"], row[f"{gemm}_vs_bf16_bwd"] = relative(y, y_bf16), relative(dx, dx_bf16)
+        ms[f"{gemm}_fwd"] = bench(lambda: w.w4a8_matmul(x, qweight, scale, zero, 64, other, True, False))
+        ms[f"{gemm}_bwd"] = bench(lambda: w.w4a8_matmul(dy, qweight, scale, zero, 64, other, True, True))
+    row["in_register_config"] = str(w._in_register_gemm_kernel.best_config)
+    row["w4a8_vs_bf16_fwd"] = relative(w.w4a8_matmul(x, qweight, scale, zero, 64, kernel, True, False), y_bf16)
+    row["w4a8_vs_bf16_bwd"] = relative(w.w4a8_matmul(dy, qweight, scale, zero, 64, kernel, True, True), dx_bf16)
     ms["w4a8_fwd"] = bench(lambda: w.w4a8_matmul(x, qweight, scale, zero, 64, kernel, True, False))
     ms["w4a8_bwd"] = bench(lambda: w.w4a8_matmul(dy, qweight, scale, zero, 64, kernel, True, True))
     ms["quantize_x"] = bench(lambda: w.quantize_rows(x, fp8))
@@ -102,6 +122,12 @@ def per_step(rows: list) -> dict:
     return {key: round(value, 2) for key, value in total.items()}
 
 
+def largest_errors(rows: list) -> dict:
+    """Each relative error's largest value over the shapes."""
+    keys = [key for key in rows[0] if "vs_" in key]
+    return {key: max(row[key] for row in rows) for key in keys}
+
+
 def main(args) -> int:
     from bench import _trainer
 
@@ -110,13 +136,13 @@ def main(args) -> int:
 
     device = torch.device("cuda")
     rows = []
-    for name, M, N, K, count in SHAPES:
+    for name, M, N, K, count in shapes(args.px):
         rows.append(shape_row(int4_w4a8, qtypes, name, M, N, K, count, device))
         print(json.dumps({"shape": name, **{k: round(v, 3) for k, v in rows[-1]["ms"].items()}}), flush=True)
         torch.cuda.empty_cache()
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shapes": rows,
-              "per_step_ms": per_step(rows)}
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "px": args.px, "shapes": rows,
+              "per_step_ms": per_step(rows), "max_relative_error": largest_errors(rows)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1), encoding="utf-8")
-    print(json.dumps(result["per_step_ms"]), flush=True)
+    print(json.dumps({**result["per_step_ms"], **result["max_relative_error"]}), flush=True)
     return 0

@@ -186,8 +186,10 @@ def test_every_w4a8_gemm_is_a_candidate_and_auto_takes_only_one_that_passed():
     from launcher.in_trainer.selftest.kernels import candidates
 
     names = [c["name"] for c in candidates(fp8_units=True, hip=False)]
-    assert names == ["int4_fused", "int4_w4a8 fp8 triton", "int4_w4a8 fp8 scaled_mm", "int4_w4a8 int8 triton"]
-    assert [c["name"] for c in candidates(fp8_units=False, hip=True)] == ["int4_fused", "int4_w4a8 int8 triton"]
+    assert names == ["int4_fused", "int4_w4a8 fp8 triton", "int4_w4a8 fp8 scaled_mm", "int4_w4a8 fp8 in_register",
+                     "int4_w4a8 int8 triton", "int4_w4a8 int8 in_register"]
+    assert [c["name"] for c in candidates(fp8_units=False, hip=True)] == [
+        "int4_fused", "int4_w4a8 int8 triton", "int4_w4a8 int8 in_register"]
     cands = candidates(fp8_units=True, hip=False)
     triton = next(c for c in cands if c["name"] == "int4_w4a8 fp8 triton")
     assert triton["kernel"] == {"w4a8_activations": "fp8", "w4a8_gemm": "triton"}

@@ -7,7 +7,8 @@ Triton's AMD and NVIDIA backends compile without a GPU (`triton.compile` with a 
 machine code of toolkit/int4_kernels.py and toolkit/int4_w4a8.py can be checked for cards nobody
 here has: RDNA3 (gfx1100 RX 7900, gfx1101 RX 7800/7700), RDNA4 (gfx1201 RX 9070) and NVIDIA
 Ampere/Ada/Blackwell consumer parts (sm_86, sm_89, sm_120). Each kernel is compiled with every
-config the runtime would autotune over on that arch (int4_w4a8's `gemm_configs(arch)`) and in
+config the runtime would autotune over on that arch (int4_w4a8's `gemm_configs(arch)`,
+`in_register_configs(arch, fp8)`) and in
 every 8-bit format the arch would run (`qtypes.arch_has_fp8_units`); `measure_all` returns, per
 target, kernel, variant and config:
 
@@ -49,6 +50,9 @@ SHARED_LIMIT = {"gfx1100": 64 * KIB, "gfx1101": 64 * KIB, "gfx1201": 64 * KIB,
 
 NVIDIA_SM = {"sm_86": (100 * KIB, 48), "sm_89": (100 * KIB, 48), "sm_120": (100 * KIB, 48), "sm_90": (228 * KIB, 64)}
 """Per SM: shared memory (KiB) and resident warps (CUDA guide, compute capabilities)."""
+
+GEMMS = ("_scaled_gemm_kernel", "_in_register_gemm_kernel")
+"""The 8-bit GEMMs: each must run on the matrix units of its format."""
 
 RDNA_VGPRS, RDNA_GRANULE, RDNA_MAX_WAVES = 1536, 24, 16
 MATRIX = re.compile(r"\b(v_wmma_\w+|v_mfma_\w+|v_swmmac_\w+)|\b((?:mma|wgmma\.mma_async)(?:\.[\w:]+)+)")
@@ -127,6 +131,16 @@ def jobs(arch: str) -> list[Job]:
                              ("a_ptr", "b_ptr", "c_ptr", "sa_ptr", "sb_ptr", "N", "K", "stride_am", "stride_bn",
                               "stride_cm"),
                              {"FP8": fmt == qtypes.FP8, **config.kwargs},
+                             {"num_warps": config.num_warps, "num_stages": config.num_stages}))
+        for config in w.in_register_configs(arch, fmt == qtypes.FP8):
+            found.append(Job("_in_register_gemm_kernel", fmt, config_label(config),
+                             jit_function(w._in_register_gemm_kernel),
+                             {"a_ptr": code, **weight, "c_ptr": "*bf16", "sa_ptr": "*fp32", "M": "i32", "N": "i32",
+                              "K": "i32", "stride_am": "i32", "stride_qn": "i32", "stride_sn": "i32",
+                              "stride_cm": "i32"},
+                             ("a_ptr", "qw_ptr", "s_ptr", "z_ptr", "c_ptr", "sa_ptr", "K", "stride_am", "stride_qn",
+                              "stride_cm"),
+                             {"FP8": fmt == qtypes.FP8, "GROUP": ik.GROUP_SIZE, **config.kwargs},
                              {"num_warps": config.num_warps, "num_stages": config.num_stages}))
     return found
 
@@ -273,7 +287,7 @@ def problems(row: dict) -> list[str]:
         found.append(f"{row['shared_bytes']} B of shared memory, over the {row['shared_limit']} B limit")
     if uses_fp8_matrix(row) and not qtypes.arch_has_fp8_units(row["target"]):
         found.append("FP8 matrix instructions on an arch without FP8 matrix units")
-    if row["kernel"] == "_scaled_gemm_kernel" and row["variant"] == qtypes.INT8 and row["target"].startswith("gfx1"):
+    if row["kernel"] in GEMMS and row["variant"] == qtypes.INT8 and row["target"].startswith("gfx1"):
         if "v_wmma_i32_16x16x16_iu8" not in row["instructions"]:
             found.append("no int8 WMMA (v_wmma_i32_16x16x16_iu8)")
     return found

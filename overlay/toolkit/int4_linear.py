@@ -34,7 +34,7 @@ from toolkit.int4_kernels import (  # noqa: F401  (GROUP_SIZE, quantize_weight: 
     reference_matmul_bwd,
     reference_matmul_fwd,
 )
-from toolkit.qtypes import BF16, QTYPES, Int4Kernel, kernel_for
+from toolkit.qtypes import BF16, IN_REGISTER, QTYPES, Int4Kernel, kernel_for
 
 FORMAT = "int4_fused"
 FORMAT_VERSION = 1
@@ -257,7 +257,8 @@ def hold_8bit_weights(model: nn.Module, budget_bytes: int) -> int:
     with 8-bit activations on a GPU (toolkit/int4_w4a8.hold_8bit), up to `budget_bytes` in all:
     first every layer's forward copy (the forward and its checkpointed recompute use it), then the
     input gradient's. Those matmuls then skip requantizing the 4-bit weight. Each copy costs twice
-    its 4-bit weight; a full set of both, four times the 4-bit model. Returns the bytes held."""
+    its 4-bit weight; a full set of both, four times the 4-bit model. A layer of gemm in_register holds
+    no forward copy (its forward reads the 4-bit weight). Returns the bytes held."""
     from toolkit.int4_w4a8 import hold_8bit, padded
 
     linears = [m for m in model.modules() if isinstance(m, Int4Linear) and m.kernel.activations != BF16
@@ -265,6 +266,8 @@ def hold_8bit_weights(model: nn.Module, budget_bytes: int) -> int:
     held = 0
     for transposed in (False, True):
         for m in linears:
+            if m.kernel.gemm == IN_REGISTER and not transposed:
+                continue
             cost = m.in_features * padded(m.out_features) if transposed else m.out_features * padded(m.in_features)
             if held + cost > budget_bytes:
                 return held

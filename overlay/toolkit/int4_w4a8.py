@@ -28,6 +28,19 @@ weight per orientation; the requantization, 59 ms of a 0.41 s compiled 512 px st
 on an H200 (bench/RESULTS.md), is then skipped). LoRA adapters and every trainable tensor stay in bf16 (this module only
 computes the frozen base's matmuls and the input gradient through them).
 
+gemm "in_register" (forward and recompute) writes no 8-bit weight at all: its Triton GEMM reads the
+packed 4-bit tile and feeds the MMA the exact integers q - zero (-15..15, exact in int8 and e4m3:
+unpack, subtract, convert; FP8 through fp16, 0x6400 | q being 1024 + q), one group of 64 inputs per
+MMA step, and applies the group's scale on the accumulator (FP8: the accumulator is kept in units of the
+current group's scale, so the MMA adds into it: one multiply per accumulator element and group, one
+accumulator); the token scale in the epilogue:
+  y[r, n] = (amax_r / QMAX) * sum_g scale[n, g] * sum_{k in g} code_x[r, k] * (q[n, k] - zero[n, g])
+The weight is not rounded to 8 bits, so this is closer to the bf16-activation path than the sliced
+paths (reference_fwd_in_register). Its input gradient reduces over W's rows, along which the group
+scale varies, so the scale cannot be applied on the accumulator there (folding it into dy instead
+would requantize dy once per group of 64 outputs, more conversions than the weight requantization
+saves): the input gradient stays the sliced path's, through the Triton GEMM.
+
 reference_fwd / reference_bwd compute the same quantization in plain PyTorch (fp32
 matmuls of the 8-bit values): the CPU path, and the oracle the kernels are checked
 against.
@@ -39,6 +52,8 @@ grows to 0.13-0.22 at FLUX.2 widths (one step per token is stretched by the outl
 Tested: NVIDIA H200 (every path against the reference at the FLUX.2 block shapes; see
 bench/RESULTS.md in the launcher repository) and Triton's CPU interpreter. Not tested on any
 AMD GPU: the int8 path is written for RDNA3 (Triton's int8 tl.dot) but has never run there.
+gemm in_register has run only on Triton's CPU interpreter (against reference_fwd_in_register) and
+been compiled for every target (bench/kernel_isa.py); no GPU has run or timed it yet.
 bench/kernel_isa.py compiles every kernel for RDNA3/4 and consumer NVIDIA on the CPU (int8 WMMA,
 no spills, LDS within 64 KiB); `python -m launcher selftest` is how it gets checked on a user's card.
 """
@@ -47,8 +62,9 @@ from __future__ import annotations
 
 import torch
 
-from toolkit.int4_kernels import GROUP_SIZE, HAVE_TRITON, config_family, tuning_arch, unpack_uint4
-from toolkit.qtypes import FP8, INT8, Int4Kernel
+from toolkit.int4_kernels import (GROUP_SIZE, HAVE_TRITON, config_family, dequantize_weight, tuning_arch,
+                                  unpack_uint4)
+from toolkit.qtypes import FP8, IN_REGISTER, INT8, Int4Kernel
 
 QMAX = {FP8: 448.0, INT8: 127.0}
 SLICE_ALIGN = 128  # rows / columns per requantized slice: a multiple of the GEMM tiles
@@ -169,6 +185,14 @@ def reference_bwd(dy2d, qweight, scale, zero, scales: WeightScales, fmt: str, gr
     wq = requantized_weight_reference(qweight, scale, zero, scales.col_inv, True, fmt, group_size)
     dx = (dyq @ wq) * dy_scale[:, None] * scales.col[None, :]
     return dx.to(dy2d.dtype)
+
+
+def reference_fwd_in_register(x2d, qweight, scale, zero, fmt: str, group_size: int = GROUP_SIZE):
+    """gemm "in_register"'s forward: x quantized per token as above, the 4-bit weight exact (no 8-bit
+    rounding): (q - zero) * scale in fp32, which is exact."""
+    xq, x_scale = quantize_rows_reference(x2d, fmt)
+    w = dequantize_weight(qweight, scale.to(torch.float32), zero, group_size, torch.float32)
+    return ((xq @ w.t()) * x_scale[:, None]).to(x2d.dtype)
 
 
 # --------------------------------------------------------------------------- Triton kernels
@@ -292,6 +316,82 @@ if HAVE_TRITON:
         tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=(out_m[:, None] < M) & (out_n[None, :] < N))
 
 
+    # ---- gemm "in_register": the 4-bit weight read by the GEMM itself, never written in 8 bits
+
+    IN_REGISTER_TILES = {  # BLOCK_N (weight rows), BLOCK_M (tokens), num_warps, num_stages; BLOCK_K is the group (64)
+        "amd": [(64, 128, 4, 2), (64, 128, 8, 2), (64, 256, 8, 2)],
+        "nvidia": [(128, 128, 8, 4), (128, 256, 8, 3), (256, 128, 8, 3), (64, 128, 4, 4), (128, 64, 4, 4)],
+        "nvidia_99k": [(128, 128, 8, 4), (64, 128, 4, 4), (128, 64, 4, 4)],
+    }
+    INT8_TILE_LIMIT = 128 * 128
+    """int8 keeps a second accumulator (the group's int32 product) beside the fp32 one, so on NVIDIA its tiles
+    stop at 128x128: the 256-wide ones spill there (sm_90: 712-920 B), while FP8's single accumulator holds
+    them (203-222 registers). None of the tiles left spills (bench/kernel_isa.py)."""
+
+    def _tiles_of_format(configs, named_args, **kwargs):
+        # the autotuner's early prune: each 8-bit format times only its own tiles
+        return [c for c in configs if kwargs["FP8"] or c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_M"] <= INT8_TILE_LIMIT]
+
+    def in_register_configs(arch: str, fp8: bool = True):
+        """The in-register GEMM's autotuning list on `arch` for one 8-bit format (bench/kernel_isa.py compiles
+        each)."""
+        configs = [triton.Config({"BLOCK_N": bn, "BLOCK_M": bm, "GROUP_M": 8}, num_warps=w, num_stages=s)
+                   for bn, bm, w, s in IN_REGISTER_TILES[config_family(arch)]]
+        return _tiles_of_format(configs, {}, FP8=fp8)
+
+    @triton.jit
+    def _centred_codes(b, z, FP8: tl.constexpr):
+        # b [R, GROUP // 2] packed bytes, z [R] zero points -> [R, GROUP] the exact integers q - zero
+        # (-15..15, exact in int8 and in e4m3). FP8: 0x6400 | q is the fp16 1024 + q, so one OR, one
+        # subtract of 1024 + zero and one convert (two elements an instruction) make the e4m3 code
+        q = tl.interleave(b & 0xF, b >> 4)
+        if FP8:
+            biased = (q.to(tl.uint16) | 0x6400).to(tl.float16, bitcast=True)
+            codes = (biased - (z.to(tl.float16) + 1024.0)[:, None]).to(tl.float8e4nv)
+        else:
+            codes = q.to(tl.int8) - z.to(tl.int8)[:, None]
+        return codes
+
+    @_autotune(configs=in_register_configs(tuning_arch()), key=["M", "N", "K", "FP8"],
+               prune_configs_by={"early_config_prune": _tiles_of_format})
+    @triton.jit
+    def _in_register_gemm_kernel(a_ptr, qw_ptr, s_ptr, z_ptr, c_ptr, sa_ptr, M, N, K, stride_am, stride_qn,
+                                 stride_sn, stride_cm, FP8: tl.constexpr, GROUP: tl.constexpr,
+                                 BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr):
+        # c[m, n] = sa[m] * sum_g s[n, g] * sum_{k in group g} a[m, k] * (q[n, k] - zero[n, g]): a holds the
+        # per-token 8-bit codes, the weight enters the MMA as the exact integers q - zero, and each group's
+        # partial product is scaled on the accumulator. The weight tile is the MMA's first operand (computed
+        # as c^T, rows of W by tokens), where it may stay in registers; a is read K-major from shared memory.
+        pid_n, pid_m = _swizzle(tl.program_id(0), N, M, BLOCK_N, BLOCK_M, GROUP_M)
+        offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N  # wrap: loads need no mask
+        offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+        rows64 = offs_n.to(tl.int64)
+        a_ptrs = a_ptr + (offs_m.to(tl.int64) * stride_am)[None, :] + tl.arange(0, GROUP)[:, None]  # [GROUP, BLOCK_M]
+        b_ptrs = qw_ptr + (rows64 * stride_qn)[:, None] + tl.arange(0, GROUP // 2)[None, :]
+        s_ptrs = s_ptr + rows64 * stride_sn
+        z_ptrs = z_ptr + rows64 * stride_sn
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        held = tl.full((BLOCK_N,), 1.0, dtype=tl.float32)  # FP8: the scale whose units acc is in
+        for g in range(0, K // GROUP):
+            w = _centred_codes(tl.load(b_ptrs), tl.load(z_ptrs + g), FP8)
+            a = tl.load(a_ptrs)
+            s = tl.maximum(tl.load(s_ptrs + g).to(tl.float32), 2e-30)  # the codes' scales are > 0; a 0 would divide
+            if FP8:
+                # acc in units of this group's scale, then the MMA adds into it: one accumulator (the tile
+                # may be twice as large in the same registers) and one multiply per element and group
+                acc = tl.dot(w, a, acc * (held / s)[:, None])
+                held = s
+            else:
+                acc += tl.dot(w, a, out_dtype=tl.int32).to(tl.float32) * s[:, None]
+            a_ptrs += GROUP
+            b_ptrs += GROUP // 2
+        out = acc * held[:, None] * tl.load(sa_ptr + offs_m)[None, :]
+        out_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        out_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        c_ptrs = c_ptr + (out_m.to(tl.int64) * stride_cm)[None, :] + out_n[:, None]
+        tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=(out_n[:, None] < N) & (out_m[None, :] < M))
+
+
 def padded(width: int) -> int:
     return -(-width // K_ALIGN) * K_ALIGN
 
@@ -344,6 +444,25 @@ def scaled_gemm(a, a_scale, b_rows, b_scale, out, fmt: str, gemm: str, dtype=Non
 
     _scaled_gemm_kernel[grid](a, b_rows, out, a_scale, b_scale, M, N, K, a.stride(0), b_rows.stride(0),
                               out.stride(0), FP8=fmt == FP8)
+    return out
+
+
+def in_register_matmul(a2d, qweight, scale, zero, fmt: str, group_size: int = GROUP_SIZE):
+    """a2d[M, K] @ W^T -> [M, N] in a2d's dtype (gemm "in_register"): a2d quantized per token, the 4-bit
+    weight read by the GEMM itself and multiplied as the exact integers q - zero, each group's scale
+    applied to its partial product (no 8-bit copy of the weight is written)."""
+    a2d = a2d.contiguous()
+    M, K, N = a2d.shape[0], qweight.shape[1] * 2, qweight.shape[0]
+    out = torch.empty((M, N), device=a2d.device, dtype=a2d.dtype)
+    if M == 0:
+        return out
+    aq, a_scale = quantize_rows(a2d, fmt)
+
+    def grid(meta):
+        return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+
+    _in_register_gemm_kernel[grid](aq, qweight, scale, zero, out, a_scale, M, N, K, aq.stride(0), qweight.stride(0),
+                                   scale.stride(0), out.stride(0), FP8=fmt == FP8, GROUP=group_size)
     return out
 
 
@@ -402,11 +521,16 @@ def w4a8_matmul(a2d, qweight, scale, zero, group_size: int, kernel: Int4Kernel, 
                 transposed: bool):
     """a2d[M, K] @ W^T -> [M, N] (forward), or a2d[M, N] @ W -> [M, K] (transposed: the input
     gradient), in a2d's dtype through 8-bit operands: the GPU kernels, or the reference."""
-    scales = weight_scales(qweight, scale, zero, group_size, kernel.activations)
+    fmt = kernel.activations
+    if kernel.gemm == IN_REGISTER and not transposed:
+        if use_kernel:
+            return in_register_matmul(a2d, qweight, scale, zero, fmt, group_size)
+        return reference_fwd_in_register(a2d, qweight, scale, zero, fmt, group_size)
+    scales = weight_scales(qweight, scale, zero, group_size, fmt)
     if use_kernel:
         return _sliced_8bit_matmul(a2d, qweight, scale, zero, scales, kernel, group_size, transposed)
     reference = reference_bwd if transposed else reference_fwd
-    return reference(a2d, qweight, scale, zero, scales, kernel.activations, group_size)
+    return reference(a2d, qweight, scale, zero, scales, fmt, group_size)
 
 
 # --------------------------------------------------------------------------- 8-bit copies held

@@ -27,6 +27,7 @@ FP8 = "fp8"
 INT8 = "int8"
 EIGHT_BIT = "8bit"  # a qtype whose activations are fp8 or int8, chosen per device
 CHUNKED = "chunked"  # the bf16 path: dequantize a slice of W, then the vendor GEMM
+IN_REGISTER = "in_register"  # 8-bit GEMM that reads the 4-bit weight itself (forward; the input gradient: sliced)
 DEFAULT_CHUNK_MIB = 64
 
 
@@ -70,7 +71,7 @@ class Int4Kernel:
     """How one Int4Linear multiplies: fixed when the model loads."""
 
     activations: str = BF16  # BF16, FP8 or INT8
-    gemm: str = CHUNKED  # bf16: CHUNKED; 8-bit: triton or scaled_mm
+    gemm: str = CHUNKED  # bf16: CHUNKED; 8-bit: triton, scaled_mm or in_register
     chunk_bytes: int = DEFAULT_CHUNK_MIB * 2**20  # weight slice of the sliced paths
     use_kernel: Optional[bool] = None  # None: the GPU kernels where they run, else the reference
 

@@ -41,7 +41,8 @@ def described(found: list[dict]) -> str:
 
 def test_every_kernel_of_the_modules_is_compiled_on_every_target(modules, rows):
     kernels = kernel_isa.kernels_of_modules()
-    assert {"_dequant_kernel", "_quantize_rows_kernel", "_requantize_kernel", "_scaled_gemm_kernel"} <= kernels
+    assert {"_dequant_kernel", "_quantize_rows_kernel", "_requantize_kernel", "_scaled_gemm_kernel",
+            "_in_register_gemm_kernel"} <= kernels
     for target in kernel_isa.TARGETS:
         assert {r["kernel"] for r in rows if r["target"] == target} == kernels, target
 
@@ -65,9 +66,8 @@ def test_shared_memory_fits_the_target(rows):
 
 
 def test_the_8bit_gemm_runs_on_int8_matrix_units_on_rdna(rows):
-    gemms = [r for r in rows if r["kernel"] == "_scaled_gemm_kernel" and r["variant"] == "int8"
-             and r["target"] in RDNA]
-    assert {r["target"] for r in gemms} == set(RDNA)
+    gemms = [r for r in rows if r["kernel"] in kernel_isa.GEMMS and r["variant"] == "int8" and r["target"] in RDNA]
+    assert {(r["target"], r["kernel"]) for r in gemms} == {(t, k) for t in RDNA for k in kernel_isa.GEMMS}
     scalar = [r for r in gemms if r["error"] or "v_wmma_i32_16x16x16_iu8" not in r["instructions"]]
     assert not scalar, described(scalar)
 
@@ -79,7 +79,7 @@ def test_every_gemm_kernel_uses_the_matrix_units_of_its_format(rows):
                 ("sm", "int8"): ".s8.s8.s32", ("sm", "fp8"): ".e4m3.e4m3.f32"}
     wrong = []
     for r in rows:
-        if r["kernel"] == "_scaled_gemm_kernel":
+        if r["kernel"] in kernel_isa.GEMMS:
             want = expected[("gfx" if r["target"].startswith("gfx") else "sm", r["variant"])]
             if r["error"] or not r["instructions"] or not all(want in name for name in r["instructions"]):
                 wrong.append(r)
@@ -113,6 +113,11 @@ def test_the_runtime_autotunes_over_the_lists_that_are_checked(modules):
         return [(c.kwargs, c.num_warps, c.num_stages) for c in configs]
 
     assert shape(w._scaled_gemm_kernel.configs) == shape(w.gemm_configs(arch))
+    in_register = w._in_register_gemm_kernel
+    for fp8 in (True, False):  # the autotuner's early prune leaves each format the list compiled for it
+        kept = in_register.early_config_prune(in_register.configs, {}, FP8=fp8)
+        assert shape(kept) == shape(w.in_register_configs(arch, fp8)) and kept, fp8
+    assert len(w.in_register_configs("sm_90", False)) < len(w.in_register_configs("sm_90", True))
     assert {arch: ik.config_family(arch) for arch in ("gfx1100", "gfx1201", "sm_86", "sm_89", "sm_120", "sm_90")} == {
         "gfx1100": "amd", "gfx1201": "amd", "sm_86": "nvidia_99k", "sm_89": "nvidia_99k", "sm_120": "nvidia_99k",
         "sm_90": "nvidia"}

@@ -203,8 +203,8 @@ def test_no_8bit_path_of_the_project_reaches_int_mm(trainer_on_path):
     from toolkit import int4_linear, qtypes, settings
     from toolkit.util import quantize
 
-    assert set(settings.CATALOGUE["w4a8_gemm"].choices) == {"triton", "scaled_mm"}
-    assert {c["kernel"].get("w4a8_gemm") for c in kernels.candidates(False, True)} <= {None, "triton"}
+    assert set(settings.CATALOGUE["w4a8_gemm"].choices) == {"triton", "scaled_mm", "in_register"}
+    assert {c["kernel"].get("w4a8_gemm") for c in kernels.candidates(False, True)} <= {None, "triton", "in_register"}
     log = AtenLog()
     layer = int4_linear.Int4Linear.from_linear(torch.nn.Linear(256, 128).to(torch.bfloat16))
     int4_linear.configure_linears(torch.nn.Sequential(layer), "int4_w4a8", {"w4a8_activations": "int8"}, "cpu")

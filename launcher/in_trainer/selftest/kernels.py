@@ -3,7 +3,8 @@
 A *candidate* is a qtype plus the kernel choice that picks its GPU path: `int4_fused` (bf16
 activations, 4-bit weight dequantized a slice at a time), and `int4_w4a8` with FP8 activations
 (GPUs with FP8 matrix units) or int8 activations, each through the portable Triton GEMM or, for
-FP8 on NVIDIA, torch._scaled_mm. The choice is a candidate's `kernel`: the model_kwargs
+FP8 on NVIDIA, torch._scaled_mm (both on 8-bit weight slices), or through the Triton GEMM that reads
+the 4-bit weight itself (`in_register`). The choice is a candidate's `kernel`: the model_kwargs
 (`w4a8_activations`, `w4a8_gemm`: toolkit/settings.py) the trainer's qtype table reads
 (`kernel_for`), and the ones `run` writes into a run's config when it picks the candidate. Every function takes the trainer's modules as
 arguments (`Modules`): nothing here imports torch at module level, because the launcher imports
@@ -61,7 +62,7 @@ def candidates(fp8_units: bool, hip: bool) -> list[dict]:
     found = [candidate("int4_fused")]
     formats = (["fp8"] if fp8_units else []) + ["int8"]
     for fmt in formats:
-        gemms = ["triton"] + (["scaled_mm"] if fmt == "fp8" and not hip else [])
+        gemms = ["triton"] + (["scaled_mm"] if fmt == "fp8" and not hip else []) + ["in_register"]
         found += [candidate("int4_w4a8", fmt, gemm) for gemm in gemms]
     return found
 
