@@ -36,6 +36,7 @@ from bench._children import fresh_compile_caches, run_within
 
 SCALED = {"w4a8_activations": "fp8", "w4a8_gemm": "scaled_mm", "int4_chunk_mib": 256}
 FORWARD_COPIES_GIB = 24  # the forward copies of the 44 blocks' weights: 25.5e9 bytes, 23.8 GiB
+IN_REGISTER = {**SCALED, "w4a8_gemm": "in_register"}  # the forward reads the 4-bit weight; the input gradient sliced
 ONE_SLICE = {**SCALED, "int4_chunk_mib": 384}  # every FLUX.2 block Linear's 8-bit weight in one slice
 VARIANTS = {
     "bf16": {"weights": "bf16"},
@@ -53,6 +54,7 @@ VARIANTS = {
     "w4a8_lora_bf16": {"weights": "int4_w4a8", "kwargs": SCALED, "lora_compute": "bf16"},
     "bf16_lora_bf16": {"weights": "bf16", "lora_compute": "bf16"},
     "w4a8_seed1": {"weights": "int4_w4a8", "kwargs": SCALED, "seed": 1},
+    "w4a8_in_register_lora_bf16": {"weights": "int4_w4a8", "kwargs": IN_REGISTER, "lora_compute": "bf16"},
 }
 """Each variant: its weights, their kernel (model_kwargs), compiled blocks (default) or not, the
 bytes of 8-bit copies held (toolkit/int4_linear.hold_8bit_weights: forward copies first), and
