@@ -163,6 +163,8 @@ SCENARIOS = {s.name: s for s in [
 # Tables whose figures no scenario makes: where they came from instead.
 ELSEWHERE = {
     "baseline": "a side script before this harness (not the trainer)",
+    "lora_matmuls": "`python3 -m bench.compiled_step steps --save-lora LORAS` with the LoRA-precision variants, then "
+                    "`python3 -m bench.compiled_step lora-compare LORAS` (both lines in RESULTS.md)",
     "step_profile": "`python -m launcher run --profile 3` (its breakdown.json)",
     "windows_wheels": "`python bench/windows_wheels.py`, which writes the table itself (PyPI downloads, no run)",
     "prediction": "`python bench/predict_step.py`, which writes the table itself (a model of the measured tables, no run)",
