@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import setting_reads
 
 from bench import _settings
 
@@ -47,7 +48,8 @@ def test_the_kernel_keys_are_the_ones_the_trainer_reads():
     catalogue = _settings.catalogue().CATALOGUE
     assert all(catalogue[key].block == "model_kwargs" for key in _settings.KERNEL_KEYS)
     qtypes = (REPO / "overlay" / "toolkit" / "qtypes.py").read_text(encoding="utf-8")
-    assert set(re.findall(r'read\(model_kwargs, "(\w+)"\)', qtypes)) == set(_settings.KERNEL_KEYS)
+    found = setting_reads.check(qtypes, set(catalogue), {"read"})
+    assert found.around == [] and found.through.keys() == set(_settings.KERNEL_KEYS)
 
 
 def test_train_step_refuses_a_bad_kernel_before_it_imports_torch(tmp_path):

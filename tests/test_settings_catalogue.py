@@ -2,11 +2,15 @@
 resolution, the trainer's readers and docs/options.md all come from."""
 
 import dataclasses
+import os
 import re
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import setting_reads
+from conftest import IDENTITY, NO_GIT_UNDER_WINE
 
 from launcher import options_doc, resolve, trainer_rules
 from launcher.commands import run as run_command
@@ -15,9 +19,8 @@ from launcher.runs.schema import MODEL_KWARGS, Vocabulary
 
 ROOT = Path(__file__).resolve().parents[1]
 settings = trainer_rules.settings()
-DIRECT = re.compile(r'kwargs(?:\.get\(|\[)\s*"(\w+)"')
-"""A setting read around the catalogue: `model_kwargs.get("key", ...)` or `model_kwargs["key"]`."""
-READ = re.compile(r'\bread\(\s*[\w.]*kwargs,\s*"(\w+)"')
+SETTINGS = set(settings.model_kwargs_settings())
+READERS = setting_reads.readers((ROOT / "overlay" / "toolkit" / "settings.py").read_text(encoding="utf-8"))
 
 
 def test_docs_options_is_the_generated_page():
@@ -55,21 +58,70 @@ def added_lines() -> dict[str, str]:
             for patch in sorted(ROOT.glob("patches/*/*.patch"))}
 
 
-def test_the_patches_read_settings_only_through_the_catalogue():
-    """A patch reads a setting with `settings.read(model_kwargs, key)`: the catalogue's default and rule, never
-    a literal default of its own (`model_kwargs.get(key, default)`) that could drift from it."""
-    offenders = [f"{name}: {key}" for name, text in added_lines().items()
-                 for key in DIRECT.findall(text) if key in settings.CATALOGUE]
-    assert offenders == []
-    read_keys = {key for text in added_lines().values() for key in READ.findall(text)}
-    assert {"streamed_loader", "stay_placed", "allow_unquantized_block_linears", "flux2_params"} <= read_keys
+def around(source: str) -> list[str]:
+    """The reads of a catalogue setting around its readers in one module's source."""
+    return [what for _, what in setting_reads.check(source, SETTINGS, READERS).around]
 
 
 def test_the_overlay_reads_settings_only_through_the_catalogue():
-    offenders = [f"{path.name}: {key}" for path in ROOT.glob("overlay/toolkit/*.py")
-                 for key in re.findall(r'kwargs\.get\("(\w+)"', path.read_text(encoding="utf-8"))
-                 if key in settings.CATALOGUE]
-    assert offenders == []
+    read = set()
+    for path in sorted(ROOT.glob("overlay/toolkit/*.py")):
+        found = setting_reads.check(path.read_text(encoding="utf-8"), SETTINGS, READERS, path.name == "settings.py")
+        assert found.around == [], path.name
+        read |= set(found.through)
+    assert {"w4a8_activations", "w4a8_gemm", "stream_mode", "launch_plan", "quantized_cache_dir"} <= read
+
+
+@pytest.mark.parametrize("source", [
+    "def load(self):\n    return self.model_config.model_kwargs.get('stream_mode', 'serialized')\n",
+    "kw = self.model_config.model_kwargs\nmode = kw.get('stream_mode')\n",
+    "kw = getattr(self.model_config, 'model_kwargs', None) or {}\nmode = kw['stream_mode']\n",
+    "config = dict(process['model'].get('model_kwargs') or {})\nstreamed = 'stream_mode' in config\n",
+    "from toolkit.settings import read as setting\nname = 'stream_mode'\nmode = setting(kw, name)\n",
+    "import toolkit.settings as catalogue\nmode = catalogue.read(model_kwargs, 'stream_mod')\n",
+], ids=["single quotes", "an alias", "getattr", "a copy and `in`", "a reader by another name", "a misspelt setting"])
+def test_a_read_around_the_catalogue_is_found_whatever_its_spelling(source):
+    assert len(around(source)) == 1, around(source)
+
+
+def test_reads_through_the_catalogue_are_counted_under_any_import():
+    source = ("from toolkit import settings as s\nfrom .settings import read, cache_folder\n"
+              "a = s.read(cfg.model_kwargs, 'stream_mode')\nb = read(kw, \"memory_plan\")\n"
+              "c = cache_folder(kw, 'quantized_cache_dir', None, 'q')\nd = kw.get('the_trainers_own_key', 1)\n")
+    found = setting_reads.check(source, SETTINGS, READERS)
+    assert found.around == [] and set(found.through) == {"stream_mode", "memory_plan", "quantized_cache_dir"}
+
+
+@pytest.mark.skipif(NO_GIT_UNDER_WINE, reason="no git.exe under Wine")
+def test_in_a_checkout_only_the_lines_added_after_the_base_are_judged(tmp_path):
+    """Upstream's own code is not the project's to route; what the overlay and the series add is."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True,
+                              env={**os.environ, **IDENTITY}).stdout.strip()
+    module = tmp_path / "toolkit" / "model.py"
+    module.parent.mkdir()
+    (module.parent / "settings.py").write_bytes((ROOT / "overlay" / "toolkit" / "settings.py").read_bytes())
+    module.write_text("def upstream(kw):\n    return kw.get('stream_mode')\n", encoding="utf-8")
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-q", "-m", "base")
+    base = git("rev-parse", "HEAD")
+    module.write_text(module.read_text(encoding="utf-8") + "\n\ndef patched(cfg):\n    kw = cfg.model_kwargs\n"
+                      "    return kw['memory_plan'], kw.get('stream_mode')\n", encoding="utf-8")
+    git("commit", "-q", "-am", "a patch")
+    judged = setting_reads.checkout_reads(tmp_path, base, SETTINGS)
+    assert [what for _, what in judged["toolkit/model.py"].around] == ["kw['memory_plan']", "kw.get('stream_mode')"]
+
+
+@pytest.mark.trainer
+def test_the_overlay_and_the_series_read_settings_only_through_the_catalogue(target_workdir):
+    """Each target's checkout as `setup` built it: the lines its overlay and series add to the
+    trainer read every setting with a catalogue reader, never a literal default of their own
+    (`model_kwargs.get(key, default)`) that could drift from the catalogue's."""
+    judged = setting_reads.checkout_reads(target_workdir.workdir.trainer, target_workdir.target.commit, SETTINGS)
+    assert {path: found.around for path, found in judged.items() if found.around} == {}
+    read = {key for found in judged.values() for key in found.through}
+    assert {"streamed_loader", "stay_placed", "allow_unquantized_block_linears", "flux2_params", "all_extensions"} <= read
 
 
 def test_the_trainer_reads_no_aitk_variable():
@@ -112,7 +164,8 @@ def test_a_new_model_key_needs_its_catalogue_line_its_reader_and_the_docs(monkey
     assert settings.read({"throwaway_chunk": 7}, "throwaway_chunk") == 7
     with pytest.raises(settings.SettingError, match="model_kwargs throwaway_chunk: 0 is out of range"):
         settings.read({"throwaway_chunk": 0}, "throwaway_chunk")
-    assert READ.findall('settings.read(self.model_config.model_kwargs, "throwaway_chunk")') == ["throwaway_chunk"]
+    reader = 'from toolkit import settings\nsettings.read(self.model_config.model_kwargs, "throwaway_chunk")\n'
+    assert setting_reads.check(reader, set(settings.model_kwargs_settings()), READERS).through.keys() == {"throwaway_chunk"}
     assert not resume.is_free("config.process[0].model.model_kwargs.throwaway_chunk", 3, 4)
     monkeypatch.setitem(settings.CATALOGUE, new.name, dataclasses.replace(new, resume_may_change=True))
     assert resume.is_free("config.process[0].model.model_kwargs.throwaway_chunk", 3, 4)
