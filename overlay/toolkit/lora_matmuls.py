@@ -23,9 +23,12 @@ AUTOCAST_DEVICES = ("cuda", "cpu")  # ROCm's GPUs are "cuda" devices too
 
 def compute_dtype(network):
     """The dtype the network's LoRA matmuls run in (None: its weights' own), read once from the base
-    model's model_kwargs and kept on the network."""
+    model's model_kwargs and kept on the network. Its first call is often traced by torch.compile (the
+    first forward of a compiled block), so it asks nothing a trace cannot follow (a weak reference's
+    truth value is one: a graph break)."""
     if not hasattr(network, _DTYPE):
-        base_model = network.base_model_ref() if getattr(network, "base_model_ref", None) else None
+        reference = getattr(network, "base_model_ref", None)
+        base_model = reference() if reference is not None else None
         kwargs = getattr(getattr(base_model, "model_config", None), "model_kwargs", None) or {}
         setattr(network, _DTYPE, COMPUTE_DTYPES.get(read(kwargs, "lora_matmuls")))
     return getattr(network, _DTYPE)

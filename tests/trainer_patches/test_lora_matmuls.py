@@ -66,3 +66,19 @@ def test_a_value_the_catalogue_does_not_allow_names_the_setting(trainer_on_path)
 
     with pytest.raises(SettingError, match="lora_matmuls"):
         lora_step({"lora_matmuls": "fp16"})
+
+
+def test_the_first_call_traced_by_torch_compile_breaks_no_graph(trainer_on_path):
+    """A compiled block's first forward is where the precision is first read: the read traces whole."""
+    from toolkit.lora_special import LoRAModule
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    linear = nn.Linear(64, 32, bias=False).to(torch.bfloat16)
+    base_model = BaseModel({"lora_matmuls": "bf16"})
+    network = Network(base_model)
+    lora = LoRAModule("probe", linear, lora_dim=4, alpha=4, network=network)
+    lora.apply_to()
+    compiled = torch.compile(lambda x: linear(x), backend="aot_eager", fullgraph=True)
+    out = compiled(torch.randn(8, 64, dtype=torch.bfloat16))
+    assert out.dtype == torch.bfloat16 and not torch._dynamo.utils.counters["graph_break"]
