@@ -12,6 +12,7 @@ an environment variable. The two settings PyTorch's and MIOpen's libraries read 
 resolved config (launcher/runs/trainer_env.py `from_settings`).
 """
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,8 @@ KERNEL_KEYS = ("w4a8_activations", "w4a8_gemm")
 
 @dataclass(frozen=True)
 class Resolution:
+    config: dict
+    """The config resolved: every `auto` `run` decides given its value, every catalogue setting concrete."""
     lines: list[str]
     """What `run` prints about each choice, then the memory plan's lines."""
     verdicts: Verdicts
@@ -40,10 +43,11 @@ class Resolution:
     """The variables the resolved settings give the trainer process (trainer_env.from_settings)."""
 
 
-def resolve_run(config: dict, workdir: Workdir, sampling_setting: str, preset_path: Path) -> Resolution:
-    """Resolve the rendered config in place and check its memory plans; LauncherError where the
-    trainer would refuse a budget."""
+def resolve_run(rendered: dict, workdir: Workdir, sampling_setting: str, preset_path: Path) -> Resolution:
+    """The rendered config resolved (a copy: `rendered` stays as it was), with its memory plans
+    checked; LauncherError where the trainer would refuse a budget."""
     verdicts, planner = Verdicts.read(workdir), memory_plan.Planner()
+    config = copy.deepcopy(rendered)
     processes = config["config"]["process"]
     for process in processes:
         model = process.get("model")
@@ -63,7 +67,7 @@ def resolve_run(config: dict, workdir: Workdir, sampling_setting: str, preset_pa
         model["model_kwargs"] = concrete(model.get("model_kwargs") or {})
     lines = [line for line in (*chosen, sampled, streams, attends, compiled, blas, searched) if line]
     lines += memory_plan.check_plans(config, preset_path, planner)
-    return Resolution(lines, verdicts, planner, memory_plan.launch_plans(config, planner),
+    return Resolution(config, lines, verdicts, planner, memory_plan.launch_plans(config, planner),
                       trainer_env.from_settings(config))
 
 

@@ -69,5 +69,6 @@ def test_a_selftest_that_saw_no_gpu_decides_qtype_auto(tmp_path):
     no_gpu = {**GPU_RESULT, "environment": {"gpu": None}, "fastest": {"qtype": None, "reason": "saw no GPU"}}
     config = {"config": {"process": [{"model": {"qtype": "auto", "model_kwargs": {"memory_plan": "auto"}}}]}}
     resolution = resolve.resolve_run(config, workdir_with(tmp_path, no_gpu), "auto", tmp_path / "p.yaml")
-    assert config["config"]["process"][0]["model"]["qtype"] == "int4_fused"
+    assert resolution.config["config"]["process"][0]["model"]["qtype"] == "int4_fused"
+    assert config["config"]["process"][0]["model"]["qtype"] == "auto", "the rendered config stays as it was"
     assert resolution.lines[0].startswith("qtype auto -> int4_fused (plain-PyTorch path") and "saw no GPU" in resolution.lines[0]

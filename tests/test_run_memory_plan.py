@@ -88,8 +88,7 @@ def budgeted_run(budget_gib=None, **kwargs) -> dict:
 def launched(config: dict, workdir, tmp_path) -> dict:
     """The config as `run` writes it for the trainer: resolved, then handed over."""
     resolution = resolve.resolve_run(config, workdir, "auto", tmp_path / "p.yaml")
-    files.hand_over(config, {}, {}, resolution.launch_plans)
-    return config
+    return files.hand_over(resolution.config, {}, {}, resolution.launch_plans)
 
 
 def test_run_hands_its_plan_only_where_it_made_one(tmp_path):
