@@ -20,8 +20,10 @@ def planned(mode=None):
 
 
 def resolved(config, workdir):
-    """What `run` says of the stream mode of the config's one process."""
-    return resolve.stream_mode(config["config"]["process"][0], Verdicts.read(workdir))
+    """What `run` says of the stream mode of the config's one process, which takes the resolved process."""
+    processes = config["config"]["process"]
+    processes[0], line = resolve.stream_mode(processes[0], Verdicts.read(workdir))
+    return line
 
 
 def stream_mode(config):
