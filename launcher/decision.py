@@ -25,6 +25,7 @@ from launcher.runs.folders import RunFolder
 from launcher.runs.path_limits import check_lengths
 from launcher.runs.presets import Preset, render
 from launcher.runs.trainer_env import ALLOCATOR_VARIABLES, EXPANDABLE
+from launcher.selftest.verdict import Verdicts
 from launcher.watchdog.rank_watch import STATE_FILE
 
 
@@ -84,11 +85,14 @@ class LaunchDecision:
         return sorted({(p.get("model") or {}).get("qtype") for p in self.config["config"]["process"]} - {None})
 
 
-def decide(preset: Preset, workdir: Workdir, flags: Flags, python: Path | None = None) -> LaunchDecision:
-    """The one decision of a launch: the run folder, the config rendered, resolved from the self-test
-    (launcher/resolve.py), checked against the files it names, and handed over (launcher/runs/files.py),
-    the trainer's environment and ranks. `python` is the trainer venv's interpreter, which builds a
-    tiny preset's model. LauncherError where a check fails; nothing is written into the run folder."""
+def decide(preset: Preset, verdicts: Verdicts, workdir: Workdir, flags: Flags,
+           python: Path | None = None) -> LaunchDecision:
+    """The one decision of a launch, from the preset, the self-test report this launch read, the
+    machine (the workdir and what it holds) and the command line: the run folder, the config
+    rendered, resolved (launcher/resolve.py), checked against the files it names and handed over
+    (launcher/runs/files.py), the trainer's environment and ranks. `python` is the trainer venv's
+    interpreter, which builds a tiny preset's model. LauncherError where a check fails; nothing is
+    written into the run folder."""
     places = flags.places
     run = RunFolder.inside(places.get("output") or workdir.runs, preset.name,
                            workdir=None if "output" in places else workdir.root)
@@ -99,7 +103,7 @@ def decide(preset: Preset, workdir: Workdir, flags: Flags, python: Path | None =
         arch = preset.config["config"]["process"][0]["model"].get("arch")
         manifest = tiny.ensure_for_arch(workdir.assets, arch, workdir.trainer, python)
     rendered = render(preset, run.root, tiny_manifest=manifest, places=model_places(places, preset.tiny))
-    resolved = resolve_run(rendered, workdir, preset.sampling, preset.path)
+    resolved = resolve_run(rendered, verdicts, preset.sampling, preset.path)
     checked, skipped = check(preset, resolved.config, workdir, run, full_size=not preset.tiny)
     extra = {**launch_env(workdir), **resolved.env}  # caches, and the libraries' variables of the verdicts
     added = env_changes(preset, workdir, extra)
@@ -112,7 +116,7 @@ def decide(preset: Preset, workdir: Workdir, flags: Flags, python: Path | None =
     messages = (*(Message(line) for line in resolved.lines), *checked, *(Message(line) for line in planned))
     return LaunchDecision(preset=preset, run=run, config=config, messages=messages,
                           env={**env, **team.env()}, shown_env=tuple(sorted({**added, **team.env()})), team=team,
-                          skipped=tuple(skipped), selftest=resolved.verdicts.summary)
+                          skipped=tuple(skipped), selftest=verdicts.summary)
 
 
 def model_places(places: dict[str, Path], tiny: bool) -> dict[str, Path]:
@@ -145,9 +149,10 @@ def check(preset: Preset, config: dict, workdir: Workdir, run: RunFolder,
             params = (model.get("model_kwargs") or {}).get("flux2_params")
             validate.check_model_dir(Path(model["name_or_path"]), full_size=not validate.reshapes(params),
                                      flux2_params=params, arch=model.get("arch"))
-            validate.check_text_encoder(model.get("model_kwargs", {}).get("text_encoder_path", ""),
-                                        Path(os.environ.get(files.ENV_TEXT_CACHE_DIR) or workdir.text_cache),
-                                        arch=model.get("arch"))
+            note = validate.check_text_encoder(model.get("model_kwargs", {}).get("text_encoder_path", ""),
+                                               Path(os.environ.get(files.ENV_TEXT_CACHE_DIR) or workdir.text_cache),
+                                               arch=model.get("arch"))
+            said += [Message(note, choice=False)] if note else []
         for place, dataset in enumerate(process["datasets"]):
             result = check_dataset(Path(dataset["folder_path"]), dataset.get("caption_ext", "txt"),
                                    dataset.get("bucket_tolerance", DEFAULT_BUCKET_TOLERANCE), preset.skip_bad_images)

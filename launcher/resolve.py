@@ -17,7 +17,6 @@ from functools import partial
 from pathlib import Path
 
 from launcher import trainer_rules
-from launcher.envs.workdir import Workdir
 from launcher.runs import memory_plan, trainer_env
 from launcher.runs.schema import AUTO
 from launcher.selftest.verdict import (FIND_MODE_DEFAULT, ROCM_BLAS_DEFAULT, SDPA_DEFAULT, SERIALIZED, Verdicts,
@@ -33,8 +32,6 @@ class Resolution:
     """The config resolved: every `auto` `run` decides given its value, every catalogue setting concrete."""
     lines: list[str]
     """What `run` prints about each choice, then the memory plan's lines."""
-    verdicts: Verdicts
-    """The self-test report this launch read (run.json keeps its summary)."""
     planner: memory_plan.Planner
     """The plans this launch made (each card's plan of `run --gpus N` asks it too)."""
     launch_plans: list[str | None]
@@ -43,10 +40,11 @@ class Resolution:
     """The variables the resolved settings give the trainer process (trainer_env.from_settings)."""
 
 
-def resolve_run(rendered: dict, workdir: Workdir, sampling_setting: str, preset_path: Path) -> Resolution:
-    """The rendered config resolved (a new config: `rendered` stays as it was), with its memory plans
-    checked; LauncherError where the trainer would refuse a budget."""
-    verdicts, planner = Verdicts.read(workdir), memory_plan.Planner()
+def resolve_run(rendered: dict, verdicts: Verdicts, sampling_setting: str, preset_path: Path) -> Resolution:
+    """The rendered config resolved from the self-test report this launch read (a new config:
+    `rendered` stays as it was), with its memory plans checked; LauncherError where the trainer
+    would refuse a budget."""
+    planner = memory_plan.Planner()
     config, sampled = sampling(rendered, verdicts, sampling_setting)
     # in this order: the stream mode sets the buffer and the attention kernels the fixed memory of any
     # plan (qtype's among them), and the kernel follows the qtype
@@ -66,7 +64,7 @@ def resolve_run(rendered: dict, workdir: Workdir, sampling_setting: str, preset_
     lines = [line for line in (*chosen, sampled, *(last(said[name]) for name in ("streams", "attends", "compiled",
                                                                               "blas", "searched"))) if line]
     lines += memory_plan.check_plans(config, preset_path, planner)
-    return Resolution(config, lines, verdicts, planner, memory_plan.launch_plans(config, planner),
+    return Resolution(config, lines, planner, memory_plan.launch_plans(config, planner),
                       trainer_env.from_settings(config))
 
 

@@ -10,6 +10,7 @@ from test_selftest import GPU_RESULT, places, workdir_with  # noqa: F401  (place
 
 from launcher import resolve, trainer_rules
 from launcher.runs import memory_plan
+from launcher.selftest.verdict import Verdicts
 
 BUDGETED = "inherits: base_512\nconfig:\n  process:\n    - model:\n        model_kwargs:\n          vram_budget_gib: 16\n"
 
@@ -68,7 +69,7 @@ def test_a_selftest_that_saw_no_gpu_decides_qtype_auto(tmp_path):
     `qtype: auto` takes the streamable fallback (this once stopped `run` with an AttributeError)."""
     no_gpu = {**GPU_RESULT, "environment": {"gpu": None}, "fastest": {"qtype": None, "reason": "saw no GPU"}}
     config = {"config": {"process": [{"model": {"qtype": "auto", "model_kwargs": {"memory_plan": "auto"}}}]}}
-    resolution = resolve.resolve_run(config, workdir_with(tmp_path, no_gpu), "auto", tmp_path / "p.yaml")
+    resolution = resolve.resolve_run(config, Verdicts.read(workdir_with(tmp_path, no_gpu)), "auto", tmp_path / "p.yaml")
     assert resolution.config["config"]["process"][0]["model"]["qtype"] == "int4_fused"
     assert config["config"]["process"][0]["model"]["qtype"] == "auto", "the rendered config stays as it was"
     assert resolution.lines[0].startswith("qtype auto -> int4_fused (plain-PyTorch path") and "saw no GPU" in resolution.lines[0]

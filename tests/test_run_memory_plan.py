@@ -89,7 +89,7 @@ def budgeted_run(budget_gib=None, **kwargs) -> dict:
 
 def launched(config: dict, workdir, tmp_path) -> dict:
     """The config as `run` writes it for the trainer: resolved, then handed over."""
-    resolution = resolve.resolve_run(config, workdir, "auto", tmp_path / "p.yaml")
+    resolution = resolve.resolve_run(config, Verdicts.read(workdir), "auto", tmp_path / "p.yaml")
     return files.hand_over(resolution.config, {}, {}, resolution.launch_plans)
 
 

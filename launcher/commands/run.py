@@ -33,6 +33,7 @@ from launcher.runs.run_lock import run_folder_lock
 from launcher.runs.schema import Vocabulary, short
 from launcher.runs.telemetry import TelemetryRecorder
 from launcher.runs.vocabulary import read_vocabulary
+from launcher.selftest.verdict import Verdicts
 from launcher.user_files import read_text
 from launcher.watchdog.loop import watch_run
 from launcher.watchdog.policy import load_config
@@ -103,7 +104,7 @@ def handle(args) -> int:
     if preset.tiny:
         say_tiny_places(places)
     flags = Flags(places, args.gpus, args.profile)
-    decision = decide(preset, workdir, flags, checked_python(workdir) if preset.tiny else None)
+    decision = decide(preset, Verdicts.read(workdir), workdir, flags, checked_python(workdir) if preset.tiny else None)
     for message in decision.messages:
         tell(message, args.dry_run)
     if args.dry_run:
