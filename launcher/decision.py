@@ -31,12 +31,12 @@ from launcher.watchdog.rank_watch import STATE_FILE
 
 @dataclass(frozen=True)
 class Message:
-    """One line `run` says about its decision; a `choice` is a YAML comment in a dry run, whose
-    output stays a config."""
+    """One line `run` says about its decision: a warning, or a line that a dry run prints as a YAML
+    comment where `comment` (its choices and plans; its output stays a config)."""
 
     text: str
     warning: bool = False
-    choice: bool = True
+    comment: bool = True
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ def check(preset: Preset, config: dict, workdir: Workdir, run: RunFolder,
             note = validate.check_text_encoder(model.get("model_kwargs", {}).get("text_encoder_path", ""),
                                                Path(os.environ.get(files.ENV_TEXT_CACHE_DIR) or workdir.text_cache),
                                                arch=model.get("arch"))
-            said += [Message(note, choice=False)] if note else []
+            said += [Message(note, comment=False)] if note else []
         for place, dataset in enumerate(process["datasets"]):
             result = check_dataset(Path(dataset["folder_path"]), dataset.get("caption_ext", "txt"),
                                    dataset.get("bucket_tolerance", DEFAULT_BUCKET_TOLERANCE), preset.skip_bad_images)
@@ -172,7 +172,7 @@ def disk_lines(config: dict, run: RunFolder, workdir: Workdir) -> list[Message]:
     """Room on each volume for what the run still writes; what already exists is said and not counted."""
     needs = disk_budget.run_needs(config, run.root, quantized_cache_dir(workdir))
     disk_budget.check_free_disk(needs)
-    return [Message(f"disk: {need.what}: {need.already}, {need.gib:.1f} GiB still to write", choice=False)
+    return [Message(f"disk: {need.what}: {need.already}, {need.gib:.1f} GiB still to write", comment=False)
             for need in needs if need.already]
 
 

@@ -3,6 +3,8 @@
 The trainer is started directly (`<venv python> -u run.py <config>`, no shell, no detaching) and
 its output is copied line by line to the console and to the run's train.log: a detached launch
 with redirected output loses the early lines when the child dies, which are the ones that say why.
+What a launch runs with is decided once, before anything is written (launcher/decision.py); the
+handler prints that decision, or writes it and starts the trainer from it.
 """
 
 import argparse
@@ -108,21 +110,24 @@ def handle(args) -> int:
     for message in decision.messages:
         tell(message, args.dry_run)
     if args.dry_run:
-        print(yaml.safe_dump(decision.config, sort_keys=False, allow_unicode=True, width=float("inf")), end="",
-              flush=True)
-        for name in decision.shown_env:
-            print(f"{name}={decision.env[name]}", flush=True)
+        print_decision(decision)
         return 0
     return launch(decision, workdir, args.resume, args.accept_changes)
 
 
+def print_decision(decision: LaunchDecision) -> None:
+    """A dry run's output: the config as the run folder would get it, then the variables `run` sets."""
+    print(yaml.safe_dump(decision.config, sort_keys=False, allow_unicode=True, width=float("inf")), end="", flush=True)
+    for name in decision.shown_env:
+        print(f"{name}={decision.env[name]}", flush=True)
+
+
 def tell(message: Message, dry_run: bool) -> None:
-    """One line of the decision: a warning, or a line that a dry run, whose output stays a config,
-    prints as a YAML comment where it says a choice."""
+    """One line of the decision, as a warning or said (a YAML comment in a dry run where it is one)."""
     if message.warning:
         warn(message.text)
     else:
-        say(f"# {message.text}" if dry_run and message.choice else message.text)
+        say(f"# {message.text}" if dry_run and message.comment else message.text)
 
 
 def launch(decision: LaunchDecision, workdir: Workdir, resume_asked: bool, accept_changes: bool) -> int:
