@@ -93,7 +93,10 @@ def with_settings(process: dict, kwargs: dict, **model) -> dict:
 
 
 def with_concrete_settings(process: dict) -> dict:
-    return with_settings(process, concrete(kwargs_of(process))) if process.get("model") is not None else process
+    """`process` with its model_kwargs made concrete (`concrete`): a new process, the given one unchanged."""
+    if process.get("model") is None:
+        return process
+    return {**process, "model": {**process["model"], "model_kwargs": concrete(kwargs_of(process))}}
 
 
 def unset(kwargs: dict, values: dict) -> dict:
