@@ -13,10 +13,10 @@ resolved config (launcher/runs/trainer_env.py `from_settings`).
 """
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from launcher import trainer_rules
-from launcher.envs.workdir import Workdir
 from launcher.runs import memory_plan, trainer_env
 from launcher.runs.schema import AUTO
 from launcher.selftest.verdict import (FIND_MODE_DEFAULT, ROCM_BLAS_DEFAULT, SDPA_DEFAULT, SERIALIZED, Verdicts,
@@ -28,10 +28,10 @@ KERNEL_KEYS = ("w4a8_activations", "w4a8_gemm")
 
 @dataclass(frozen=True)
 class Resolution:
+    config: dict
+    """The config resolved: every `auto` `run` decides given its value, every catalogue setting concrete."""
     lines: list[str]
     """What `run` prints about each choice, then the memory plan's lines."""
-    verdicts: Verdicts
-    """The self-test report this launch read (run.json keeps its summary)."""
     planner: memory_plan.Planner
     """The plans this launch made (each card's plan of `run --gpus N` asks it too)."""
     launch_plans: list[str | None]
@@ -40,31 +40,37 @@ class Resolution:
     """The variables the resolved settings give the trainer process (trainer_env.from_settings)."""
 
 
-def resolve_run(config: dict, workdir: Workdir, sampling_setting: str, preset_path: Path) -> Resolution:
-    """Resolve the rendered config in place and check its memory plans; LauncherError where the
-    trainer would refuse a budget."""
-    verdicts, planner = Verdicts.read(workdir), memory_plan.Planner()
-    processes = config["config"]["process"]
-    for process in processes:
-        model = process.get("model")
-        if model is not None and model.get("model_kwargs") is None:
-            model["model_kwargs"] = {}
-    sampled = sampling(config, verdicts, sampling_setting)
-    # before any plan: the stream mode sets the buffer, the attention kernels the fixed memory
-    streams = last(stream_mode(process, verdicts) for process in processes)
-    attends = last(sdpa_kernels(process, verdicts) for process in processes)
-    chosen = [line for process in processes
-              for line in (qtype(process, verdicts, planner), w4a8_kernel(process, verdicts)) if line]
-    compiled = last(compile_blocks(process, verdicts) for process in processes)
-    blas = last(rocm_blas(process, verdicts) for process in processes)
-    searched = last(miopen_find_mode(process, verdicts) for process in processes)
-    for process in processes:
-        model = process.get("model") or {}
-        model["model_kwargs"] = concrete(model.get("model_kwargs") or {})
-    lines = [line for line in (*chosen, sampled, streams, attends, compiled, blas, searched) if line]
+def resolve_run(rendered: dict, verdicts: Verdicts, sampling_setting: str, preset_path: Path) -> Resolution:
+    """The rendered config resolved from the self-test report this launch read (a new config:
+    `rendered` stays as it was), with its memory plans checked; LauncherError where the trainer
+    would refuse a budget."""
+    planner = memory_plan.Planner()
+    config, sampled = sampling(rendered, verdicts, sampling_setting)
+    # in this order: the stream mode sets the buffer and the attention kernels the fixed memory of any
+    # plan (qtype's among them), and the kernel follows the qtype
+    resolvers = {"streams": stream_mode, "attends": sdpa_kernels,
+                 "qtype": partial(qtype, planner=planner), "kernel": w4a8_kernel,
+                 "compiled": compile_blocks, "blas": rocm_blas, "searched": miopen_find_mode}
+    said = {name: [] for name in resolvers}
+    processes = []
+    for process in config["config"]["process"]:
+        process = with_settings(process, {})
+        for name, resolver in resolvers.items():
+            process, line = resolver(process, verdicts)
+            said[name].append(line)
+        processes.append(with_concrete_settings(process))
+    config = {**config, "config": {**config["config"], "process": processes}}
+    chosen = [line for pair in zip(said["qtype"], said["kernel"]) for line in pair if line]
+    lines = [line for line in (*chosen, sampled, *(last(said[name]) for name in ("streams", "attends", "compiled",
+                                                                              "blas", "searched"))) if line]
     lines += memory_plan.check_plans(config, preset_path, planner)
-    return Resolution(lines, verdicts, planner, memory_plan.launch_plans(config, planner),
+    return Resolution(config, lines, planner, memory_plan.launch_plans(config, planner),
                       trainer_env.from_settings(config))
+
+
+Resolved = tuple[dict, str | None]
+"""What a resolver returns: the process with its setting decided (a new dict), and the line `run`
+says of the choice (None where there is nothing to say)."""
 
 
 def last(lines) -> str | None:
@@ -77,105 +83,119 @@ def kwargs_of(process: dict) -> dict:
     return (process.get("model") or {}).get("model_kwargs") or {}
 
 
-def fill(kwargs: dict, values: dict) -> None:
-    """Set the keys the preset leaves to `auto` (or unset); a value the preset names stays."""
-    kwargs.update({key: value for key, value in values.items() if kwargs.get(key, AUTO) == AUTO})
+def with_settings(process: dict, kwargs: dict, **model) -> dict:
+    """`process` with these model_kwargs values and model keys: a new process, the given one unchanged
+    (a process without a model gains none)."""
+    if process.get("model") is None:
+        return process
+    given = process["model"]
+    return {**process, "model": {**given, **model, "model_kwargs": {**(given.get("model_kwargs") or {}), **kwargs}}}
 
 
-def qtype(process: dict, verdicts: Verdicts, planner: memory_plan.Planner) -> str | None:
+def with_concrete_settings(process: dict) -> dict:
+    """`process` with its model_kwargs made concrete (`concrete`): a new process, the given one unchanged."""
+    if process.get("model") is None:
+        return process
+    return {**process, "model": {**process["model"], "model_kwargs": concrete(kwargs_of(process))}}
+
+
+def unset(kwargs: dict, values: dict) -> dict:
+    """The keys of `values` the preset leaves to `auto` (or unset); a value the preset names stays."""
+    return {key: value for key, value in values.items() if kwargs.get(key, AUTO) == AUTO}
+
+
+def qtype(process: dict, verdicts: Verdicts, planner: memory_plan.Planner) -> Resolved:
     """`qtype: auto` -> the self-test's fastest passing qtype with its kernel, else a fallback that
     can stream where the process's memory plan may stream blocks on the self-test's card."""
     model = process.get("model") or {}
     if model.get("qtype") != AUTO:
-        return None
+        return process, None
     choice = verdicts.qtype(streams=memory_plan.streams_on(process, verdicts.card_vram_gib, planner))
-    model["qtype"] = choice.qtype
-    fill(model["model_kwargs"], choice.kernel)
-    return choice.line
+    return with_settings(process, unset(kwargs_of(process), choice.kernel), qtype=choice.qtype), choice.line
 
 
-def w4a8_kernel(process: dict, verdicts: Verdicts) -> str | None:
+def w4a8_kernel(process: dict, verdicts: Verdicts) -> Resolved:
     """int4_w4a8's `auto` (or unset) kernel, both keys at once: they name one kernel together."""
     model, kwargs = process.get("model") or {}, kwargs_of(process)
     name = model.get("qtype")
     if not (trainer_rules.qtypes().has_eight_bit_kernel(name) and any(kwargs.get(key, AUTO) == AUTO for key in KERNEL_KEYS)):
-        return None
+        return process, None
     kernel, why = verdicts.w4a8_kernel()
-    fill(kwargs, kernel)
-    return f"{name} kernel -> {kwargs.get('w4a8_activations')} {kwargs.get('w4a8_gemm')}: {why}"
+    kwargs = {**kwargs, **unset(kwargs, kernel)}
+    return (with_settings(process, kwargs),
+            f"{name} kernel -> {kwargs.get('w4a8_activations')} {kwargs.get('w4a8_gemm')}: {why}")
 
 
-def stream_mode(process: dict, verdicts: Verdicts) -> str | None:
+def stream_mode(process: dict, verdicts: Verdicts) -> Resolved:
     """`stream_mode: auto` (or unset) of a process with `memory_plan: auto` -> serialized or
-    overlapped; None where the process does not plan or names its mode."""
+    overlapped; no line where the process does not plan or names its mode."""
     kwargs = kwargs_of(process)
     if kwargs.get("memory_plan") != AUTO or kwargs.get("stream_mode", AUTO) != AUTO:
-        return None
+        return process, None
     mode, why = verdicts.decide(streaming_from, SERIALIZED)
-    kwargs["stream_mode"] = mode
-    return f"stream_mode auto -> {mode}: {why}"
+    return with_settings(process, {"stream_mode": mode}), f"stream_mode auto -> {mode}: {why}"
 
 
-def compile_blocks(process: dict, verdicts: Verdicts) -> str | None:
+def compile_blocks(process: dict, verdicts: Verdicts) -> Resolved:
     """`compile_blocks: auto` -> true or false; a warning where a preset says true and the check did
-    not pass here; None where the process neither compiles nor says auto."""
+    not pass here; no line where the process neither compiles nor says auto."""
     kwargs = kwargs_of(process)
     if kwargs.get("compile_blocks") != AUTO and kwargs.get("compile_blocks") is not True:
-        return None
+        return process, None
     compiled, why = verdicts.decide(compile_from, False)
     if kwargs["compile_blocks"] == AUTO:
-        kwargs["compile_blocks"] = compiled
-        return f"compile_blocks auto -> {str(compiled).lower()}: {why}"
+        return (with_settings(process, {"compile_blocks": compiled}),
+                f"compile_blocks auto -> {str(compiled).lower()}: {why}")
     if not compiled:
-        return (f"warning: compile_blocks: true, but the self-test's compile check did not pass here ({why}); "
-                "a compile failure on the first step falls back to uncompiled blocks")
-    return None
+        return process, (f"warning: compile_blocks: true, but the self-test's compile check did not pass here ({why}); "
+                         "a compile failure on the first step falls back to uncompiled blocks")
+    return process, None
 
 
-def _from_verdict(process: dict, verdicts: Verdicts, name: str, rule, default: str, shown) -> str | None:
+def _from_verdict(process: dict, verdicts: Verdicts, name: str, rule, default: str, shown) -> Resolved:
     """`name: auto` (or unset) -> the value `rule` takes from the self-test; the line where
     `shown(value)` (a ROCm setting changes nothing elsewhere, so there it goes unsaid)."""
-    model = process.get("model")
-    if model is None or model["model_kwargs"].get(name, AUTO) != AUTO:
-        return None
+    if process.get("model") is None or kwargs_of(process).get(name, AUTO) != AUTO:
+        return process, None
     value, why = verdicts.decide(rule, default)
-    model["model_kwargs"][name] = value
-    return f"{name} auto -> {value}: {why}" if shown(value) else None
+    return with_settings(process, {name: value}), f"{name} auto -> {value}: {why}" if shown(value) else None
 
 
-def rocm_blas(process: dict, verdicts: Verdicts) -> str | None:
+def rocm_blas(process: dict, verdicts: Verdicts) -> Resolved:
     """`rocm_blas` -> hipblas, hipblaslt or default: the faster library the self-test timed on ROCm."""
     return _from_verdict(process, verdicts, "rocm_blas", blas_from, ROCM_BLAS_DEFAULT, lambda _: verdicts.on_hip)
 
 
-def sdpa_kernels(process: dict, verdicts: Verdicts) -> str | None:
+def sdpa_kernels(process: dict, verdicts: Verdicts) -> Resolved:
     """`sdpa_kernels` -> default, experimental or math: the attention kernels that ran; said on ROCm,
     or anywhere they are other than the default."""
     return _from_verdict(process, verdicts, "sdpa_kernels", attention_from, SDPA_DEFAULT,
                          lambda value: verdicts.on_hip or value != SDPA_DEFAULT)
 
 
-def miopen_find_mode(process: dict, verdicts: Verdicts) -> str | None:
+def miopen_find_mode(process: dict, verdicts: Verdicts) -> Resolved:
     """`miopen_find_mode` -> default or fast: from the time of MIOpen's first convolution on ROCm."""
     return _from_verdict(process, verdicts, "miopen_find_mode", find_mode_from, FIND_MODE_DEFAULT,
                          lambda _: verdicts.on_hip)
 
 
-def sampling(config: dict, verdicts: Verdicts, setting: str) -> str | None:
+def sampling(config: dict, verdicts: Verdicts, setting: str) -> tuple[dict, str | None]:
     """In-training sampling (wall 6) stays on only where the self-test's sampling check passed for
     this trainer build, or when the preset says `launcher: {sampling: force}`; otherwise it is
-    switched off in the rendered config. None when no process samples."""
-    sampled = [p for p in config["config"]["process"] if not (p.get("train") or {}).get("disable_sampling", False)]
-    if not sampled:
-        return None
+    switched off in the config returned (a new one; `config` stays as it was). No line when no
+    process samples."""
+    sampled = [not (p.get("train") or {}).get("disable_sampling", False) for p in config["config"]["process"]]
+    if not any(sampled):
+        return config, None
     if setting == "force":
-        return "in-training sampling on: forced by the preset (launcher: {sampling: force})"
+        return config, "in-training sampling on: forced by the preset (launcher: {sampling: force})"
     passed, why = verdicts.sampling()
     if passed:
-        return f"in-training sampling on: {why}"
-    for process in sampled:
-        process.setdefault("train", {})["disable_sampling"] = True
-    return (f"in-training sampling off: {why}; `python -m launcher selftest` checks that sampling completes here, "
+        return config, f"in-training sampling on: {why}"
+    processes = [{**process, "train": {**(process.get("train") or {}), "disable_sampling": True}} if samples else process
+                 for process, samples in zip(config["config"]["process"], sampled)]
+    return ({**config, "config": {**config["config"], "process": processes}},
+            f"in-training sampling off: {why}; `python -m launcher selftest` checks that sampling completes here, "
             "or set `launcher: {sampling: force}` in the preset")
 
 

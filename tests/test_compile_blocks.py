@@ -27,8 +27,10 @@ def with_compile(kwargs: dict | None = None) -> dict:
 
 
 def resolved(config: dict, workdir):
-    """What `run` says of compiling the config's one process."""
-    return resolve.compile_blocks(config["config"]["process"][0], Verdicts.read(workdir))
+    """What `run` says of compiling the config's one process, which takes the resolved process."""
+    processes = config["config"]["process"]
+    processes[0], line = resolve.compile_blocks(processes[0], Verdicts.read(workdir))
+    return line
 
 
 def setting(config: dict):

@@ -2,6 +2,7 @@
 trainer's memory planner once per budget: `qtype: auto` (may the plan stream?), the printed plan
 and each card's plan share the answer."""
 
+import copy
 import io
 import os
 
@@ -10,6 +11,7 @@ from test_selftest import GPU_RESULT, places, workdir_with  # noqa: F401  (place
 
 from launcher import resolve, trainer_rules
 from launcher.runs import memory_plan
+from launcher.selftest.verdict import Verdicts
 
 BUDGETED = "inherits: base_512\nconfig:\n  process:\n    - model:\n        model_kwargs:\n          vram_budget_gib: 16\n"
 
@@ -68,6 +70,24 @@ def test_a_selftest_that_saw_no_gpu_decides_qtype_auto(tmp_path):
     `qtype: auto` takes the streamable fallback (this once stopped `run` with an AttributeError)."""
     no_gpu = {**GPU_RESULT, "environment": {"gpu": None}, "fastest": {"qtype": None, "reason": "saw no GPU"}}
     config = {"config": {"process": [{"model": {"qtype": "auto", "model_kwargs": {"memory_plan": "auto"}}}]}}
-    resolution = resolve.resolve_run(config, workdir_with(tmp_path, no_gpu), "auto", tmp_path / "p.yaml")
-    assert config["config"]["process"][0]["model"]["qtype"] == "int4_fused"
+    resolution = resolve.resolve_run(config, Verdicts.read(workdir_with(tmp_path, no_gpu)), "auto", tmp_path / "p.yaml")
+    assert resolution.config["config"]["process"][0]["model"]["qtype"] == "int4_fused"
+    assert config["config"]["process"][0]["model"]["qtype"] == "auto", "the rendered config stays as it was"
     assert resolution.lines[0].startswith("qtype auto -> int4_fused (plain-PyTorch path") and "saw no GPU" in resolution.lines[0]
+
+
+def test_resolving_leaves_the_rendered_config_and_writes_no_auto(tmp_path):
+    """An `auto` that does not apply (a stream mode without a plan, a kernel of another qtype) takes the
+    catalogue's default in the resolved config; the rendered config `run` resolved is left as it was."""
+    settings = trainer_rules.settings()
+    kwargs = {"stream_mode": "auto", "w4a8_gemm": "auto", "compile_blocks": "auto"}
+    rendered = {"config": {"process": [{"model": {"qtype": "int4_fused", "model_kwargs": kwargs}, "train": {}}]}}
+    before = copy.deepcopy(rendered)
+    resolution = resolve.resolve_run(rendered, Verdicts.read(workdir_with(tmp_path, None)), "auto", tmp_path / "p.yaml")
+    resolved = resolution.config["config"]["process"][0]
+    assert rendered == before
+    assert resolved["model"]["model_kwargs"]["stream_mode"] == settings.CATALOGUE["stream_mode"].default
+    assert resolved["model"]["model_kwargs"]["w4a8_gemm"] == settings.CATALOGUE["w4a8_gemm"].default
+    assert resolved["model"]["model_kwargs"]["compile_blocks"] is False
+    assert "auto" not in resolved["model"]["model_kwargs"].values()
+    assert resolved["train"]["disable_sampling"] is True and "disable_sampling" not in rendered["config"]["process"][0]["train"]

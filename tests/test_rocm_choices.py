@@ -68,8 +68,10 @@ def test_no_gpu_and_nvidia_are_not_timed():
 
 
 def resolved(config: dict, workdir) -> str | None:
-    """What `run` says of the BLAS library of the config's one process."""
-    return resolve.rocm_blas(config["config"]["process"][0], Verdicts.read(workdir))
+    """What `run` says of the BLAS library of the config's one process, which takes the resolved process."""
+    processes = config["config"]["process"]
+    processes[0], line = resolve.rocm_blas(processes[0], Verdicts.read(workdir))
+    return line
 
 
 def config_with(**kwargs) -> dict:
@@ -349,17 +351,19 @@ def test_run_resolves_the_verdicts_and_sets_their_variables(tmp_path, kernels, m
               "convolution": {"ran": True, "passed": True, "find_mode": mode, "reason": "timed"}}
     config = config_with()
     verdicts = Verdicts.read(workdir_with(tmp_path, result))
-    process = config["config"]["process"][0]
-    assert resolve.sdpa_kernels(process, verdicts).startswith(f"sdpa_kernels auto -> {kernels}: found")
-    assert resolve.miopen_find_mode(process, verdicts).startswith(f"miopen_find_mode auto -> {mode}: timed")
-    assert trainer_env.from_settings(config) == env
+    process, attends = resolve.sdpa_kernels(config["config"]["process"][0], verdicts)
+    process, searched = resolve.miopen_find_mode(process, verdicts)
+    assert attends.startswith(f"sdpa_kernels auto -> {kernels}: found")
+    assert searched.startswith(f"miopen_find_mode auto -> {mode}: timed")
+    assert trainer_env.from_settings({"config": {"process": [process]}}) == env
 
 
 def test_a_presets_value_is_kept_and_sets_the_variable_without_a_self_test(tmp_path):
     config = config_with(sdpa_kernels="experimental", miopen_find_mode="default")
     verdicts = Verdicts.read(workdir_with(tmp_path, None))
     process = config["config"]["process"][0]
-    assert resolve.sdpa_kernels(process, verdicts) is None and resolve.miopen_find_mode(process, verdicts) is None
+    assert resolve.sdpa_kernels(process, verdicts) == (process, None)
+    assert resolve.miopen_find_mode(process, verdicts) == (process, None)
     assert trainer_env.from_settings(config) == {"TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL": "1"}
 
 

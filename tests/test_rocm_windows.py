@@ -290,13 +290,12 @@ def test_trainer_processes_get_the_stored_toolchain_and_the_users_device_choice_
 def test_run_adds_the_toolchain_before_the_presets_own_env(tmp_path):
     from types import SimpleNamespace
 
-    from launcher.commands.run import env_changes
+    from launcher.decision import env_changes
 
     workdir = Workdir(tmp_path)
     toolchain.write_stored_env(workdir.venv, {"variables": {"CC": "clang-cl.exe", "ROCM_HOME": "R"}})
     preset = SimpleNamespace(telemetry={"interval_s": 5}, allocator="default", env={"ROCM_HOME": "mine"})
-    run = SimpleNamespace(trainer_telemetry=tmp_path / "t.jsonl")
-    changes = env_changes(preset, run, workdir)
+    changes = env_changes(preset, workdir)
     assert changes["CC"] == "clang-cl.exe" and changes["ROCM_HOME"] == "mine"
 
 

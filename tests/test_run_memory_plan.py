@@ -20,8 +20,10 @@ def planned(mode=None):
 
 
 def resolved(config, workdir):
-    """What `run` says of the stream mode of the config's one process."""
-    return resolve.stream_mode(config["config"]["process"][0], Verdicts.read(workdir))
+    """What `run` says of the stream mode of the config's one process, which takes the resolved process."""
+    processes = config["config"]["process"]
+    processes[0], line = resolve.stream_mode(processes[0], Verdicts.read(workdir))
+    return line
 
 
 def stream_mode(config):
@@ -87,9 +89,8 @@ def budgeted_run(budget_gib=None, **kwargs) -> dict:
 
 def launched(config: dict, workdir, tmp_path) -> dict:
     """The config as `run` writes it for the trainer: resolved, then handed over."""
-    resolution = resolve.resolve_run(config, workdir, "auto", tmp_path / "p.yaml")
-    files.hand_over(config, {}, {}, resolution.launch_plans)
-    return config
+    resolution = resolve.resolve_run(config, Verdicts.read(workdir), "auto", tmp_path / "p.yaml")
+    return files.hand_over(resolution.config, {}, {}, resolution.launch_plans)
 
 
 def test_run_hands_its_plan_only_where_it_made_one(tmp_path):

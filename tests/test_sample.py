@@ -130,11 +130,14 @@ def sampling_config(disable: bool | None = False) -> dict:
 
 
 def resolved(config: dict, workdir, setting: str) -> str | None:
-    """What `run` says of in-training sampling, from the workdir's self-test report read once."""
+    """What `run` says of in-training sampling, from the workdir's self-test report read once; `config`
+    takes the processes of the config it resolves."""
     from launcher import resolve
     from launcher.selftest.verdict import Verdicts
 
-    return resolve.sampling(config, Verdicts.read(workdir), setting)
+    decided, line = resolve.sampling(config, Verdicts.read(workdir), setting)
+    config["config"]["process"] = decided["config"]["process"]
+    return line
 
 
 def write_selftest(workdir, **sampling) -> None:

@@ -72,7 +72,7 @@ def test_nothing_passed_falls_back_with_the_reason(tmp_path):
 def test_a_named_qtype_is_left_alone(tmp_path):
     process = {"model": {"qtype": "int4_fused", "model_kwargs": {}}}
     verdicts = verdict.Verdicts.read(workdir_with(tmp_path, GPU_RESULT))
-    assert resolve.qtype(process, verdicts, memory_plan.Planner()) is None
+    assert resolve.qtype(process, verdicts, memory_plan.Planner()) == (process, None)
     assert process["model"] == {"qtype": "int4_fused", "model_kwargs": {}}
 
 

@@ -12,8 +12,7 @@ import pytest
 import setting_reads
 from conftest import IDENTITY, NO_GIT_UNDER_WINE
 
-from launcher import options_doc, resolve, trainer_rules
-from launcher.commands import run as run_command
+from launcher import decision, options_doc, resolve, trainer_rules
 from launcher.runs import files, resume, schema_nodes
 from launcher.runs.schema import MODEL_KWARGS, Vocabulary
 
@@ -137,10 +136,10 @@ def test_run_writes_its_settings_into_the_config_and_keeps_the_presets_cache_fol
     monkeypatch.delenv(files.ENV_QUANT_CACHE_DIR, raising=False)  # `run`'s own shell may name another folder
     run = SimpleNamespace(root=tmp_path / "run", trainer_telemetry=tmp_path / "run" / "trainer-telemetry.jsonl")
     workdir = SimpleNamespace(quantized_cache=tmp_path / "wd" / "quantized", text_cache=tmp_path / "wd" / "text")
-    written = run_command.handed_over(run, SimpleNamespace(telemetry={"interval_s": 2.5}), 3, gpus=2)
+    written = decision.handed_over(run, SimpleNamespace(telemetry={"interval_s": 2.5}), 3, gpus=2)
     config = {"config": {"process": [{"model": {"model_kwargs": {"text_embedding_cache_dir": "mine",
                                                                  "telemetry_file": "elsewhere"}}}]}}
-    files.hand_over(config, written, run_command.cache_folders(workdir))
+    config = files.hand_over(config, written, decision.cache_folders(workdir))
     kwargs = config["config"]["process"][0]["model"]["model_kwargs"]
     assert kwargs == {"text_embedding_cache_dir": "mine", "quantized_cache_dir": str(workdir.quantized_cache),
                       "telemetry_file": str(run.trainer_telemetry), "telemetry_interval_s": 2.5, "profile_steps": 3,
@@ -148,7 +147,7 @@ def test_run_writes_its_settings_into_the_config_and_keeps_the_presets_cache_fol
     for name in kwargs:
         assert settings.CATALOGUE[name].problem(kwargs[name]) is None, name
         assert settings.CATALOGUE[name].resume_may_change, f"{name}: `run` writes it anew at each launch"
-    assert "rank_state_file" not in run_command.handed_over(run, SimpleNamespace(telemetry={"interval_s": 2}), None, 1)
+    assert "rank_state_file" not in decision.handed_over(run, SimpleNamespace(telemetry={"interval_s": 2}), None, 1)
 
 
 def test_a_new_model_key_needs_its_catalogue_line_its_reader_and_the_docs(monkeypatch):

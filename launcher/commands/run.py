@@ -3,6 +3,8 @@
 The trainer is started directly (`<venv python> -u run.py <config>`, no shell, no detaching) and
 its output is copied line by line to the console and to the run's train.log: a detached launch
 with redirected output loses the early lines when the child dies, which are the ones that say why.
+What a launch runs with is decided once, before anything is written (launcher/decision.py); the
+handler prints that decision, or writes it and starts the trainer from it.
 """
 
 import argparse
@@ -19,30 +21,27 @@ import yaml
 
 from launcher import __version__
 from launcher.card_table import renamed, renamed_note
+from launcher.decision import Flags, LaunchDecision, Message, SkippedImages, decide
 from launcher.envs.probe import probe_with
-from launcher.envs.rocm_windows_toolchain import trainer_env as toolchain_env
-from launcher.envs.torchenv import NO_BYTECODE, clean_env
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, read_state, venv_python
 from launcher.errors import LauncherError
 from launcher.families import FLUX2_DEV
 from launcher.progress import say, warn
-from launcher.resolve import resolve_run
-from launcher.runs import disk_budget, files, leash, load_report, memory_plan, ranks, resume, tiny, validate
-from launcher.runs.dataset import DEFAULT_BUCKET_TOLERANCE, DatasetCheck, check_dataset, long_caption_warnings
+from launcher.runs import leash, load_report, ranks, resume
 from launcher.runs.exit_status import describe, launcher_code
 from launcher.runs.folders import RunFolder, clear_stale_flags
-from launcher.runs.path_limits import check_lengths
-from launcher.runs.presets import Preset, load_preset, render, write_config
+from launcher.runs.presets import Preset, load_preset, write_config
 from launcher.runs.run_lock import run_folder_lock
 from launcher.runs.schema import Vocabulary, short
 from launcher.runs.telemetry import TelemetryRecorder
-from launcher.runs.trainer_env import ALLOCATOR_VARIABLES, EXPANDABLE
 from launcher.runs.vocabulary import read_vocabulary
+from launcher.selftest.verdict import Verdicts
 from launcher.user_files import read_text
 from launcher.watchdog.loop import watch_run
 from launcher.watchdog.policy import load_config
-from launcher.watchdog.rank_watch import STATE_FILE, watch_ranks
+from launcher.watchdog.rank_watch import watch_ranks
 from launcher.writer import open_append, replace_own
+
 
 LOCATIONS = {
     # flag -> (environment variable, what it is)
@@ -97,15 +96,6 @@ def gpu_count(text: str) -> int:
     return int(text)
 
 
-def plan_ranks(count: int, workdir: Workdir, env: dict[str, str]) -> ranks.Ranks:
-    """The ranks of the run; torch in the trainer venv is asked for its GPUs only for more than one."""
-    if count == 1:
-        return ranks.Ranks(1, "cpu")
-    python = venv_python(workdir.venv)
-    info = probe_with(python) if python.is_file() else {"error": f"no trainer venv in {workdir.root}: run setup"}
-    return ranks.plan(count, info, env)
-
-
 def handle(args) -> int:
     workdir = Workdir(args.workdir.resolve())
     workdir.check_is_folder()
@@ -113,44 +103,47 @@ def handle(args) -> int:
     if (card := renamed(args.preset)) is not None:
         say(f"# {renamed_note(card)}" if args.dry_run else renamed_note(card))
     places = locations(args)
-    run = RunFolder.inside(places.get("output") or workdir.runs, preset.name,
-                           workdir=None if "output" in places else workdir.root)
-    check_lengths(run.longest_files(preset.steps))
-    run.refuse_foreign()
     if preset.tiny:
-        arch = preset.config["config"]["process"][0]["model"].get("arch")
-        manifest = tiny.ensure_for_arch(workdir.assets, arch, workdir.trainer, checked_python(workdir))
-        config = render(preset, run.root, tiny_manifest=manifest, places=tiny_places(places))
-    else:
-        config = render(preset, run.root, places=places)
-    resolved = resolve_run(config, workdir, preset.sampling, preset.path)
-    for line in resolved.lines:  # YAML comments in a dry run, whose output stays a config
-        say(f"# {line}" if args.dry_run else line)
-    datasets = check(preset, config, workdir, run, full_size=not preset.tiny)
-    extra = {**launch_env(workdir), **resolved.env}  # caches, and the libraries' variables of the verdicts
-    env = trainer_env(preset, run, workdir, extra)
-    team = plan_ranks(args.gpus or preset.gpus, workdir, env)
-    env.update(team.env())
-    files.hand_over(config, handed_over(run, preset, args.profile, team.count), cache_folders(workdir),
-                    resolved.launch_plans)
-    for line in team.lines + tuple(memory_plan.card_plans(config, team.cards, resolved.planner)):
-        say(f"# {line}" if args.dry_run else line)
+        say_tiny_places(places)
+    flags = Flags(places, args.gpus, args.profile)
+    decision = decide(preset, Verdicts.read(workdir), workdir, flags, checked_python(workdir) if preset.tiny else None)
+    for message in decision.messages:
+        tell(message, args.dry_run)
     if args.dry_run:
-        print(yaml.safe_dump(config, sort_keys=False, allow_unicode=True, width=float("inf")), end="", flush=True)
-        for name in sorted({**env_changes(preset, run, workdir, extra), **team.env()}):
-            print(f"{name}={env[name]}", flush=True)
+        print_decision(decision)
         return 0
+    return launch(decision, workdir, args.resume, args.accept_changes)
+
+
+def print_decision(decision: LaunchDecision) -> None:
+    """A dry run's output: the config as the run folder would get it, then the variables `run` sets."""
+    print(yaml.safe_dump(decision.config, sort_keys=False, allow_unicode=True, width=float("inf")), end="", flush=True)
+    for name in decision.shown_env:
+        print(f"{name}={decision.env[name]}", flush=True)
+
+
+def tell(message: Message, dry_run: bool) -> None:
+    """One line of the decision, as a warning or said (a YAML comment in a dry run where it is one)."""
+    if message.warning:
+        warn(message.text)
+    else:
+        say(f"# {message.text}" if dry_run and message.comment else message.text)
+
+
+def launch(decision: LaunchDecision, workdir: Workdir, resume_asked: bool, accept_changes: bool) -> int:
+    """Write the decision into its run folder (config.yaml, the dataset lists, run.json) and train
+    in the foreground under the run lock; the launcher's exit code."""
+    run, preset, team, env = decision.run, decision.preset, decision.team, decision.env
     python = checked_python(workdir)
     with run_folder_lock(run.root):
         run.refuse_links()
         for line in clear_stale_flags(run):
             warn(line)
-        changes = check_resume(run, args.resume, config, args.accept_changes)
-        write_config(config, run.config)
-        write_dataset_lists(datasets)
+        changes = check_resume(run, resume_asked, decision.config, accept_changes)
+        write_config(decision.config, run.config)
+        write_dataset_lists(decision.skipped)
         say_rank_change(run, team.count)
-        write_metadata(run, preset, workdir, python, datasets, config, changes, team.count,
-                       selftest=resolved.verdicts.summary)
+        write_metadata(decision, workdir, python, changes)
         say(f"run folder: {run.root}")
         offset = load_report.telemetry_offset(run)
         try:
@@ -212,71 +205,21 @@ def locations(args) -> dict[str, Path]:
     return found
 
 
-def tiny_places(places: dict[str, Path]) -> dict[str, Path]:
-    """The tiny preset trains its own tiny model on --dataset when one is given (a quick test of a
-    dataset through the trainer, at the tiny model's resolution); model folders do not fit it."""
+def say_tiny_places(places: dict[str, Path]) -> None:
+    """The tiny preset trains its own tiny model, on --dataset when one is given (launcher/decision.py
+    `model_places`): said once, with a warning for each model folder it does not use."""
     for flag in ("model_dir", "text_encoder"):
         if flag in places:
             warn(f"--{flag.replace('_', '-')} (or ${LOCATIONS[flag][0]}) is not used by the tiny preset: it builds "
                  "its own tiny FLUX.2")
     if "dataset" in places:
         say(f"the tiny preset trains on the dataset {places['dataset']} (at its 128 px resolution)")
-    return {key: value for key, value in places.items() if key == "dataset"}
 
 
-def check(preset: Preset, config: dict, workdir: Workdir, run: RunFolder,
-          full_size: bool) -> list[tuple[Path, DatasetCheck]]:
-    """Every check of the files a run uses, before the trainer starts, so no long work is lost.
-
-    Returns each dataset's check with the list file it is trained from when bad files are
-    skipped (`launcher: {skip_bad_images: true}`); the rendered config then points there."""
-    datasets = []
-    for message in validate.network_warnings(config):
-        warn(f"{preset.path}: {message}")
-    for process in config["config"]["process"]:
-        model = process["model"]
-        if full_size:
-            # a preset that reshapes the transformer (flux2_params other than FLUX.2 [dev]'s) is not the 64 GB model
-            params = (model.get("model_kwargs") or {}).get("flux2_params")
-            validate.check_model_dir(Path(model["name_or_path"]), full_size=not validate.reshapes(params),
-                                     flux2_params=params, arch=model.get("arch"))
-            validate.check_text_encoder(model.get("model_kwargs", {}).get("text_encoder_path", ""),
-                                        Path(os.environ.get(files.ENV_TEXT_CACHE_DIR) or workdir.text_cache),
-                                        arch=model.get("arch"))
-        for dataset in process["datasets"]:
-            result = check_dataset(Path(dataset["folder_path"]), dataset.get("caption_ext", "txt"),
-                                   dataset.get("bucket_tolerance", DEFAULT_BUCKET_TOLERANCE), preset.skip_bad_images)
-            for message in long_caption_warnings(result):
-                warn(message)
-            if result.bad:
-                listed = run.dataset_list(len(datasets))
-                dataset["dataset_path"] = str(listed)
-                warn(f"skipping {len(result.bad)} of {len(result.bad) + len(result.good)} images in "
-                     f"{result.folder} (launcher.skip_bad_images); they are listed in {run.metadata}")
-                datasets.append((listed, result))
-    if full_size:
-        check_disk(config, run, workdir)
-    return datasets
-
-
-def check_disk(config: dict, run: RunFolder, workdir: Workdir) -> None:
-    """Room on each volume for what the run still writes; what already exists is said and not counted."""
-    needs = disk_budget.run_needs(config, run.root, quantized_cache_dir(workdir))
-    for need in needs:
-        if need.already:
-            say(f"disk: {need.what}: {need.already}, {need.gib:.1f} GiB still to write")
-    disk_budget.check_free_disk(needs)
-
-
-def quantized_cache_dir(workdir: Workdir) -> Path:
-    """One quantized-transformer cache per workdir (wall 8), unless AITK_QUANT_CACHE_DIR says otherwise."""
-    return Path(os.environ.get(files.ENV_QUANT_CACHE_DIR) or workdir.quantized_cache)
-
-
-def write_dataset_lists(datasets: list[tuple[Path, DatasetCheck]]) -> None:
+def write_dataset_lists(skipped: tuple[SkippedImages, ...]) -> None:
     """The trainer's `dataset_path` files: a JSON object keyed by the images to train on."""
-    for listed, result in datasets:
-        replace_own(listed, json.dumps({str(image): {} for image in result.good}, indent=1) + "\n")
+    for item in skipped:
+        replace_own(item.listed, json.dumps({str(image): {} for image in item.check.good}, indent=1) + "\n")
 
 
 def check_resume(run: RunFolder, asked: bool, config: dict, accept_changes: bool) -> list[dict]:
@@ -309,43 +252,6 @@ def checked_python(workdir: Workdir) -> Path:
     return python
 
 
-def launch_env(workdir: Workdir) -> dict[str, str]:
-    """Triton's kernel and autotuning cache and torch.compile's cache in the workdir (built once,
-    reused by every later process)."""
-    return {"TRITON_CACHE_DIR": os.environ.get("TRITON_CACHE_DIR") or str(workdir.triton_cache),
-            "TRITON_CACHE_AUTOTUNING": "1",
-            "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(workdir.inductor_cache)}
-
-
-def handed_over(run: RunFolder, preset: Preset, profile_steps: int | None, gpus: int) -> dict:
-    """The model_kwargs `run` writes for this launch: the telemetry file and interval, the profiler
-    (`--profile N`) and, with several GPUs, the file the rank watch reads (launcher/runs/files.py)."""
-    written = {"telemetry_file": str(run.trainer_telemetry), "telemetry_interval_s": preset.telemetry["interval_s"],
-               "profile_steps": profile_steps or 0, "profile_dir": str(run.root / files.PROFILE_DIR)}
-    return {**written, "rank_state_file": str(run.root / STATE_FILE)} if gpus > 1 else written
-
-
-def cache_folders(workdir: Workdir) -> dict:
-    """One quantized-transformer cache (wall 8) and one text cache (walls 3-4) per workdir, shared by
-    every run (their keys keep other models and encoders apart), unless the preset names its own."""
-    return {"quantized_cache_dir": str(quantized_cache_dir(workdir)),
-            "text_embedding_cache_dir": os.environ.get(files.ENV_TEXT_CACHE_DIR) or str(workdir.text_cache)}
-
-
-def env_changes(preset: Preset, run: RunFolder, workdir: Workdir, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """What `run` adds to the trainer's environment: allocator (wall 7), the ROCm toolchain setup
-    stored for Windows (CC, ROCM_HOME, PATH, the GPU pick), `extra` (Triton's and Inductor's caches),
-    and last the preset's own env. What the trainer itself reads goes in its config (`handed_over`)."""
-    changes = {}
-    if preset.allocator == "expandable_segments":
-        changes.update(dict.fromkeys(ALLOCATOR_VARIABLES, EXPANDABLE))
-    return {**changes, **toolchain_env(workdir.venv), **(extra or {}), **preset.env}
-
-
-def trainer_env(preset: Preset, run: RunFolder, workdir: Workdir, extra: dict[str, str] | None = None) -> dict[str, str]:
-    return {**clean_env(), **env_changes(preset, run, workdir, extra), "PYTHONUNBUFFERED": "1", **NO_BYTECODE}
-
-
 def say_rank_change(run: RunFolder, count: int) -> None:
     """A resume on another number of GPUs goes on from the same LoRA and optimizer state (every rank
     holds the same); the global batch, and so the samples per step, change with it: said once."""
@@ -358,12 +264,11 @@ def say_rank_change(run: RunFolder, count: int) -> None:
             "batch_size (the steps left and the lr stay as they are)")
 
 
-def write_metadata(run: RunFolder, preset: Preset, workdir: Workdir, python: Path,
-                   datasets: list[tuple[Path, DatasetCheck]], config: dict, changes: list[dict],
-                   gpus: int = 1, *, selftest: str) -> None:
+def write_metadata(decision: LaunchDecision, workdir: Workdir, python: Path, changes: list[dict]) -> None:
     """run.json beside the LoRA: enough to reproduce the run and to file a bug report; the settings
-    each resume changed (`--accept-changes`) are kept from launch to launch. `selftest`: the summary
-    of the self-test report this launch read."""
+    each resume changed (`--accept-changes`) are kept from launch to launch, with the summary of the
+    self-test report this launch read."""
+    run, preset = decision.run, decision.preset
     state = read_state(workdir.state_file)
     resumes = previous_resume_changes(run)
     if changes:
@@ -378,10 +283,10 @@ def write_metadata(run: RunFolder, preset: Preset, workdir: Workdir, python: Pat
         "preset_inherits": [str(file) for file in preset.files[1:]],
         "preset_sha256": preset.sha256,
         "torch": probe_with(python),
-        "skipped_images": [item for _, result in datasets for item in result.skipped()],
-        "qtype": sorted({(p.get("model") or {}).get("qtype") for p in config["config"]["process"]} - {None}),
-        "selftest": selftest,
-        "gpus": gpus,
+        "skipped_images": [image for item in decision.skipped for image in item.check.skipped()],
+        "qtype": decision.qtypes,
+        "selftest": decision.selftest,
+        "gpus": decision.team.count,
         **({"resume_changes": resumes} if resumes else {}),
     }
     replace_own(run.metadata, json.dumps(metadata, indent=2) + "\n")

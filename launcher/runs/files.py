@@ -6,6 +6,8 @@ Everything else `run` tells the trainer travels in the run's config.yaml as mode
 (`hand_over`), which the trainer reads through the settings catalogue, never the environment.
 """
 
+import copy
+
 SAVE_NOW = "SAVE_NOW"
 """Flag file in the job folder: the train loop saves a checkpoint and goes on."""
 STOP_NOW = "STOP_NOW"
@@ -33,12 +35,13 @@ ENV_TEXT_CACHE_DIR = "AITK_TEXT_CACHE_DIR"
 (walls 8, 3-4); the trainer is handed the folders in its config and reads no variable."""
 
 
-def hand_over(config: dict, written: dict, fallbacks: dict, launch_plans: list | tuple = ()) -> None:
-    """What `run` hands the trainer, as model_kwargs settings of every process's config (each marked
-    `written_by_run` in overlay/toolkit/settings.py): `written` replaces the preset's value (the run
-    folder's files, the profiler), `fallbacks` fills only what the preset leaves unset (the caches),
+def hand_over(config: dict, written: dict, fallbacks: dict, launch_plans: list | tuple = ()) -> dict:
+    """The config with what `run` hands the trainer, as model_kwargs settings of every process (each
+    marked `written_by_run` in overlay/toolkit/settings.py): `written` replaces the preset's value (the
+    run folder's files, the profiler), `fallbacks` fills only what the preset leaves unset (the caches),
     and `launch_plans` gives each process the memory plan `run` made for it (launch_plan; none where
-    the entry is None or missing: the trainer plans from the VRAM it finds)."""
+    the entry is None or missing: the trainer plans from the VRAM it finds). `config` stays as it was."""
+    config = copy.deepcopy(config)
     for index, process in enumerate(config["config"]["process"]):
         if "model" in process:
             kwargs = process["model"].setdefault("model_kwargs", {})
@@ -47,3 +50,4 @@ def hand_over(config: dict, written: dict, fallbacks: dict, launch_plans: list |
             kwargs.pop("launch_plan", None)
             if index < len(launch_plans) and launch_plans[index] is not None:
                 kwargs["launch_plan"] = launch_plans[index]
+    return config

@@ -175,42 +175,48 @@ def _key_of(problem: str) -> str:
 
 
 def render(preset: Preset, run_dir: Path, tiny_manifest: dict | None = None, places: dict | None = None) -> dict:
-    """The trainer config for one run: outputs go to `run_dir`; tiny assets or `places` fill model and data."""
+    """The trainer config for one run (a new one; the preset's stays as it was): outputs go to
+    `run_dir`; tiny assets or `places` fill model and data."""
     config = copy.deepcopy(preset.config)
+    processes = []
     for process in config["config"]["process"]:
-        process["training_folder"] = str(run_dir.resolve())
-        if tiny_manifest is not None:
-            fill_tiny(process, tiny_manifest, (places or {}).get("dataset"))
-        else:
-            fill_places(process, places or {}, preset.path)
-    return config
+        process = {**process, "training_folder": str(run_dir.resolve())}
+        processes.append(with_tiny(process, tiny_manifest, (places or {}).get("dataset")) if tiny_manifest is not None
+                         else with_places(process, places or {}, preset.path))
+    return {**config, "config": {**config["config"], "process": processes}}
 
 
-def fill_places(process: dict, places: dict, preset_path: Path) -> None:
-    """Point one trainer process at the user's model, text encoder and dataset folders."""
-    model = process.setdefault("model", {})
+def with_places(process: dict, places: dict, preset_path: Path) -> dict:
+    """One trainer process pointed at the user's model, text encoder and dataset folders."""
+    model = process.get("model") or {}
     family = family_of(model.get("arch"))
     for needed, how in REQUIRED_PLACES.items():
         if needed not in places:
             raise LauncherError(f"{preset_path.name} needs {how.format(transformer=family.transformer_file)}")
-    model["name_or_path"] = str(places["model_dir"])
+    model = {**model, "name_or_path": str(places["model_dir"])}
+    kwargs = model.get("model_kwargs") or {}
     if "text_encoder" in places:
-        model["model_kwargs"] = {**(model.get("model_kwargs") or {}), "text_encoder_path": str(places["text_encoder"])}
-    elif (model.get("model_kwargs") or {}).get("text_encoder_path") == PLACEHOLDER:
-        model["model_kwargs"]["text_encoder_path"] = family.text_encoder.hub_id
-    for dataset in process.get("datasets", []):
-        dataset["folder_path"] = str(places["dataset"])
+        model["model_kwargs"] = {**kwargs, "text_encoder_path": str(places["text_encoder"])}
+    elif kwargs.get("text_encoder_path") == PLACEHOLDER:
+        model["model_kwargs"] = {**kwargs, "text_encoder_path": family.text_encoder.hub_id}
+    return with_datasets({**process, "model": model}, folder_path=str(places["dataset"]))
 
 
-def fill_tiny(process: dict, manifest: dict, dataset_dir: Path | None = None) -> None:
-    """Point one trainer process at the tiny FLUX.2 assets described by `manifest`, and at
+def with_tiny(process: dict, manifest: dict, dataset_dir: Path | None = None) -> dict:
+    """One trainer process pointed at the tiny FLUX.2 assets described by `manifest`, and at
     `dataset_dir` instead of the generated one when given."""
-    model = process.setdefault("model", {})
-    model["name_or_path"] = manifest["name_or_path"]
-    model["model_kwargs"] = {**(model.get("model_kwargs") or {}), **manifest["model_kwargs"]}
-    for dataset in process.get("datasets", []):
-        dataset["folder_path"] = str(dataset_dir) if dataset_dir else manifest["dataset"]
-        dataset["resolution"] = [manifest["resolution"]]
+    model = process.get("model") or {}
+    model = {**model, "name_or_path": manifest["name_or_path"],
+             "model_kwargs": {**(model.get("model_kwargs") or {}), **manifest["model_kwargs"]}}
+    return with_datasets({**process, "model": model}, folder_path=str(dataset_dir) if dataset_dir else manifest["dataset"],
+                         resolution=[manifest["resolution"]])
+
+
+def with_datasets(process: dict, **values) -> dict:
+    """`process` with these values in each of its datasets."""
+    if "datasets" not in process:
+        return process
+    return {**process, "datasets": [{**dataset, **values} for dataset in process["datasets"]]}
 
 
 def write_config(config: dict, path: Path) -> Path:

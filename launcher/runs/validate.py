@@ -10,7 +10,6 @@ from launcher.errors import LauncherError
 from launcher.families import DEFAULT_ARCH, FLUX2_DEV, Family, family_of
 from launcher.patching.lock import find_target
 from launcher.trainer_rules import import_module as overlay_module
-from launcher.progress import say
 from launcher.runs.files import TEXT_ENCODER_RECORD
 from launcher.user_files import UserFileError, load_json, open_regular
 
@@ -90,10 +89,10 @@ def check_model_dir(model_dir: Path, full_size: bool, flux2_params: dict | None 
         )
 
 
-def check_text_encoder(path_or_id: str, text_cache: Path | None = None, arch: str = DEFAULT_ARCH) -> None:
+def check_text_encoder(path_or_id: str, text_cache: Path | None = None, arch: str = DEFAULT_ARCH) -> str | None:
     """A local folder with config, tokenizer (and for FLUX.2 [dev] processor) and complete weight
     shards, or a hub id already in the local cache, or a folder gone whose prompts the text phase
-    may all have cached (`text_cache`)."""
+    may all have cached (`text_cache`): then the note `run` says of it."""
     family = family_of(arch)
     encoder = family.text_encoder
     local = Path(path_or_id)
@@ -114,13 +113,12 @@ def check_text_encoder(path_or_id: str, text_cache: Path | None = None, arch: st
             )
         check_model_type(local / "config.json", family)
         check_weight_shards(local)
-        return
+        return None
     if "/" in path_or_id and not local.exists() and _hub_cached(path_or_id):
-        return
+        return None
     if text_cache is not None and _remembered(text_cache, local):
-        say(f"note: text encoder folder {local} not found; the text phase will use the embeddings cached "
-            f"from it in {text_cache}, and stops with a clear error if a prompt is not there")
-        return
+        return (f"note: text encoder folder {local} not found; the text phase will use the embeddings cached "
+                f"from it in {text_cache}, and stops with a clear error if a prompt is not there")
     raise LauncherError(
         f"text encoder {path_or_id!r} is neither a local folder nor in the Hugging Face cache; pass "
         f"--text-encoder (or FLUX2_TEXT_ENCODER) with a local snapshot of {encoder.hub_id}"
