@@ -273,19 +273,24 @@ INTERPRETED = textwrap.dedent(
 )
 
 
+def interpreted(script_text: str, trainer_checkout, tmp_path, timeout: int):
+    """The last line of `script_text`'s output, as JSON, run in a fresh interpreter under Triton's
+    CPU interpreter with the trainer checkout as its argument."""
+    script = tmp_path / "interpreted.py"
+    script.write_text(script_text, encoding="utf-8")
+    out = subprocess.run([sys.executable, str(script), str(Path(trainer_checkout))],
+                         env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def test_kernels_match_reference_under_triton_interpreter(mods, trainer_checkout, tmp_path):
     """The sliced kernels (requantize a slice, then the 8-bit GEMM) against the reference;
     partial tiles in every dimension; the weight in one slice, and held in 8 bits, the same."""
     il, _ = mods
     if not il.HAVE_TRITON:
         pytest.skip("triton does not import here")
-    script = tmp_path / "interp.py"
-    script.write_text(INTERPRETED, encoding="utf-8")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = subprocess.run([sys.executable, str(script), str(Path(trainer_checkout))], env=env,
-                         capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    rows = interpreted(INTERPRETED, trainer_checkout, tmp_path, timeout=900)
     assert len(rows) == 6
     for fmt, M, N, K, codes_equal, pads_zero, *errors in rows:
         assert codes_equal and pads_zero, (fmt, M, N, K)
@@ -341,12 +346,7 @@ def test_in_register_gemm_matches_its_reference_under_triton_interpreter(mods, t
     il, _ = mods
     if not il.HAVE_TRITON:
         pytest.skip("triton does not import here")
-    script = tmp_path / "in_register.py"
-    script.write_text(IN_REGISTER, encoding="utf-8")
-    out = subprocess.run([sys.executable, str(script), str(Path(trainer_checkout))],
-                         env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    rows = interpreted(IN_REGISTER, trainer_checkout, tmp_path, timeout=900)
     assert len(rows) == 6
     for fmt, M, N, K, err_y, err_dx, dx_is_sliced in rows:
         # the same codes and the same exact weight: only the fp32 summation order and fp16 rounding differ
@@ -399,11 +399,6 @@ def test_hold_8bit_weights_forward_copies_first_within_the_budget(mods, trainer_
     il, _ = mods
     if not il.HAVE_TRITON:
         pytest.skip("triton does not import here")
-    script = tmp_path / "hold.py"
-    script.write_text(HOLD, encoding="utf-8")
-    out = subprocess.run([sys.executable, str(script), str(Path(trainer_checkout))],
-                         env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = interpreted(HOLD, trainer_checkout, tmp_path, timeout=600)
     assert result["held"] == result["budget"]
     assert result["where"] == [[True, True], [True, False], [True, False], [False, False]]
