@@ -35,10 +35,16 @@
 #            once more with seed 42 (the GPU's run-to-run spread), then bench/lora_fidelity.py
 #            compares each LoRA with the bf16 one: $OUT/lora_fidelity.json. Repeat the stage until
 #            every launch is done (DEADLINE): three calls on an H200
+#   stream   the small cards' streaming against the 22 GiB card's step, all compiled, int4_w4a8 through
+#            torch._scaled_mm, the preset's memory plan, 512 px: a first launch (eager: quantizes and
+#            writes the cache), then 22 GiB, the 12 and 8 GB cards at plan-matched caps overlapped, and
+#            the 8 GB card serialized (every AMD card's mode)
 #   R=RAMDISK/R M=DISK/m OUT=OUT bash bench/same_call.sh prepare   (then 512, then 1024)
 # Labels after the stage run only those launches of it, e.g. `... 1024 w4a8_scaled_mm_compiled_1024`;
 # `prepare none` prepares without its launch, and the 512 stage's first launch then quantizes and
 # writes the cache itself (its limit allows for that; bf16's for a text phase that is not cached yet).
+# SUFFIX=_x: each launch's label (done file, results, run folder) ends in _x; labels named after the
+# stage still name the launches without it (the same launches again, after a change to the checkout).
 # Results: $OUT/<label>.json (bench/fullsize.py launch), $OUT/<label>.log, $OUT/selftest.json.
 # SKIP_SELFTEST=1: `prepare` does not run `launcher selftest` (launches that name their qtype and
 # set compile_blocks and the memory plan do not read it; `qtype: auto` and `auto` settings do).
@@ -79,6 +85,7 @@ ONLY=" ${*:2} "
 launch() {  # label px steps seconds args...
   local label=$1 px=$2 steps=$3 limit=$4; shift 4
   [[ $ONLY == "  " || $ONLY == *" $label "* ]] || return 0
+  label+=${SUFFIX:-}
   if [[ -e $R/done/$label ]]; then echo "=== $label: done in an earlier call"; return 0; fi
   if [[ -n ${DEADLINE:-} ]] && (( $(date +%s) + limit > DEADLINE )); then
     echo "=== $label: skipped, its $limit s would pass DEADLINE"; return 0; fi
@@ -90,7 +97,7 @@ launch() {  # label px steps seconds args...
   cp "$R/runs/$label"/*/*/run.json "$OUT/$label.run.json" 2>/dev/null
 }
 
-case ${1:?stage: prepare, 512, 1024, fallback, first or fidelity} in
+case ${1:?stage: prepare, 512, 1024, fallback, first, stream or fidelity} in
 prepare)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -m bench.fullsize prepare --carry .bench-carry --root "$R" --model-dir "$M" --single-blocks 36 \
@@ -146,6 +153,14 @@ first)
     rm -rf "$R/wd/cache/quantized" "$R/wd/cache/text" "$R/wd/cache/inductor" "$R/wd/cache/triton"; fi
   launch first_compiled_22_512 512 12 540 --cap-gib "$CAP22" "${PICK[@]}" "${COMPILED[@]}"
   launch relaunch_compiled_22_512 512 12 130 --cap-gib "$CAP22" "${PICK[@]}" "${COMPILED[@]}" ;;
+stream)
+  PICK=("${W4A8[@]}" "${SCALED[@]}" --set $KW.stream_mode overlapped)
+  launch stream_first_22_512 512 6 330 --cap-gib "$CAP22" "${PICK[@]}" "${EAGER[@]}"
+  launch stream_22_512 512 12 240 --cap-gib "$CAP22" "${PICK[@]}" "${COMPILED[@]}"
+  launch stream_12_512 512 12 160 --cap-gib "$CAP12M" "${PICK[@]}" "${COMPILED[@]}"
+  launch stream_8_512 512 12 160 --cap-gib "$CAP8M" "${PICK[@]}" "${COMPILED[@]}"
+  launch stream_8_serialized_512 512 12 200 --cap-gib "$CAP8M" "${W4A8[@]}" "${SCALED[@]}" \
+    --set $KW.stream_mode serialized "${COMPILED[@]}" ;;
 fidelity)
   STEPS=50
   ROWS=(--launcher-set telemetry "{interval_s: 0.1}" "${OFF[@]}" "${EAGER[@]}")  # a row each step (~0.5 s)

@@ -115,10 +115,24 @@ def test_leftover_keeps_activations_in_model_order():
     assert plan.streamed() == []
 
 
+@pytest.mark.parametrize("budget", [16, 12, 10])
+def test_streamed_blocks_are_spread_among_the_blocks_of_their_size(budget):
+    """Runs of streamed blocks as short as the count allows, the last block streamed; the same
+    bytes as streaming the tail (the greedy choice) would give."""
+    plan = plan_for(budget, 512)
+    singles = [b for b in plan.blocks if b.name.startswith("single_blocks.")]
+    streamed = [b.weights == mp.STREAMED for b in singles]
+    count, total = sum(streamed), len(singles)
+    assert 0 < count < total and streamed[-1]
+    runs = "".join("s" if s else "r" for s in streamed).split("r")
+    assert max(len(run) for run in runs) == -(-count // (total - count))
+    assert plan.streamed_weight_bytes == count * singles[0].weight_bytes
+
+
 def test_summary_names_streamed_blocks_compactly():
-    plan = plan_for(16, 512)
+    plan = plan_for(12, 512)
     text = "\n".join(plan.summary())
-    assert "21 streamed" in text and "single_blocks.27-47" in text
+    assert "37 streamed" in text and "single_blocks.0-2, single_blocks.4-6" in text
 
 
 def test_main_prints_the_plan_or_the_error(capsys):

@@ -16,7 +16,8 @@ What one step needs on the device (bytes):
   tokens^2 fp32 values (the softmax's output, kept for the backward, beside the scores it is made
   from, or beside the gradient made from it); at 1024 px 2 x 48 x 4608^2 x 4 bytes = 8.2 GB;
 - each resident block's 4-bit weights; with any block streamed, a double buffer: the two largest
-  streamed blocks in flight (one computing, the next being copied; one when serialized);
+  streamed blocks in flight (one computing, the next being copied; one when serialized); the
+  streamed blocks of one size are spread among the resident ones, so a copy overlaps more compute;
 - what is left keeps the activations of resident blocks (no recompute), in model order.
 
 A block's saved activations are computed from the shapes, not measured:
@@ -163,9 +164,29 @@ def compact(names: list[str]) -> str:
     return ", ".join(p if a is None else f"{p}.{a}" + (f"-{b}" if b != a else "") for p, a, b in groups)
 
 
+def spread_streamed(blocks: tuple[BlockSize, ...], resident: set[str]) -> set[str]:
+    """The same number of streamed blocks of each size, spread evenly among the blocks of that size
+    and ending on the last: each streamed block's copy then runs while the resident blocks before
+    it compute, not while only the one streamed block before it does, and the forward's last
+    streamed block is the recompute's first (no copy between them). Equal sizes swap places only,
+    so every total of the plan stays what the greedy choice gave."""
+    groups: dict[int, list[str]] = {}
+    for block in blocks:
+        groups.setdefault(block.weight_bytes, []).append(block.name)
+    spread = set(resident)
+    for names in groups.values():
+        count = sum(name not in resident for name in names)
+        if count:
+            streamed = {names[(i + 1) * len(names) // count - 1] for i in range(count)}
+            spread -= streamed
+            spread |= set(names) - streamed
+    return spread
+
+
 def make_plan(inputs: PlanInputs) -> MemoryPlan:
-    """Resident first, in model order; the rest streamed through a double buffer; what is left
-    keeps activations of resident blocks. Raises PlanError when even the minimum does not fit."""
+    """Resident first, in model order, then the streamed blocks of each size spread among their
+    size (spread_streamed); streamed through a double buffer; what is left keeps activations of
+    resident blocks. Raises PlanError when even the minimum does not fit."""
     blocks = inputs.blocks
     working = 2 * max((b.activation_bytes for b in blocks), default=0)
     fixed = {"non-block weights": inputs.nonblock_bytes, "LoRA + optimizer": inputs.lora_bytes,
@@ -186,6 +207,7 @@ def make_plan(inputs: PlanInputs) -> MemoryPlan:
             if block.weight_bytes <= room:
                 resident.add(block.name)
                 room -= block.weight_bytes
+        resident = spread_streamed(blocks, resident)
         # the buffer only needs the largest streamed blocks
         buffer = inputs.in_flight * max(b.weight_bytes for b in blocks if b.name not in resident)
     free -= buffer + sum(b.weight_bytes for b in blocks if b.name in resident)
