@@ -138,7 +138,7 @@ def pack_site(workdir, image_freeze: Path, out: Path, stubs: list[str]) -> None:
     python = venv_python(workdir.venv)
     wanted = packages_to_carry(freeze(python), parse_freeze(image_freeze.read_text(encoding="utf-8")),
                                imported_distributions(python, workdir.trainer))
-    site_dir = next(workdir.venv.glob("lib/python3*/site-packages"))
+    site_dir = next(workdir.venv.glob("lib/python3*/site-packages")).resolve()  # copy_installed compares resolved paths
     from_git = vcs_installed(site_dir)
     with tempfile.TemporaryDirectory() as scratch:
         tree = Path(scratch) / "site"
