@@ -46,10 +46,17 @@ requantization of its int4_w4a8 step at the 8 GB cap, where every block is recom
 plan-off step (results/step_profile.csv, the "klein 9B" rows). The recipe reports ~20 s/step at 512 px (9-10 s/it
 with its stall watchdog) on uint4.
 
-    python bench/predict_step.py     # writes results/prediction.csv; then python bench/report.py
+    python bench/predict_step.py          # writes results/prediction.csv and the launcher's rows; then python bench/report.py
+    python bench/predict_step.py --check  # exit 1 where either differs from what the model gives now
+
+The launcher's rows (`launcher/step_prediction.csv`: each row's key and seconds, what `launcher
+report` and the page's ETA hold a run against) are a projection of the same rows, so the model runs
+here only and the launcher reads no bench/ file.
 """
 
+import argparse
 import csv
+import io
 import sys
 from functools import cache
 from pathlib import Path
@@ -61,7 +68,7 @@ from launcher.card_specs import (H200_BANDWIDTH_GBS, H200_BF16_TFLOPS, H200_FP8_
                                  H200_GEMM_TFLOPS, SPECS, gemm_rates)
 from launcher.card_table import read_cards  # noqa: E402
 from launcher.runs.presets import load_preset  # noqa: E402
-from launcher.step_prediction import Prediction  # noqa: E402
+from launcher.step_prediction import COLUMNS, TABLE, Prediction  # noqa: E402
 
 RESULTS = HERE / "results"
 FULL = 56 / 44
@@ -186,24 +193,60 @@ def predict(card: str, path: str, px: int, compiled: bool, plan, model: str = "f
             "s/it fast:": f"{fast_s:.1f}", "s/it central:": f"**{row.step_at(central):.1f}**", "s/it slow:": f"{slow_s:.1f}"}
 
 
-def main() -> int:
+def rows() -> list[dict]:
+    """Every predicted row: each card's paths at 512 and 1024 px, compiled and not; klein 9B on AMD."""
     plan = trainer_rules.memory_plan()
-    rows = []
+    found = []
     for card in SPECS:
         for px in (512, 1024):
             for path in paths(card):
                 for compiled in ((False, True) if path != "uint4" else (False,)):
-                    rows.append(predict(card, path, px, compiled, plan))
+                    found.append(predict(card, path, px, compiled, plan))
     for card in ("RX 7900 XTX", "RX 7800 XT"):  # klein 9B's AMD preset is for 16 to 24 GB cards
         for compiled in (False, True):
-            rows.append(predict(card, "int4_fused", 512, compiled, plan, "flux2_klein_9b"))
-    with (RESULTS / "prediction.csv").open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, [*rows[0], "date", "source"], lineterminator="\n")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({**row, "date": "2026-12-06", "source": ""})
-    print(f"wrote {RESULTS / 'prediction.csv'} ({len(rows)} rows)")
-    return 0
+            found.append(predict(card, "int4_fused", 512, compiled, plan, "flux2_klein_9b"))
+    return found
+
+
+def launcher_row(row: dict) -> dict:
+    """The launcher's columns of a row (step_prediction.COLUMNS), its seconds as the table rounds them."""
+    hideable = row["copies s:"] if row["stream"] == "overlapped" else "0.00"
+    return dict(zip(COLUMNS, (row["model"], row["card"], row["path"], row["px:"], row["compiled"],
+                              row["GEMMs + attention s at central:"], row["rest s:"], hideable)))
+
+
+def csv_text(found: list[dict]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, list(found[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(found)
+    return out.getvalue()
+
+
+def outputs(found: list[dict]) -> dict[Path, str]:
+    """{file: its text}: bench's table (RESULTS.md's) and the launcher's rows, both from `found`."""
+    return {RESULTS / "prediction.csv": csv_text([{**row, "date": "2026-12-06", "source": ""} for row in found]),
+            TABLE: csv_text([launcher_row(row) for row in found])}
+
+
+def stale(targets: dict[Path, str]) -> list[Path]:
+    return [path for path, text in targets.items() if not path.is_file() or path.read_text(encoding="utf-8") != text]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 where a file differs from what the model gives")
+    args = parser.parse_args(argv)
+    found = rows()
+    targets = outputs(found)
+    behind = stale(targets)
+    for path in behind:
+        if args.check:
+            print(f"{path} differs from what the model gives now: run python bench/predict_step.py", file=sys.stderr)
+        else:
+            path.write_text(targets[path], encoding="utf-8", newline="")
+            print(f"wrote {path} ({len(found)} rows)")
+    return 1 if args.check and behind else 0
 
 
 if __name__ == "__main__":
