@@ -145,27 +145,6 @@ def test_the_fallback_costs_in_the_docs_are_the_results_file_s():
     assert all(f"{qtype}, uncompiled: {cost}" in page for qtype, cost in costs.items())
 
 
-def test_nothing_run_imports_reads_bench():
-    """bench/ is a maintainer's folder an install need not have: no module `run` loads names it as a path."""
-    import ast
-    import subprocess
-    import sys
-
-    loaded = subprocess.run([sys.executable, "-c", "import sys, launcher.cli, launcher.commands.run, launcher.commands.report, "
-                             "launcher.ui.server; print('\\n'.join(sys.modules))"], capture_output=True, text=True,
-                            encoding="utf-8", check=True, cwd=REPO).stdout.split()
-    readers = []
-    for name in (name for name in loaded if name.startswith("launcher")):
-        path = REPO / (name.replace(".", "/") + ".py")
-        if not path.is_file():
-            continue
-        strings = [node.value for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-                   if isinstance(node, ast.Constant) and node.value == "bench"]
-        if strings:
-            readers.append(name)
-    assert readers == [], readers
-
-
 def test_setup_takes_an_amd_card_s_gfx_target_from_its_row():
     """Windows names the adapter; a card of the table gets its row's arch, whole words only (the
     RX 7900 XT is not taken for the XTX)."""
