@@ -7,7 +7,7 @@ measured step breakdown (the uncompiled bf16 step of the same-call runs, results
 public ones of `launcher/card_specs.py` (dense tensor rates, bandwidth, memory, PCIe link, each
 with its source):
 - block GEMMs and attention: compute; scaled by the measured bf16 GEMM rates: the H200's block
-  Linears at 776 TFLOP/s (results/block_linear_time.csv) against the card's rate at FLUX.2's block
+  Linears at 512 px (results/block_linear_time.csv, `h200_gemm_tflops`) against the card's rate at FLUX.2's block
   shapes, the named assumption, taken as a range (`card_specs.gemm_rates`). The 7900 XTX's rate
   through hipBLAS: 46.3 TFLOP/s low (the lowest published bf16 2048^2 figure, torch 2.10 + ROCm
   7.10: https://github.com/zzc0721/torch-performance-test-data/issues/103), 77 central (the
@@ -15,7 +15,7 @@ with its source):
   github.com/drhawktopus/flux2-32b-qlora-rocm-windows), 99.4 high (the highest published bf16
   4096^2 figure, torch 2.7.1 + ROCm 6.3: https://github.com/zzc0721/torch-performance-test-data/issues/58);
   the other RDNA3 cards by their published FP16 peak relative to the 7900 XTX's. An NVIDIA card
-  reaches the share of its dense bf16 peak the H200 reached (776 / 989.4), at its base clock (slow
+  reaches the share of its dense bf16 peak the H200 reached, at its base clock (slow
   end), midway to its rated boost (central), at its rated boost (fast end): a power-limited card
   holds its base clock, GPU Boost runs above the rated boost where power allows. A measured step
   gives the rate back (`launcher/step_prediction.py`, in the report);
@@ -64,8 +64,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from launcher import trainer_rules  # noqa: E402 (the repository, put on the path above)
-from launcher.card_specs import (H200_BANDWIDTH_GBS, H200_BF16_TFLOPS, H200_FP8_TFLOPS,  # noqa: E402
-                                 H200_GEMM_TFLOPS, SPECS, gemm_rates)
+from launcher.card_specs import H200_BANDWIDTH_GBS, H200_BF16_TFLOPS, H200_FP8_TFLOPS, SPECS, gemm_rates  # noqa: E402
 from launcher.card_table import read_cards  # noqa: E402
 from launcher.runs.presets import load_preset  # noqa: E402
 from launcher.step_prediction import COLUMNS, TABLE, Prediction  # noqa: E402
@@ -100,6 +99,21 @@ def paths(card: str) -> tuple[str, ...]:
 def read(name: str) -> list[dict]:
     with (RESULTS / f"{name}.csv").open(newline="", encoding="utf-8") as handle:
         return list(csv.DictReader(handle))
+
+
+@cache
+def h200_gemm_tflops() -> float:
+    """What the H200's bf16 block Linears reached at 512 px, TFLOP/s (results/block_linear_time.csv;
+    its first TFLOP/s column is 512 px's)."""
+    with (RESULTS / "block_linear_time.csv").open(newline="", encoding="utf-8") as handle:
+        header, *table = csv.reader(handle)
+    row = next(row for row in table if row[0] == "bf16 weights")
+    return float(row[header.index("TFLOP/s:")])
+
+
+def rates(card: str) -> tuple[float, float, float]:
+    """The card's bf16 GEMM rate range, TFLOP/s (card_specs.gemm_rates at the H200's measured rate)."""
+    return gemm_rates(card, h200_gemm_tflops())
 
 
 def h200_breakdown(model: str, px: int) -> dict:
@@ -164,8 +178,8 @@ def streamed_gib(plan, memory_gib: int, px: int, shape, in_flight: int) -> float
 def predict(card: str, path: str, px: int, compiled: bool, plan, model: str = "flux2") -> dict:
     spec = SPECS[card]
     preset = MODELS[model][3] or dev_preset(card)
-    slow, central, fast = gemm_rates(card)
-    compute = H200_GEMM_TFLOPS / central
+    slow, central, fast = rates(card)
+    compute = h200_gemm_tflops() / central
     memory = H200_BANDWIDTH_GBS / spec.bandwidth_gbs
     h = h200_breakdown(model, px)
     fmt, extra, _ = PATHS[path]
@@ -183,7 +197,8 @@ def predict(card: str, path: str, px: int, compiled: bool, plan, model: str = "f
     stream = streamed * plan.GIB / 1e9 * COPIES_PER_STEP / spec.pcie_gbs
     bound = gemm + h["attention"] * compute
     rest = overhead + elementwise + other + stream
-    row = Prediction(card, path, px, compiled, bound, rest, model, stream if mode == "overlapped" else 0.0)
+    row = Prediction(card, path, px, compiled, (slow, central, fast), bound, rest, model,
+                     stream if mode == "overlapped" else 0.0)
     fast_s, slow_s = row.range_s
     return {"model": model, "card": card, "preset": preset, "path": path, "px:": px, "compiled": "yes" if compiled else "no",
             "stream": mode, "bf16 GEMM TFLOP/s slow / central / fast:": f"{slow:.1f} / {central:.1f} / {fast:.1f}",
@@ -211,7 +226,8 @@ def rows() -> list[dict]:
 def launcher_row(row: dict) -> dict:
     """The launcher's columns of a row (step_prediction.COLUMNS), its seconds as the table rounds them."""
     hideable = row["copies s:"] if row["stream"] == "overlapped" else "0.00"
-    return dict(zip(COLUMNS, (row["model"], row["card"], row["path"], row["px:"], row["compiled"],
+    card_rates = [f"{rate:.3f}" for rate in rates(row["card"])]
+    return dict(zip(COLUMNS, (row["model"], row["card"], row["path"], row["px:"], row["compiled"], *card_rates,
                               row["GEMMs + attention s at central:"], row["rest s:"], hideable)))
 
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench import predict_step
-from launcher.card_specs import SPECS, gemm_rates
+from launcher.card_specs import SPECS
 from launcher.runs.folders import RunFolder
 from launcher.step_prediction import TABLE as PATH
 from launcher.step_prediction import (Prediction, load_table, math_attention_s, measured_step, report, rows_for_gpu,
@@ -19,6 +19,7 @@ from launcher.step_prediction import (Prediction, load_table, math_attention_s, 
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE = load_table()
+XTX_RATES = predict_step.rates("RX 7900 XTX")
 
 
 BENCH_TABLE = REPO / "bench" / "results" / "prediction.csv"
@@ -57,18 +58,18 @@ def test_the_shipped_rows_give_bench_s_steps():
 @settings(max_examples=200, deadline=None)
 @given(bound=st.floats(0.1, 50), rest=st.floats(0, 50), rate=st.floats(5, 500))
 def test_a_measured_step_gives_its_gemm_rate_back(bound, rest, rate):
-    row = Prediction("RX 7900 XTX", "int4_fused", 512, True, bound, rest)
+    row = Prediction("RX 7900 XTX", "int4_fused", 512, True, XTX_RATES, bound, rest)
     assert row.implied_rate(row.step_at(rate)) == pytest.approx(rate, rel=1e-9)
 
 
 def test_a_step_slower_than_the_rest_alone_implies_no_rate():
-    row = Prediction("RX 7900 XTX", "int4_fused", 512, True, 3.0, 2.0)
+    row = Prediction("RX 7900 XTX", "int4_fused", 512, True, XTX_RATES, 3.0, 2.0)
     assert row.implied_rate(1.5) is None
     assert "slower than the GEMMs alone can explain" in row.verdict(1.5)
 
 
 def test_the_verdict_places_a_step_against_the_range():
-    row = Prediction("RX 7900 XTX", "int4_fused", 512, True, 3.43, 2.22)
+    row = Prediction("RX 7900 XTX", "int4_fused", 512, True, XTX_RATES, 3.43, 2.22)
     low, high = row.range_s
     assert low == pytest.approx(row.step_at(row.rates[2])) and high == pytest.approx(row.step_at(row.rates[0]))
     assert "inside the predicted" in row.verdict((low + high) / 2)
@@ -145,7 +146,7 @@ def test_an_overlapping_card_may_hide_its_copies_a_serializing_one_may_not():
               for r in bench_rows()}
     for row in TABLE:
         hidden = copies[(row.model, row.card, row.path, row.px, row.compiled)] if not SPECS[row.card].hip else 0.0
-        assert row.range_s[0] == pytest.approx(row.step_at(gemm_rates(row.card)[2]) - hidden)
+        assert row.range_s[0] == pytest.approx(row.step_at(row.rates[2]) - hidden)
     assert any(row.hideable_s > 0 for row in TABLE) and any(row.rest_s > row.hideable_s > 0 for row in TABLE)
 
 
@@ -163,7 +164,7 @@ def test_a_run_on_math_attention_is_held_against_its_row_plus_that_traffic(tmp_p
     run = write_run(tmp_path / "m", sdpa_kernels="math")
     row = next(r for r in TABLE if (r.model, r.card, r.path, r.px, r.compiled)
                == ("flux2", "RX 7900 XTX", "int4_fused", 512, True))
-    slower = Prediction(row.card, row.path, row.px, row.compiled, row.bound_s,
+    slower = Prediction(row.card, row.path, row.px, row.compiled, row.rates, row.bound_s,
                         row.rest_s + math_attention_s(row.card, 512), row.model)
     assert report(["AMD Radeon RX 7900 XTX"], [run], TABLE)["runs"][0]["verdict"] == slower.verdict(6.1)
     assert slower.verdict(6.1) != row.verdict(6.1)
