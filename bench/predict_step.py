@@ -28,7 +28,7 @@ with its source):
 - elementwise chains, LoRA matmuls, the optimizer and copies: memory bandwidth (H200 4.8 TB/s);
 - GPU idle time (the host launching kernels): unchanged;
 - each 4-bit path adds what it adds on the H200, taken as memory traffic and scaled by bandwidth:
-  int4_fused's dequantize (block Linears 1.37x bf16, results/selftest_paths.csv call 9),
+  int4_fused's dequantize (block Linears 1.37x bf16, results/selftest_paths.csv's latest call),
   int4_w4a8's requantization (results/step_profile.csv), uint4's torchao dequantize (2.33x the bf16
   step, results/step.csv);
 - compiled blocks: the elementwise part at 0.53x (compiled int4_w4a8 vs uncompiled bf16 at
@@ -67,6 +67,7 @@ from launcher import trainer_rules  # noqa: E402 (the repository, put on the pat
 from launcher.card_specs import H200_BANDWIDTH_GBS, H200_BF16_TFLOPS, H200_FP8_TFLOPS, SPECS, gemm_rates  # noqa: E402
 from launcher.card_table import read_cards  # noqa: E402
 from launcher.runs.presets import load_preset  # noqa: E402
+from launcher.selftest.cards import x_bf16  # noqa: E402 (the self-test's block times, as docs/cards.md reads them)
 from launcher.step_prediction import COLUMNS, TABLE, Prediction  # noqa: E402
 
 RESULTS = HERE / "results"
@@ -77,8 +78,7 @@ MODELS = {  # preset arch: (its bf16 profile row, the start of its requantizatio
                        1.0, "klein9b_amd_512.yaml"),
 }
 COPIES_PER_STEP = 2
-COMPILED_ELEMENTWISE = 469.3 / 881.2
-FUSED_EXTRA, UINT4_STEP_X = 0.37, 2.33
+ELEMENTWISE = "elementwise (norms, modulation, RoPE, activations, casts):"
 PATHS = {  # path: (the GEMMs' input format, extra that is memory traffic, what it is)
     "int4_fused": ("bf16", "fused", "the pick without FP8 (Triton dequantize, bf16 GEMM)"),
     "int4_w4a8 fp8": ("fp8", "requant", "the pick with FP8 units (`torch._scaled_mm` or Triton)"),
@@ -116,13 +116,40 @@ def rates(card: str) -> tuple[float, float, float]:
     return gemm_rates(card, h200_gemm_tflops())
 
 
+def figure(cell: str) -> float:
+    return float(cell.strip("*"))
+
+
+@cache
+def compiled_elementwise() -> float:
+    """The elementwise part of a compiled step over an uncompiled one: compiled int4_w4a8 against
+    uncompiled bf16 at 1024 px, the same calls (results/step_profile.csv)."""
+    rows = [row for row in read("step_profile") if row["px:"] == "1024"]
+    compiled = next(row for row in rows if row["run"].endswith("**blocks compiled**"))
+    plain = next(row for row in rows if row["run"] == "bf16 weights, plan off, uncompiled (same calls)")
+    return figure(compiled[ELEMENTWISE]) / figure(plain[ELEMENTWISE])
+
+
+def fused_extra() -> float:
+    """What int4_fused's dequantize adds to the block Linears, a share of their bf16 time (the
+    self-test's latest call, results/selftest_paths.csv)."""
+    return x_bf16()["int4_fused"] - 1
+
+
+@cache
+def uint4_step_x() -> float:
+    """The uint4 step over the bf16 one, 512 px, uncapped (results/step.csv)."""
+    return next(figure(row["x_bf16"]) for row in read("step")
+                if (row["weights"], row["cap"], row["shape"]) == ("uint4 (fork)", "none", "512"))
+
+
 def h200_breakdown(model: str, px: int) -> dict:
     """The uncompiled bf16 step's parts in seconds, full width (the profile row of that model and px)."""
     bf16_run, requant_run, scale, _ = MODELS[model]
     row = next(r for r in read("step_profile") if r["run"] == bf16_run and r["px:"] == str(px))
     part = {key: float(row[column]) / 1000 * scale for key, column in (
         ("gemm", "block GEMMs:"), ("attention", "attention:"),
-        ("elementwise", "elementwise (norms, modulation, RoPE, activations, casts):"), ("lora", "LoRA matmuls:"),
+        ("elementwise", ELEMENTWISE), ("lora", "LoRA matmuls:"),
         ("optimizer", "optimizer:"), ("copies", "copies:"), ("idle", "GPU idle:"))}
     requant = next(r for r in read("step_profile") if r["run"].startswith(requant_run) and r["px:"] == str(px))
     part["requant"] = float(requant["requantization (incl. activation quantization):"]) / 1000 * scale
@@ -185,12 +212,12 @@ def predict(card: str, path: str, px: int, compiled: bool, plan, model: str = "f
     fmt, extra, _ = PATHS[path]
     gemm = h["gemm"] * compute * gemm_factor(card, fmt)
     if extra == "fused":
-        overhead = h["gemm"] * FUSED_EXTRA * memory
+        overhead = h["gemm"] * fused_extra() * memory
     elif extra == "uint4":
-        overhead = sum(h.values()) * (UINT4_STEP_X - 1) * memory
+        overhead = sum(h.values()) * (uint4_step_x() - 1) * memory
     else:
         overhead = h["requant"] * memory
-    elementwise = h["elementwise"] * memory * (COMPILED_ELEMENTWISE if compiled else 1.0)
+    elementwise = h["elementwise"] * memory * (compiled_elementwise() if compiled else 1.0)
     other = (h["lora"] + h["optimizer"] + h["copies"]) * memory + h["idle"]
     mode = stream_mode(card)
     streamed = streamed_gib(plan, spec.memory_gb, px, shape_of(plan, MODELS[model][3]), 2 if mode == "overlapped" else 1)
