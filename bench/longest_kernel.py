@@ -3,8 +3,8 @@
 Windows' GPU timeout: a dispatch that runs past TdrDelay (2 s by default) resets the GPU (TDR).
 
 No AMD card has run the project yet, so this scales the H200's figures the way predict_step.py
-scales compute: by the H200's block-Linear rate (776 TFLOP/s) against the card's bf16 GEMM rate at
-the slow end of its range (`card_specs.gemm_rates`), the slowest case:
+scales compute: by the H200's block-Linear rate (`predict_step.h200_gemm_tflops`) against the card's
+bf16 GEMM rate at the slow end of its range (`predict_step.rates`), the slowest case:
 - the largest GEMM: the slowest single bf16 Linear call of the H200 self-test (forward or input
   gradient of single.linear1, one BLAS dispatch; int4_fused cuts it into 64 MiB weight slices, so
   this bounds every 4-bit path), archive/selftest_h200_2026-11-30.json;
@@ -19,9 +19,9 @@ the slow end of its range (`card_specs.gemm_rates`), the slowest case:
 
 import json
 
-from bench.predict_step import HERE, h200_breakdown
+from bench.predict_step import HERE, h200_breakdown, h200_gemm_tflops, rates
 from launcher import trainer_rules
-from launcher.card_specs import H200_GEMM_TFLOPS, SPECS, gemm_rates
+from launcher.card_specs import SPECS
 
 TDR_DELAY_S = 2.0
 """Windows' default TdrDelay (HKLM\\System\\CurrentControlSet\\Control\\GraphicsDrivers)."""
@@ -42,7 +42,7 @@ def h200_largest_gemm_ms(px: int, path=SELFTEST) -> float:
 
 def longest_s(card: str, px: int, h200_gemm_ms: float, h200_attention_s: float) -> dict:
     """Seconds of the longest dispatch of each kind on `card` at `px`, from the H200's figures."""
-    slower = H200_GEMM_TFLOPS / gemm_rates(card)[0]
+    slower = h200_gemm_tflops() / rates(card)[0]
     plan = trainer_rules.memory_plan()
     shape = plan.Flux2Shape()
     matrix = shape.heads * plan.tokens(px) ** 2 * plan.FP32

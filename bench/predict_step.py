@@ -7,7 +7,7 @@ measured step breakdown (the uncompiled bf16 step of the same-call runs, results
 public ones of `launcher/card_specs.py` (dense tensor rates, bandwidth, memory, PCIe link, each
 with its source):
 - block GEMMs and attention: compute; scaled by the measured bf16 GEMM rates: the H200's block
-  Linears at 776 TFLOP/s (results/block_linear_time.csv) against the card's rate at FLUX.2's block
+  Linears at 512 px (results/block_linear_time.csv, `h200_gemm_tflops`) against the card's rate at FLUX.2's block
   shapes, the named assumption, taken as a range (`card_specs.gemm_rates`). The 7900 XTX's rate
   through hipBLAS: 46.3 TFLOP/s low (the lowest published bf16 2048^2 figure, torch 2.10 + ROCm
   7.10: https://github.com/zzc0721/torch-performance-test-data/issues/103), 77 central (the
@@ -15,7 +15,7 @@ with its source):
   github.com/drhawktopus/flux2-32b-qlora-rocm-windows), 99.4 high (the highest published bf16
   4096^2 figure, torch 2.7.1 + ROCm 6.3: https://github.com/zzc0721/torch-performance-test-data/issues/58);
   the other RDNA3 cards by their published FP16 peak relative to the 7900 XTX's. An NVIDIA card
-  reaches the share of its dense bf16 peak the H200 reached (776 / 989.4), at its base clock (slow
+  reaches the share of its dense bf16 peak the H200 reached, at its base clock (slow
   end), midway to its rated boost (central), at its rated boost (fast end): a power-limited card
   holds its base clock, GPU Boost runs above the rated boost where power allows. A measured step
   gives the rate back (`launcher/step_prediction.py`, in the report);
@@ -28,7 +28,7 @@ with its source):
 - elementwise chains, LoRA matmuls, the optimizer and copies: memory bandwidth (H200 4.8 TB/s);
 - GPU idle time (the host launching kernels): unchanged;
 - each 4-bit path adds what it adds on the H200, taken as memory traffic and scaled by bandwidth:
-  int4_fused's dequantize (block Linears 1.37x bf16, results/selftest_paths.csv call 9),
+  int4_fused's dequantize (block Linears 1.37x bf16, results/selftest_paths.csv's latest call),
   int4_w4a8's requantization (results/step_profile.csv), uint4's torchao dequantize (2.33x the bf16
   step, results/step.csv);
 - compiled blocks: the elementwise part at 0.53x (compiled int4_w4a8 vs uncompiled bf16 at
@@ -46,10 +46,17 @@ requantization of its int4_w4a8 step at the 8 GB cap, where every block is recom
 plan-off step (results/step_profile.csv, the "klein 9B" rows). The recipe reports ~20 s/step at 512 px (9-10 s/it
 with its stall watchdog) on uint4.
 
-    python bench/predict_step.py     # writes results/prediction.csv; then python bench/report.py
+    python bench/predict_step.py          # writes results/prediction.csv and the launcher's rows; then python bench/report.py
+    python bench/predict_step.py --check  # exit 1 where either differs from what the model gives now
+
+The launcher's rows (`launcher/step_prediction.csv`: each row's key and seconds, what `launcher
+report` and the page's ETA hold a run against) are a projection of the same rows, so the model runs
+here only and the launcher reads no bench/ file.
 """
 
+import argparse
 import csv
+import io
 import sys
 from functools import cache
 from pathlib import Path
@@ -57,11 +64,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from launcher import trainer_rules  # noqa: E402 (the repository, put on the path above)
-from launcher.card_specs import (H200_BANDWIDTH_GBS, H200_BF16_TFLOPS, H200_FP8_TFLOPS,  # noqa: E402
-                                 H200_GEMM_TFLOPS, SPECS, gemm_rates)
+from launcher.card_specs import H200_BANDWIDTH_GBS, H200_BF16_TFLOPS, H200_FP8_TFLOPS, SPECS, gemm_rates  # noqa: E402
 from launcher.card_table import read_cards  # noqa: E402
 from launcher.runs.presets import load_preset  # noqa: E402
-from launcher.step_prediction import Prediction  # noqa: E402
+from launcher.selftest.cards import x_bf16  # noqa: E402 (the self-test's block times, as docs/cards.md reads them)
+from launcher.step_prediction import COLUMNS, TABLE, Prediction  # noqa: E402
 
 RESULTS = HERE / "results"
 FULL = 56 / 44
@@ -71,8 +78,7 @@ MODELS = {  # preset arch: (its bf16 profile row, the start of its requantizatio
                        1.0, "klein9b_amd_512.yaml"),
 }
 COPIES_PER_STEP = 2
-COMPILED_ELEMENTWISE = 469.3 / 881.2
-FUSED_EXTRA, UINT4_STEP_X = 0.37, 2.33
+ELEMENTWISE = "elementwise (norms, modulation, RoPE, activations, casts):"
 PATHS = {  # path: (the GEMMs' input format, extra that is memory traffic, what it is)
     "int4_fused": ("bf16", "fused", "the pick without FP8 (Triton dequantize, bf16 GEMM)"),
     "int4_w4a8 fp8": ("fp8", "requant", "the pick with FP8 units (`torch._scaled_mm` or Triton)"),
@@ -95,13 +101,55 @@ def read(name: str) -> list[dict]:
         return list(csv.DictReader(handle))
 
 
+@cache
+def h200_gemm_tflops() -> float:
+    """What the H200's bf16 block Linears reached at 512 px, TFLOP/s (results/block_linear_time.csv;
+    its first TFLOP/s column is 512 px's)."""
+    with (RESULTS / "block_linear_time.csv").open(newline="", encoding="utf-8") as handle:
+        header, *table = csv.reader(handle)
+    row = next(row for row in table if row[0] == "bf16 weights")
+    return float(row[header.index("TFLOP/s:")])
+
+
+def rates(card: str) -> tuple[float, float, float]:
+    """The card's bf16 GEMM rate range, TFLOP/s (card_specs.gemm_rates at the H200's measured rate)."""
+    return gemm_rates(card, h200_gemm_tflops())
+
+
+def figure(cell: str) -> float:
+    return float(cell.strip("*"))
+
+
+@cache
+def compiled_elementwise() -> float:
+    """The elementwise part of a compiled step over an uncompiled one: compiled int4_w4a8 against
+    uncompiled bf16 at 1024 px, the same calls (results/step_profile.csv)."""
+    rows = [row for row in read("step_profile") if row["px:"] == "1024"]
+    compiled = next(row for row in rows if row["run"].endswith("**blocks compiled**"))
+    plain = next(row for row in rows if row["run"] == "bf16 weights, plan off, uncompiled (same calls)")
+    return figure(compiled[ELEMENTWISE]) / figure(plain[ELEMENTWISE])
+
+
+def fused_extra() -> float:
+    """What int4_fused's dequantize adds to the block Linears, a share of their bf16 time (the
+    self-test's latest call, results/selftest_paths.csv)."""
+    return x_bf16()["int4_fused"] - 1
+
+
+@cache
+def uint4_step_x() -> float:
+    """The uint4 step over the bf16 one, 512 px, uncapped (results/step.csv)."""
+    return next(figure(row["x_bf16"]) for row in read("step")
+                if (row["weights"], row["cap"], row["shape"]) == ("uint4 (fork)", "none", "512"))
+
+
 def h200_breakdown(model: str, px: int) -> dict:
     """The uncompiled bf16 step's parts in seconds, full width (the profile row of that model and px)."""
     bf16_run, requant_run, scale, _ = MODELS[model]
     row = next(r for r in read("step_profile") if r["run"] == bf16_run and r["px:"] == str(px))
     part = {key: float(row[column]) / 1000 * scale for key, column in (
         ("gemm", "block GEMMs:"), ("attention", "attention:"),
-        ("elementwise", "elementwise (norms, modulation, RoPE, activations, casts):"), ("lora", "LoRA matmuls:"),
+        ("elementwise", ELEMENTWISE), ("lora", "LoRA matmuls:"),
         ("optimizer", "optimizer:"), ("copies", "copies:"), ("idle", "GPU idle:"))}
     requant = next(r for r in read("step_profile") if r["run"].startswith(requant_run) and r["px:"] == str(px))
     part["requant"] = float(requant["requantization (incl. activation quantization):"]) / 1000 * scale
@@ -157,26 +205,27 @@ def streamed_gib(plan, memory_gib: int, px: int, shape, in_flight: int) -> float
 def predict(card: str, path: str, px: int, compiled: bool, plan, model: str = "flux2") -> dict:
     spec = SPECS[card]
     preset = MODELS[model][3] or dev_preset(card)
-    slow, central, fast = gemm_rates(card)
-    compute = H200_GEMM_TFLOPS / central
+    slow, central, fast = rates(card)
+    compute = h200_gemm_tflops() / central
     memory = H200_BANDWIDTH_GBS / spec.bandwidth_gbs
     h = h200_breakdown(model, px)
     fmt, extra, _ = PATHS[path]
     gemm = h["gemm"] * compute * gemm_factor(card, fmt)
     if extra == "fused":
-        overhead = h["gemm"] * FUSED_EXTRA * memory
+        overhead = h["gemm"] * fused_extra() * memory
     elif extra == "uint4":
-        overhead = sum(h.values()) * (UINT4_STEP_X - 1) * memory
+        overhead = sum(h.values()) * (uint4_step_x() - 1) * memory
     else:
         overhead = h["requant"] * memory
-    elementwise = h["elementwise"] * memory * (COMPILED_ELEMENTWISE if compiled else 1.0)
+    elementwise = h["elementwise"] * memory * (compiled_elementwise() if compiled else 1.0)
     other = (h["lora"] + h["optimizer"] + h["copies"]) * memory + h["idle"]
     mode = stream_mode(card)
     streamed = streamed_gib(plan, spec.memory_gb, px, shape_of(plan, MODELS[model][3]), 2 if mode == "overlapped" else 1)
     stream = streamed * plan.GIB / 1e9 * COPIES_PER_STEP / spec.pcie_gbs
     bound = gemm + h["attention"] * compute
     rest = overhead + elementwise + other + stream
-    row = Prediction(card, path, px, compiled, bound, rest, model, stream if mode == "overlapped" else 0.0)
+    row = Prediction(card, path, px, compiled, (slow, central, fast), bound, rest, model,
+                     stream if mode == "overlapped" else 0.0)
     fast_s, slow_s = row.range_s
     return {"model": model, "card": card, "preset": preset, "path": path, "px:": px, "compiled": "yes" if compiled else "no",
             "stream": mode, "bf16 GEMM TFLOP/s slow / central / fast:": f"{slow:.1f} / {central:.1f} / {fast:.1f}",
@@ -186,24 +235,61 @@ def predict(card: str, path: str, px: int, compiled: bool, plan, model: str = "f
             "s/it fast:": f"{fast_s:.1f}", "s/it central:": f"**{row.step_at(central):.1f}**", "s/it slow:": f"{slow_s:.1f}"}
 
 
-def main() -> int:
+def rows() -> list[dict]:
+    """Every predicted row: each card's paths at 512 and 1024 px, compiled and not; klein 9B on AMD."""
     plan = trainer_rules.memory_plan()
-    rows = []
+    found = []
     for card in SPECS:
         for px in (512, 1024):
             for path in paths(card):
                 for compiled in ((False, True) if path != "uint4" else (False,)):
-                    rows.append(predict(card, path, px, compiled, plan))
+                    found.append(predict(card, path, px, compiled, plan))
     for card in ("RX 7900 XTX", "RX 7800 XT"):  # klein 9B's AMD preset is for 16 to 24 GB cards
         for compiled in (False, True):
-            rows.append(predict(card, "int4_fused", 512, compiled, plan, "flux2_klein_9b"))
-    with (RESULTS / "prediction.csv").open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, [*rows[0], "date", "source"], lineterminator="\n")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({**row, "date": "2026-12-06", "source": ""})
-    print(f"wrote {RESULTS / 'prediction.csv'} ({len(rows)} rows)")
-    return 0
+            found.append(predict(card, "int4_fused", 512, compiled, plan, "flux2_klein_9b"))
+    return found
+
+
+def launcher_row(row: dict) -> dict:
+    """The launcher's columns of a row (step_prediction.COLUMNS), its seconds as the table rounds them."""
+    hideable = row["copies s:"] if row["stream"] == "overlapped" else "0.00"
+    card_rates = [f"{rate:.3f}" for rate in rates(row["card"])]
+    return dict(zip(COLUMNS, (row["model"], row["card"], row["path"], row["px:"], row["compiled"], *card_rates,
+                              row["GEMMs + attention s at central:"], row["rest s:"], hideable)))
+
+
+def csv_text(found: list[dict]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, list(found[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(found)
+    return out.getvalue()
+
+
+def outputs(found: list[dict]) -> dict[Path, str]:
+    """{file: its text}: bench's table (RESULTS.md's) and the launcher's rows, both from `found`."""
+    return {RESULTS / "prediction.csv": csv_text([{**row, "date": "2026-12-06", "source": ""} for row in found]),
+            TABLE: csv_text([launcher_row(row) for row in found])}
+
+
+def stale(targets: dict[Path, str]) -> list[Path]:
+    return [path for path, text in targets.items() if not path.is_file() or path.read_text(encoding="utf-8") != text]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 where a file differs from what the model gives")
+    args = parser.parse_args(argv)
+    found = rows()
+    targets = outputs(found)
+    behind = stale(targets)
+    for path in behind:
+        if args.check:
+            print(f"{path} differs from what the model gives now: run python bench/predict_step.py", file=sys.stderr)
+        else:
+            path.write_text(targets[path], encoding="utf-8", newline="")
+            print(f"wrote {path} ({len(found)} rows)")
+    return 1 if args.check and behind else 0
 
 
 if __name__ == "__main__":

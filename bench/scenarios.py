@@ -167,7 +167,8 @@ ELSEWHERE = {
                     "`python3 -m bench.compiled_step lora-compare LORAS` (both lines in RESULTS.md)",
     "step_profile": "`python -m launcher run --profile 3` (its breakdown.json)",
     "windows_wheels": "`python bench/windows_wheels.py`, which writes the table itself (PyPI downloads, no run)",
-    "prediction": "`python bench/predict_step.py`, which writes the table itself (a model of the measured tables, no run)",
+    "prediction": "`python bench/predict_step.py`, which writes the table itself and the launcher's rows of it "
+                  "(a model of the measured tables, no run)",
     "kernel_isa": "`python bench/kernel_isa.py`, which writes the table itself (Triton compiles on the CPU, no run)",
     # probes of closed questions, archived next to their notes: `python -m bench.archive.NAME` runs one as it ran
     "loader_trim": "`python -m bench.archive.loader_trim_probe` (one size per process, with and without `--release`)",

@@ -1,7 +1,8 @@
 """The public figures the step prediction scales the H200's measured step by, one row a card.
 
-`bench/predict_step.py` predicts a card's s/it from these and the launcher holds a run's step
-against that prediction (`launcher/step_prediction.py`); both read this one table. Tensor rates are
+`bench/predict_step.py` predicts a card's s/it from these, and the launcher holds a run's step
+against the rows it writes (`launcher/step_prediction.py`, which reads a card's bandwidth here for
+the math attention's traffic): one table of card figures for both. Tensor rates are
 dense (not sparse) with FP32 accumulation: what cuBLAS's and hipBLAS's bf16 GEMMs and
 `torch._scaled_mm`'s FP8 GEMMs accumulate in (GeForce cards run it at half their FP16-accumulate
 rate, which the product pages' "AI TOPS" quote). The card's name, arch and memory are the card
@@ -12,9 +13,9 @@ What a card's bf16 GEMMs really reach at FLUX.2's block shapes is the prediction
 assumption, a range (`gemm_rates`):
 - AMD: the published hipBLAS measurements of the RX 7900 XTX (RATE_RANGE, central CENTRAL_RATE:
   bench/predict_step.py names them), the other RDNA3 cards by their bf16 peak relative to it;
-- NVIDIA: the fraction of its dense bf16 peak the H200 reached at those shapes (776 of 989.4
-  TFLOP/s, bench/results/block_linear_time.csv), at the card's base clock (slow end), between its
-  base and boost (central) and at its rated boost clock (fast end).
+- NVIDIA: the fraction of its dense bf16 peak the H200 reached at those shapes (a measurement,
+  bench/results/block_linear_time.csv, that bench/predict_step.py reads and passes in), at the card's
+  base clock (slow end), between its base and boost (central) and at its rated boost clock (fast end).
 """
 
 from dataclasses import dataclass
@@ -23,7 +24,6 @@ CENTRAL_RATE = 77.0  # TFLOP/s: the RX 7900 XTX's central bf16 GEMM rate through
 RATE_RANGE = (46.3, 99.4)  # the low and high published bf16 GEMM rates of the RX 7900 XTX
 H200_BF16_TFLOPS = 989.4  # dense bf16 peak (NVIDIA H200 product page: 1,979 TFLOPS with sparsity)
 H200_FP8_TFLOPS = 1978.9  # dense FP8 peak (the same page: 3,958 TFLOPS with sparsity)
-H200_GEMM_TFLOPS = 776.0  # what the H200's FLUX.2 block Linears reached (bench/results/block_linear_time.csv)
 H200_BANDWIDTH_GBS = 4800.0  # NVIDIA H200 product page
 PCIE_EFFECTIVE = 25.0 / 31.5
 """The share of a PCIe link's raw rate a host-to-device copy of pinned memory reaches (25 GB/s of
@@ -88,12 +88,13 @@ SPECS = {spec.name: spec for spec in (
 )}
 
 
-def gemm_rates(card: str) -> tuple[float, float, float]:
-    """The card's bf16 GEMM rate at FLUX.2's block shapes, TFLOP/s: (slow end, central, fast end)."""
+def gemm_rates(card: str, h200_gemm_tflops: float) -> tuple[float, float, float]:
+    """The card's bf16 GEMM rate at FLUX.2's block shapes, TFLOP/s: (slow end, central, fast end);
+    `h200_gemm_tflops`: what the H200's block Linears reached, the share of its peak an NVIDIA card reaches."""
     spec = SPECS[card]
     if spec.clocks_mhz is None:
         relative = spec.bf16_tflops / SPECS["RX 7900 XTX"].bf16_tflops
         return RATE_RANGE[0] * relative, CENTRAL_RATE * relative, RATE_RANGE[1] * relative
     base, boost = spec.clocks_mhz
-    reached = spec.bf16_tflops * H200_GEMM_TFLOPS / H200_BF16_TFLOPS
+    reached = spec.bf16_tflops * h200_gemm_tflops / H200_BF16_TFLOPS
     return reached * base / boost, reached * (base + boost) / 2 / boost, reached

@@ -2,13 +2,18 @@
 
 `bench/predict_step.py` predicts the cards' s/it from the H200's measured step, with the card's
 bf16 GEMM rate at FLUX.2's block shapes as the one named assumption (a range per card,
-`card_specs.gemm_rates`; bench/RESULTS.md "Predicted steps"). Each row of its table keeps the
-compute-bound seconds at the card's central rate apart from the rest, so a measured step gives the
-rate back: the first owner's s/it either lands inside the range (and says which rate it implies) or
-misses it by a stated amount. A card that overlaps streaming with compute may hide its copies: its
-fast end leaves them out, its slow end counts them. A run whose GPU has only PyTorch's math
-attention (`sdpa_kernels: math`, the self-test's verdict) is held against its row plus that
-attention's memory traffic (math_attention_s).
+`card_specs.gemm_rates`, carried by each row; bench/RESULTS.md "Predicted steps"). Each row keeps the compute-bound
+seconds at the card's central rate apart from the rest, so a measured step gives the rate back: the
+first owner's s/it either lands inside the range (and says which rate it implies) or misses it by a
+stated amount. A card that overlaps streaming with compute may hide its copies: its fast end leaves
+them out, its slow end counts them. A run whose GPU has only PyTorch's math attention
+(`sdpa_kernels: math`, the self-test's verdict) is held against its row plus that attention's memory
+traffic (math_attention_s).
+
+The rows ship with the launcher (TABLE, step_prediction.csv beside this module): written by
+`python bench/predict_step.py`, the one model, with its own fuller table for bench/RESULTS.md, from
+the measured tables of bench/results and `card_specs`; tests/test_step_prediction.py holds them to
+what the model writes now. An install need not have bench/, so nothing here reads it.
 """
 
 import csv
@@ -18,14 +23,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from launcher import trainer_rules
-from launcher.card_specs import SPECS, gemm_rates
+from launcher.card_specs import SPECS
 from launcher.errors import LauncherError
 from launcher.families import DEFAULT_ARCH
 from launcher.runs.folders import RunFolder
 from launcher.runs.yaml_files import load_yaml
 from launcher.user_files import last_rows
 
-TABLE = Path(__file__).resolve().parent.parent / "bench" / "results" / "prediction.csv"
+TABLE = Path(__file__).resolve().parent / "step_prediction.csv"
+COLUMNS = ("model", "card", "path", "px", "compiled", "rate_slow", "rate_central", "rate_fast", "bound_s", "rest_s",
+           "hideable_s")
+"""TABLE's columns: a row's key, then its seconds (Prediction's fields); `compiled` is yes or no."""
 PATHS_OF_QTYPES = {"int4_fused": "int4_fused", "uint4": "uint4", "int4_w4a8": "int4_w4a8 fp8"}
 """The qtypes the table predicts, by the table's path name (`int4_w4a8` as the FP8 cards run it)."""
 MATH_PASSES = 15
@@ -41,15 +49,12 @@ class Prediction:
     path: str
     px: int
     compiled: bool
+    rates: tuple[float, float, float]
+    """The card's bf16 GEMM rate, TFLOP/s: slow end, central, fast end (card_specs.gemm_rates)."""
     bound_s: float  # GEMMs + attention at the card's central rate
     rest_s: float  # everything else, the streamed copies included
     model: str = DEFAULT_ARCH  # the preset's model arch (launcher/families.py), the table's key
     hideable_s: float = 0.0  # the streamed copies' seconds a card that overlaps them may hide
-
-    @property
-    def rates(self) -> tuple[float, float, float]:
-        """The card's bf16 GEMM rate, TFLOP/s: slow end, central, fast end (card_specs.gemm_rates)."""
-        return gemm_rates(self.card)
 
     def step_at(self, rate: float) -> float:
         """The step at bf16 GEMM rate `rate`, the streamed copies counted in full."""
@@ -82,13 +87,11 @@ class Prediction:
 
 
 def load_table(path: Path = TABLE) -> list[Prediction]:
-    """The prediction table's rows; empty where this install carries no bench/ folder."""
-    if not path.is_file():
-        return []
+    """The shipped prediction's rows."""
     with path.open(newline="", encoding="utf-8") as handle:
-        return [Prediction(row["card"], row["path"], int(row["px:"]), row["compiled"] == "yes",
-                           float(row["GEMMs + attention s at central:"]), float(row["rest s:"]), row["model"],
-                           float(row["copies s:"]) if row["stream"] == "overlapped" else 0.0)
+        return [Prediction(row["card"], row["path"], int(row["px"]), row["compiled"] == "yes",
+                           (float(row["rate_slow"]), float(row["rate_central"]), float(row["rate_fast"])),
+                           float(row["bound_s"]), float(row["rest_s"]), row["model"], float(row["hideable_s"]))
                 for row in csv.DictReader(handle)]
 
 

@@ -7,15 +7,16 @@ from pathlib import Path
 import pytest
 
 from bench import longest_kernel
-from launcher.card_specs import H200_GEMM_TFLOPS, SPECS, gemm_rates
+from bench.predict_step import h200_gemm_tflops, rates
+from launcher.card_specs import SPECS
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_a_dispatch_scales_by_the_cards_rate_and_bandwidth():
     xtx = longest_kernel.longest_s("RX 7900 XTX", 1024, h200_gemm_ms=4.5, h200_attention_s=0.2)
-    assert xtx["gemm"] == pytest.approx(4.5e-3 * H200_GEMM_TFLOPS / gemm_rates("RX 7900 XTX")[0])
-    assert xtx["attention backward"] == pytest.approx(0.2 / 56 * 2.5 / 4.5 * H200_GEMM_TFLOPS / gemm_rates("RX 7900 XTX")[0])
+    assert xtx["gemm"] == pytest.approx(4.5e-3 * h200_gemm_tflops() / rates("RX 7900 XTX")[0])
+    assert xtx["attention backward"] == pytest.approx(0.2 / 56 * 2.5 / 4.5 * h200_gemm_tflops() / rates("RX 7900 XTX")[0])
     slower = longest_kernel.longest_s("RX 7800 XT", 1024, h200_gemm_ms=4.5, h200_attention_s=0.2)
     rate = SPECS["RX 7800 XT"].bf16_tflops / SPECS["RX 7900 XTX"].bf16_tflops
     assert slower["gemm"] == pytest.approx(xtx["gemm"] / rate)

@@ -6,7 +6,7 @@ import pytest
 
 from bench import predict_step
 from launcher import trainer_rules
-from launcher.card_specs import SPECS, gemm_rates
+from launcher.card_specs import SPECS
 from launcher.card_table import read_cards
 from launcher.selftest import cards as paper
 
@@ -45,14 +45,14 @@ def test_the_3090_trains_without_fp8_and_its_int8_path_runs_at_its_int8_rate():
 
 def test_an_nvidia_cards_rate_range_is_its_clock_range():
     for name in NVIDIA:
-        slow, central, fast = gemm_rates(name)
+        slow, central, fast = predict_step.rates(name)
         base, boost = SPECS[name].clocks_mhz
         assert slow / fast == pytest.approx(base / boost) and slow < central < fast < SPECS[name].bf16_tflops
 
 
 def dominates(a: str, b: str) -> bool:
     """Card `a` is at least card `b` in every figure the model scales by, and above it in one."""
-    figures = [(gemm_rates(name)[1], SPECS[name].peak("fp8"), SPECS[name].bandwidth_gbs, SPECS[name].memory_gb,
+    figures = [(predict_step.rates(name)[1], SPECS[name].peak("fp8"), SPECS[name].bandwidth_gbs, SPECS[name].memory_gb,
                 SPECS[name].pcie_gbs) for name in (a, b)]
     return all(x >= y for x, y in zip(*figures)) and figures[0] != figures[1]
 
@@ -83,3 +83,20 @@ def test_more_bandwidth_alone_shortens_only_the_memory_bound_parts(monkeypatch):
     assert after["GEMMs + attention s at central:"] == before["GEMMs + attention s at central:"]
     for column in ("elementwise s:", "4-bit overhead s:"):
         assert float(after[column]) == pytest.approx(float(before[column]) / 2, abs=0.01)
+
+
+def test_the_h200_rate_is_read_from_the_bf16_row_at_512_px(tmp_path, monkeypatch):
+    """The one measured figure of the rate ranges: block_linear_time.csv's first TFLOP/s column (512 px),
+    not the 1024 px column of the same name."""
+    from launcher.card_specs import H200_BF16_TFLOPS
+
+    (tmp_path / "block_linear_time.csv").write_text(
+        "path,512 px ms:,TFLOP/s:,1024 px ms:,TFLOP/s:\n`int4_fused`,1.0,500,2.0,600\nbf16 weights,1.0,700,2.0,650\n",
+        encoding="utf-8")
+    monkeypatch.setattr(predict_step, "RESULTS", tmp_path)
+    predict_step.h200_gemm_tflops.cache_clear()
+    try:
+        assert predict_step.h200_gemm_tflops() == 700.0
+        assert predict_step.rates("RTX 4090")[2] == pytest.approx(SPECS["RTX 4090"].bf16_tflops * 700 / H200_BF16_TFLOPS)
+    finally:
+        predict_step.h200_gemm_tflops.cache_clear()

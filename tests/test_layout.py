@@ -195,3 +195,70 @@ def test_the_layer_map_names_every_module_and_no_module_that_is_gone():
         if folder.startswith("launcher/") and folder != "launcher/cli.py":
             gone = words - known - {"and"}  # outside parentheses a line holds module names only
             assert not gone, f"docs/design.md's layer map names what is no module under {folder}: {sorted(gone)}"
+
+
+def module_name(path: Path) -> str:
+    """launcher/selftest/cards.py -> launcher.selftest.cards (a package's __init__: the package)."""
+    parts = path.relative_to(LAUNCHER.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def launcher_imports(path: Path, known: set[str]) -> set[str]:
+    """The launcher modules `path` imports, at module level or inside a function."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return found & known
+
+
+def doc_only(imports: dict[str, set[str]], generators: set[str]) -> set[str]:
+    """The modules only the doc generators import, directly or through others of their own."""
+    found: set[str] = set()
+    while True:
+        grown = {name for name in imports if name not in generators | found
+                 and (importers := {other for other, used in imports.items() if name in used})
+                 and importers <= generators | found}
+        if not grown:
+            return found
+        found |= grown
+
+
+def names_bench_results(path: Path) -> list[int]:
+    """Lines of `path` whose code names the bench folder or a path under bench/results: a string
+    "bench", or one holding "bench/results" (either slash); a bare string statement (a docstring) is
+    prose and left alone."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    prose = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+    return sorted(node.lineno for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in prose and (node.value == "bench" or "bench/results" in node.value.replace("\\", "/")))
+
+
+def test_only_the_doc_generators_read_bench_results():
+    """bench/ is a maintainer's folder an install need not have: measured figures reach run-time code
+    as shipped files (launcher/step_prediction.csv), and only the doc generators (*_doc.py) and the
+    modules they alone import read bench/results."""
+    paths = {module_name(path): path for path in LAUNCHER.rglob("*.py") if "__pycache__" not in path.parts}
+    imports = {name: launcher_imports(path, set(paths)) for name, path in paths.items()}
+    generators = {module_name(path) for path in LAUNCHER.glob("*_doc.py")}
+    allowed = generators | doc_only(imports, generators)
+    assert "launcher.selftest.cards" in allowed and "launcher.step_prediction" not in allowed
+    readers = {name: lines for name, path in sorted(paths.items()) if name not in allowed
+               and (lines := names_bench_results(path))}
+    assert not readers, f"run-time modules that name bench/results (module: lines): {readers}"
+
+
+def test_the_bench_results_checker_sees_a_path_and_leaves_prose_alone(tmp_path):
+    module = tmp_path / "reader.py"
+    module.write_text('"""Figures from bench/results/step.csv."""\nfrom pathlib import Path\n\n'
+                      'ROOT = Path(__file__).parents[1] / "bench" / "results"\n"""Where bench/results lies."""\n'
+                      'NAME = f"{ROOT}\\\\bench\\\\results\\\\step.csv"\nSEE = "bench/RESULTS.md"\n', encoding="utf-8")
+    assert names_bench_results(module) == [4, 6]
+
+
+def test_a_module_another_imports_is_no_doc_generator_s_alone():
+    imports = {"a_doc": {"cards", "table"}, "cards": {"table", "paper"}, "paper": set(), "table": set(),
+               "run": {"table"}, "cycle": {"loop"}, "loop": {"cycle"}}
+    assert doc_only(imports, {"a_doc"}) == {"cards", "paper"}

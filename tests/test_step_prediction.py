@@ -1,51 +1,75 @@
 """The predicted step against a measured one: the table, its inverse, and the report's use of it."""
 
+import csv
 import json
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench import predict_step
+from launcher.card_specs import SPECS
 from launcher.runs.folders import RunFolder
-from launcher.card_specs import SPECS, gemm_rates
+from launcher.step_prediction import TABLE as PATH
 from launcher.step_prediction import (Prediction, load_table, math_attention_s, measured_step, report, rows_for_gpu,
                                       run_shape)
 
+REPO = Path(__file__).resolve().parents[1]
 TABLE = load_table()
+XTX_RATES = predict_step.rates("RX 7900 XTX")
 
 
-def test_the_shipped_table_is_the_launchers_model_of_it():
-    """Every s/it column of bench/results/prediction.csv is what the launcher's inverse model computes
-    from the card's rates (within the table's rounding: s/it to 0.1, its parts to 0.01 each)."""
-    import csv
+BENCH_TABLE = REPO / "bench" / "results" / "prediction.csv"
 
-    from launcher.step_prediction import TABLE as PATH
 
-    assert TABLE, "bench/results/prediction.csv is missing or empty"
-    with PATH.open(newline="", encoding="utf-8") as handle:
-        for row, prediction in zip(csv.DictReader(handle), TABLE):
-            fast, slow = prediction.range_s
-            shown = [float(row[column].strip("*")) for column in ("s/it fast:", "s/it central:", "s/it slow:")]
-            assert [fast, prediction.step_at(prediction.rates[1]), slow] == pytest.approx(shown, abs=0.08), \
-                (row["card"], row["path"])
+def bench_rows() -> list[dict]:
+    """bench's own table of the prediction (RESULTS.md's), the figures the launcher's rows leave out."""
+    with BENCH_TABLE.open(newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_the_shipped_rows_are_what_the_model_writes_now():
+    """launcher/step_prediction.csv and bench's table are the model's output for today's card figures
+    and measured tables: a change to either without `python bench/predict_step.py` fails here."""
+    assert TABLE, "launcher/step_prediction.csv is empty"
+    assert predict_step.main(["--check"]) == 0, "run python bench/predict_step.py"
+
+
+def test_a_changed_card_figure_leaves_the_shipped_rows_stale(monkeypatch):
+    spec = SPECS["RTX 4090"]
+    monkeypatch.setitem(SPECS, "RTX 4090", replace(spec, bandwidth_gbs=spec.bandwidth_gbs / 2))
+    assert set(predict_step.stale(predict_step.outputs(predict_step.rows()))) == {BENCH_TABLE, PATH}
+
+
+def test_the_shipped_rows_give_bench_s_steps():
+    """Every s/it column of bench's table is what the launcher's rows give at the card's rates (within
+    the table's rounding: s/it to 0.1, its parts to 0.01 each)."""
+    assert len(bench_rows()) == len(TABLE)
+    for row, prediction in zip(bench_rows(), TABLE):
+        fast, slow = prediction.range_s
+        shown = [float(row[column].strip("*")) for column in ("s/it fast:", "s/it central:", "s/it slow:")]
+        assert [fast, prediction.step_at(prediction.rates[1]), slow] == pytest.approx(shown, abs=0.08), \
+            (row["card"], row["path"])
 
 
 @settings(max_examples=200, deadline=None)
 @given(bound=st.floats(0.1, 50), rest=st.floats(0, 50), rate=st.floats(5, 500))
 def test_a_measured_step_gives_its_gemm_rate_back(bound, rest, rate):
-    row = Prediction("RX 7900 XTX", "int4_fused", 512, True, bound, rest)
+    row = Prediction("RX 7900 XTX", "int4_fused", 512, True, XTX_RATES, bound, rest)
     assert row.implied_rate(row.step_at(rate)) == pytest.approx(rate, rel=1e-9)
 
 
 def test_a_step_slower_than_the_rest_alone_implies_no_rate():
-    row = Prediction("RX 7900 XTX", "int4_fused", 512, True, 3.0, 2.0)
+    row = Prediction("RX 7900 XTX", "int4_fused", 512, True, XTX_RATES, 3.0, 2.0)
     assert row.implied_rate(1.5) is None
     assert "slower than the GEMMs alone can explain" in row.verdict(1.5)
 
 
 def test_the_verdict_places_a_step_against_the_range():
-    row = Prediction("RX 7900 XTX", "int4_fused", 512, True, 3.43, 2.22)
+    row = Prediction("RX 7900 XTX", "int4_fused", 512, True, XTX_RATES, 3.43, 2.22)
     low, high = row.range_s
     assert low == pytest.approx(row.step_at(row.rates[2])) and high == pytest.approx(row.step_at(row.rates[0]))
     assert "inside the predicted" in row.verdict((low + high) / 2)
@@ -118,16 +142,11 @@ def test_an_fp8_run_on_a_geforce_card_is_placed_against_its_fp8_row(tmp_path):
 
 def test_an_overlapping_card_may_hide_its_copies_a_serializing_one_may_not():
     """The fast end of a streamed NVIDIA row leaves its copies out; an AMD row's fast end counts them."""
-    import csv
-
-    from launcher.step_prediction import TABLE as PATH
-
-    with PATH.open(newline="", encoding="utf-8") as handle:
-        copies = {(r["model"], r["card"], r["path"], int(r["px:"]), r["compiled"] == "yes"): float(r["copies s:"])
-                  for r in csv.DictReader(handle)}
+    copies = {(r["model"], r["card"], r["path"], int(r["px:"]), r["compiled"] == "yes"): float(r["copies s:"])
+              for r in bench_rows()}
     for row in TABLE:
         hidden = copies[(row.model, row.card, row.path, row.px, row.compiled)] if not SPECS[row.card].hip else 0.0
-        assert row.range_s[0] == pytest.approx(row.step_at(gemm_rates(row.card)[2]) - hidden)
+        assert row.range_s[0] == pytest.approx(row.step_at(row.rates[2]) - hidden)
     assert any(row.hideable_s > 0 for row in TABLE) and any(row.rest_s > row.hideable_s > 0 for row in TABLE)
 
 
@@ -145,7 +164,7 @@ def test_a_run_on_math_attention_is_held_against_its_row_plus_that_traffic(tmp_p
     run = write_run(tmp_path / "m", sdpa_kernels="math")
     row = next(r for r in TABLE if (r.model, r.card, r.path, r.px, r.compiled)
                == ("flux2", "RX 7900 XTX", "int4_fused", 512, True))
-    slower = Prediction(row.card, row.path, row.px, row.compiled, row.bound_s,
+    slower = Prediction(row.card, row.path, row.px, row.compiled, row.rates, row.bound_s,
                         row.rest_s + math_attention_s(row.card, 512), row.model)
     assert report(["AMD Radeon RX 7900 XTX"], [run], TABLE)["runs"][0]["verdict"] == slower.verdict(6.1)
     assert slower.verdict(6.1) != row.verdict(6.1)

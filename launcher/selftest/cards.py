@@ -5,14 +5,15 @@ cards of the card table (`presets/cards.csv`, read by `launcher/card_table.py`).
 (architecture, FP8 matrix units by the runtime's rule, HIP or CUDA) and a software state (Triton
 importable or not, Inductor compiling or not) it writes the self-test report the runner would
 write, with the runner's own candidate list, quality rule and pick, and passes it to the verdict
-functions `run` uses. What the paper cannot know: the quality gate's figures (`QUALITY`, measured
-on the CPU reference path by the w4a8 tests, the same on every card), and what was measured on the
-H200, read from its results file in bench/results/ (never typed here): the block-Linear time of
-each path relative to bf16, from the self-test's latest call (the order of the FP8 and bf16 paths
-holds where FP8 runs at twice the bf16 rate, as on every FP8 card listed), and the fallbacks' step
+functions `run` uses. What the paper cannot know is read from the results files in bench/results/
+(never typed here): the quality gate's figures (the 8-bit activations' error, the same arithmetic
+on every card), and what was measured on the H200: the block-Linear time of each path relative to
+bf16, from the self-test's latest call (the order of the FP8 and bf16 paths holds where FP8 runs at
+twice the bf16 rate, as on every FP8 card listed), the compiled step's gain and the fallbacks' step
 costs. A maintainer's tool, like bench/: `python -m launcher.cards_doc` writes the table
-docs/cards.md carries; `python -m launcher.selftest.cards` prints it. Nothing `run` imports reads
-bench/, which an install need not have.
+docs/cards.md carries (and is the only module that imports this one; tests/test_layout.py holds
+every other module of the launcher to reading nothing under bench/results, which an install need
+not have); `python -m launcher.selftest.cards` prints it.
 """
 
 import csv
@@ -47,8 +48,6 @@ def streams(card: Card) -> bool:
 CARDS = read_cards()
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 
-QUALITY = {("int8", False): 0.010, ("fp8", False): 0.037, ("int8", True): 0.126, ("fp8", True): 0.031}
-"""The 8-bit-activation error against bf16 activations (kernels.QUALITY_TOLERANCE's measurements)."""
 PATH_ROWS = {"int4_fused": "`int4_fused`", "int4_w4a8 fp8 triton": "`int4_w4a8` FP8, Triton GEMM",
              "int4_w4a8 fp8 scaled_mm": "`int4_w4a8` FP8, `torch._scaled_mm`",
              "int4_w4a8 int8 triton": "`int4_w4a8` int8, Triton GEMM"}
@@ -60,6 +59,44 @@ def read_results(name: str) -> tuple[list[str], list[list[str]]]:
     with (RESULTS / f"{name}.csv").open(newline="", encoding="utf-8") as handle:
         header, *rows = csv.reader(handle)
     return header, rows
+
+
+def number(cell: str) -> float | None:
+    """A results cell's figure (bold or not; a range's upper end), or None where it holds none."""
+    try:
+        return float(cell.strip("*").split("-")[-1])
+    except ValueError:
+        return None
+
+
+@cache
+def quality() -> dict[tuple[str, bool], float]:
+    """{(format, outliers): the 8-bit activations' largest relative error against bf16 activations}, the
+    check kernels.QUALITY_TOLERANCE bounds: the worst of bench/results/w4a8_quality.csv's output and
+    input-gradient ranges over every GEMM of the format (the error is the rounding's, not the card's)."""
+    header, rows = read_results("w4a8_quality")
+    found: dict[tuple[str, bool], float] = {}
+    for row in (dict(zip(header, row)) for row in rows):
+        fmt = row["activations"].split(",")[0].split()[0].lower()
+        for outliers, inputs in ((False, "N(0, 1)"), (True, "outliers")):
+            worst = max(number(row[f"{part}, {inputs}"]) for part in ("y", "dx"))
+            found[(fmt, outliers)] = max(found.get((fmt, outliers), 0.0), worst)
+    return found
+
+
+@cache
+def compiled_gain() -> tuple[float, float]:
+    """The compiled step over the uncompiled one on the H200, lowest and highest: each pair of
+    bench/results/same_call_run.csv's rows that ran both (the same weights, px and call)."""
+    header, rows = read_results("same_call_run")
+    steps = {}
+    for row in (dict(zip(header, row)) for row in rows):
+        blocks, step = row["blocks"].strip("*"), number(row["s/it:"])
+        if blocks in ("compiled", "uncompiled") and step:
+            steps[(row["weights / GEMM"], row["px:"], row["source"], blocks)] = step
+    ratios = [step / steps[(*key[:3], "uncompiled")] for key, step in steps.items()
+              if key[3] == "compiled" and (*key[:3], "uncompiled") in steps]
+    return min(ratios), max(ratios)
 
 
 @cache
@@ -92,7 +129,7 @@ def paper_report(card: Card, triton: bool, inductor: bool) -> dict:
               "environment": {"triton": "3.x" if triton else None, "hip": "7.x" if card.hip else None,
                               "fp8_units": card.fp8_units,
                               "gpu": {"name": card.name, "vram_gib": card.vram_gib, "arch": card.arch}}}
-    for (fmt, outliers), error in QUALITY.items():
+    for (fmt, outliers), error in quality().items():
         tolerance = kernels.QUALITY_TOLERANCE["outliers" if outliers else fmt]
         report["checks"].append({"format": fmt, "outliers": outliers, "max_relative_error": error,
                                  "tolerance": tolerance, "passed": error <= tolerance})
@@ -113,7 +150,7 @@ def paper_report(card: Card, triton: bool, inductor: bool) -> dict:
 
 def paper_compile(report: dict, inductor: bool) -> dict:
     """The compile check's outcome: it runs where `compiled.applicable` lets it, and passes where
-    Inductor compiles (its gain on full-size blocks was measured on the H200: 0.68-0.92x)."""
+    Inductor compiles (its gain on full-size blocks was measured on the H200: compiled_gain)."""
     reason = compiled.applicable(report)
     if reason:
         return {"passed": False, "reason": reason}
@@ -161,7 +198,10 @@ def eight_bit_path(card: Card) -> str:
     return "int8 faster than bf16 here; fails the outlier gate unless rotated (not built)"
 
 
-NO_INDUCTOR = "uncompiled blocks (compiled: 0.68-0.92x the step on the H200)"
+def no_inductor() -> str:
+    """What a card that compiles its blocks loses without Inductor."""
+    low, high = compiled_gain()
+    return f"uncompiled blocks (compiled: {low:.2f}-{high:.2f}x the step on the H200)"
 
 
 def markdown_table(cards: list[Card] = CARDS) -> str:
@@ -184,7 +224,7 @@ def group_cards(cards: list[Card]) -> dict[tuple, list[Card]]:
     groups: dict[tuple, list[Card]] = {}
     for card in cards:
         best, plain, bare = (outcome(card, *state) for state in STATES)
-        lost = NO_INDUCTOR if best.compile_blocks and not plain.compile_blocks else "-"
+        lost = no_inductor() if best.compile_blocks and not plain.compile_blocks else "-"
         cells = (best.candidate, best.stream_mode, "yes" if best.compile_blocks else "no", eight_bit_path(card), lost,
                  f"{bare.qtype}, uncompiled: {fallback_costs()[bare.qtype]}")
         groups.setdefault((card.arch, card.preset, cells), []).append(card)

@@ -7,7 +7,8 @@ FLUX.2 (the trainer's own block classes, the self-test's fastest 4-bit path in e
 Linear, a LoRA on each, gradient checkpointing as in training) on the GPU, forward and backward,
 within the deadline; matched the uncompiled model's loss and LoRA gradients; and was not slower.
 The small model only guards against a slowdown: its steps are too short to show the gain of a
-full-size one (on an H200 it read 1.01x while full-size steps took 0.68-0.92x; bench/RESULTS.md).
+full-size one (on an H200 it read 1.01x against the full-size steps' gain docs/cards.md gives, from
+bench/RESULTS.md's same-call runs).
 `launcher selftest` starts the child beside its sampling check (compiling is CPU work):
 `python -m launcher.in_trainer.selftest.compiled --trainer DIR [--candidate JSON]` prints one
 JSON line. Nothing here imports torch at module level: the launcher reads the constants and

@@ -21,8 +21,9 @@ QUALITY_TOLERANCE = {"int8": 0.03, "fp8": 0.06, "outliers": 0.06}
 """Largest relative error of an 8-bit-activation layer (6144 -> 384, 256 tokens) against the
 bf16-activation one, on N(0, 1) activations and an N(0, 0.02) weight; "outliers": the same
 with 4 of the 6144 input channels scaled 100x, as transformer activations have. Measured
-(tests/trainer_patches/test_int4_w4a8.py, bench/RESULTS.md): int8 0.010, fp8 0.037; with the
-outliers int8 0.126 (one step per token is stretched by the outliers: fails), fp8 0.031."""
+(tests/trainer_patches/test_int4_w4a8.py; bench/results/w4a8_quality.csv, which the paper verdicts
+of docs/cards.md read): both formats pass without the outliers, fp8 with them too, and int8 with them
+fails (one step per token is stretched by the outliers)."""
 
 HIDDEN, MLP = 6144, 18432  # full-size FLUX.2 [dev]: Flux2Params() hidden_size, 3 x hidden MLP
 DOUBLE_BLOCKS, SINGLE_BLOCKS = 8, 48
