@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import git
+import hypothesis_profile  # noqa: F401  (seeds every Hypothesis test)
 import pytest
 import yaml
 from in_trainer_suites import BackgroundSuites, Suite

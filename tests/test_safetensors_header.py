@@ -60,6 +60,25 @@ def test_malformed_headers_are_named(tmp_path, header, size, fragment):
     assert str(path) in str(info.value)
 
 
+@pytest.mark.parametrize("escaped", [r"\ud800", r"\udc00", r"\ud83d\ud83d", r"\ud800A"])
+def test_a_lone_surrogate_escape_is_refused_as_safe_open_refuses_it(tmp_path, escaped):
+    """json.loads keeps it as a lone surrogate; safetensors' own parser refuses the header."""
+    raw = ('{"__metadata__": {"note": "%s"}, "w": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}'
+           % escaped).encode()
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + b"\0")
+    with pytest.raises(LauncherError, match="lone UTF-16 surrogate") as info:
+        safetensors_header(path)
+    assert str(path) in str(info.value)
+
+
+def test_a_surrogate_pair_escape_is_one_character(tmp_path):
+    raw = '{"__metadata__": {"note": "\\ud83d\\ude00"}, "w": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}'
+    path = tmp_path / "good.safetensors"
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw.encode() + b"\0")
+    assert safetensors_header(path)["__metadata__"] == {"note": "\U0001F600"}
+
+
 def test_deeply_nested_header(tmp_path):
     raw = b'{"w": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     path = tmp_path / "deep.safetensors"

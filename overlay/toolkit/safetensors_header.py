@@ -82,7 +82,13 @@ def load_json(text) -> Any:
     SafetensorsHeaderError("duplicate key ..."), a ValueError like every other JSON error."""
     if isinstance(text, (bytes, bytearray, memoryview)):
         text = bytes(text).decode("utf-8")
-    return json.loads(text, object_pairs_hook=_no_duplicates)
+    parsed = json.loads(text, object_pairs_hook=_no_duplicates)
+    try:  # json.loads keeps an escaped lone UTF-16 surrogate ("\ud800"); safe_open refuses it
+        json.dumps(parsed, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise SafetensorsHeaderError("a lone UTF-16 surrogate escape (\\ud800-\\udfff without its pair) "
+                                     "in a string") from None
+    return parsed
 
 
 MAX_DIM = 2**63 - 1  # torch sizes are int64

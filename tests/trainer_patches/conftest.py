@@ -22,6 +22,7 @@ import pytest
 import torch
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # tests/: the shared tiny_run helper
+import hypothesis_profile  # noqa: E402, F401  (seeds every Hypothesis test)
 
 DESELECTED_ON_THIS_TARGET = pytest.StashKey[dict]()
 
