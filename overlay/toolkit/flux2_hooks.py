@@ -263,3 +263,31 @@ def quantized_block_device(model):
     ):
         return torch.device("cpu")
     return torch.device(model.device_torch)
+
+
+def stays_placed(model) -> bool:
+    """Whether the transformer stays where loading (or the low_vram hand-over) placed it
+    (device-states patch).
+
+    The device-state presets of the dataset caches used to send it to the CPU and back (two
+    round trips of the whole 4-bit model through host RAM at every launch). Only the trainer's
+    BaseModel classes are placed this way; not with layer offloading, whose memory manager owns
+    the placement; model_kwargs stay_placed: false restores the round trips.
+    """
+    from toolkit.models.base_model import BaseModel
+
+    return isinstance(model, BaseModel) and bool(
+        settings.read(model.model_config.model_kwargs, "stay_placed")
+        and not model.model_config.layer_offloading
+    )
+
+
+def device_state_moves_model(model, device) -> bool:
+    """Whether a device state may move the transformer to `device` (device-states patch): always,
+    unless it stays placed; then only from the CPU onto an accelerator (a placement the trainer
+    deferred)."""
+    import torch
+
+    if not stays_placed(model):
+        return True
+    return torch.device(device).type != "cpu" and model.unet.device.type == "cpu"
