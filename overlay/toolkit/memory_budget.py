@@ -166,7 +166,7 @@ class LoadPlacement:
 
 
 def load_placement(plan, place) -> LoadPlacement:
-    """The placement of a load onto `place` (BaseModel.quantized_block_device) under `plan` (None:
+    """The placement of a load onto `place` (flux2_hooks.quantized_block_device) under `plan` (None:
     no memory plan)."""
     return LoadPlacement(torch.device(place), frozenset(plan.streamed()) if plan is not None else frozenset())
 

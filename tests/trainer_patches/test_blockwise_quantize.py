@@ -1,7 +1,7 @@
 """The streamed-loader and loud-quantization patches on a tiny FLUX.2: block-by-block build +
 quantize, loud failures.
 
-The streamed path (Flux2Model.load_transformer_streamed) must give the same
+The streamed path (flux2_hooks.load_transformer_streamed) must give the same
 quantized weights as the fork's path (load_file + load_state_dict +
 quantize_model), must have quantized and released each block before it reads
 the next (wall 1: peak host RAM is one bf16 block plus what is already 4-bit),
@@ -38,7 +38,8 @@ ODD = dict(TINY, hidden_size=96, num_heads=1, axes_dim=[24, 24, 24, 24])
 def trainer(trainer_on_path):
     flux2 = importlib.import_module("extensions_built_in.diffusion_models.flux2.flux2_model")
     quantize = importlib.import_module("toolkit.util.quantize")
-    return SimpleNamespace(flux2=flux2, quantize=quantize)
+    hooks = importlib.import_module("toolkit.flux2_hooks")
+    return SimpleNamespace(flux2=flux2, quantize=quantize, hooks=hooks)
 
 
 def meta_transformer(trainer, params):
@@ -71,7 +72,7 @@ def fork_path(trainer, model, params, path):
 
 def streamed_path(trainer, model, params, path):
     transformer = meta_transformer(trainer, params)
-    model.load_transformer_streamed(transformer, str(path))
+    trainer.hooks.load_transformer_streamed(model, transformer, str(path))
     return transformer
 
 
@@ -136,7 +137,7 @@ def test_each_block_is_quantized_and_released_before_the_next_is_read(trainer, t
     path = tmp_path / "flux2-tiny.safetensors"
     write_checkpoint(trainer, TINY, path)  # fp32 on disk: what is read is never what the model keeps
     transformer = meta_transformer(trainer, TINY)
-    reader = trainer.flux2.load_blockwise.__globals__["StreamedSafetensors"]
+    reader = importlib.import_module("toolkit.streamed_safetensors").StreamedSafetensors
     real_read_many = reader.read_many
     read = []  # (block prefix, weak reference to the storage of a tensor read for it)
     seen = []  # at each read: (its first name, earlier blocks with plain Linears, earlier reads still alive)
@@ -153,7 +154,7 @@ def test_each_block_is_quantized_and_released_before_the_next_is_read(trainer, t
         return tensors
 
     monkeypatch.setattr(reader, "read_many", read_many)
-    loader_model(trainer.flux2, TINY).load_transformer_streamed(transformer, str(path))
+    trainer.hooks.load_transformer_streamed(loader_model(trainer.flux2, TINY), transformer, str(path))
 
     assert len(seen) == 4 + 1, seen  # 2 double + 2 single blocks, then the remaining tensors
     for first_name, plain, alive in seen:
@@ -204,7 +205,7 @@ def test_block_linear_that_cannot_be_quantized_fails_loudly(trainer, tmp_path, l
     path = tmp_path / "flux2-odd.safetensors"
     write_checkpoint(trainer, ODD, path)
     model = loader_model(trainer.flux2, ODD)
-    with pytest.raises(trainer.quantize.UnquantizedLinearError) as info:
+    with pytest.raises(trainer.hooks.UnquantizedLinearError) as info:
         loader(trainer, model, ODD, path)
     message = str(info.value)
     assert "double_blocks.0" in message  # the first block stops the load
@@ -218,7 +219,7 @@ def test_allowed_unquantized_block_linears_are_summarised(trainer, tmp_path, cap
     write_checkpoint(trainer, ODD, path)
     model = loader_model(trainer.flux2, ODD, allow_unquantized_block_linears=True)
     transformer = streamed_path(trainer, model, ODD, path)
-    skipped = {name for name, _, _ in trainer.quantize.unquantized_linears(transformer)}
+    skipped = {name for name, _, _ in trainer.hooks.unquantized_linears(transformer)}
     assert "double_blocks.0.img_attn.qkv" in skipped
     assert "single_blocks.0.linear1" in skipped
     assert "single_blocks.0.linear2" not in skipped  # 96 + 288 = 384 wide: quantized
@@ -231,5 +232,5 @@ def test_quantizable_model_reports_nothing(trainer, tmp_path, capsys):
     path = tmp_path / "flux2-tiny.safetensors"
     write_checkpoint(trainer, TINY, path)
     transformer = streamed_path(trainer, loader_model(trainer.flux2, TINY), TINY, path)
-    assert trainer.quantize.unquantized_linears(transformer) == []
+    assert trainer.hooks.unquantized_linears(transformer) == []
     assert "were not quantized" not in capsys.readouterr().out

@@ -20,18 +20,18 @@ def stand_in_extensions(asked: list):
 
 
 @pytest.fixture
-def extension_module(trainer_on_path, monkeypatch):
+def extensions_hook(trainer_on_path, monkeypatch):
     module = importlib.import_module("toolkit.extension")
     asked = []
     monkeypatch.setattr(module, "get_all_extensions", lambda: stand_in_extensions(asked))
     monkeypatch.setenv("AITK_ALL_EXTENSIONS", "1")  # the trainer reads no variable
-    return module, asked
+    return importlib.import_module("toolkit.flux2_hooks"), asked
 
 
 @pytest.mark.patch("extension-jobs-import-only-the-processes")
-def test_only_the_named_process_is_imported(extension_module):
-    module, asked = extension_module
-    processes = module.get_extensions_process_dict([{"type": "sd_trainer", "model": {"model_kwargs": {}}}])
+def test_only_the_named_process_is_imported(extensions_hook):
+    hooks, asked = extensions_hook
+    processes = hooks.get_extensions_process_dict([{"type": "sd_trainer", "model": {"model_kwargs": {}}}])
     assert list(processes) == ["sd_trainer"] and asked == ["sd_trainer"]
 
 
@@ -39,9 +39,9 @@ def test_only_the_named_process_is_imported(extension_module):
 @pytest.mark.parametrize("processes", [[{"type": "sd_trainer"}, {"type": "no_such_type"}],
                                        [{"type": "sd_trainer", "model": {"model_kwargs": {"all_extensions": True}}}]],
                          ids=["unknown-type-falls-back", "switched-off"])
-def test_every_process_is_imported_as_before(extension_module, processes):
-    module, asked = extension_module
-    processes = module.get_extensions_process_dict(processes)
+def test_every_process_is_imported_as_before(extensions_hook, processes):
+    hooks, asked = extensions_hook
+    processes = hooks.get_extensions_process_dict(processes)
     assert sorted(processes) == sorted(asked) == ["concept_slider", "dataset_tools", "sd_trainer"]
 
 
@@ -68,5 +68,5 @@ def model(**model_kwargs):
     ([dataset(item(), item())], model(cached_data_in_process=False), False),
 ], ids=["all-cached", "one-to-encode", "a-mask-image", "a-control-image", "video", "switched-off"])
 def test_workers_only_when_an_item_has_more_than_its_cache_to_read(trainer_on_path, datasets, sd, expected):
-    data_loader = importlib.import_module("toolkit.data_loader")
-    assert data_loader.reads_only_caches(datasets, sd) is expected
+    hooks = importlib.import_module("toolkit.flux2_hooks")
+    assert hooks.reads_only_caches(datasets, sd) is expected

@@ -38,6 +38,7 @@ def trainer(trainer_on_path):
         quantize=importlib.import_module("toolkit.util.quantize"),
         int4=importlib.import_module("toolkit.int4_linear"),
         qc=importlib.import_module("toolkit.quantized_cache"),
+        hooks=importlib.import_module("toolkit.flux2_hooks"),
         # upstream's LoRA network reads every leaf's .weight once while it decides which layers
         # train a full weight (it dequantizes its own OstrisLinear there too); the fork never does
         reads_leaf_weights="is_leaf_with_weight" in (trainer_on_path / "toolkit/lora_special.py").read_text(),
@@ -64,7 +65,7 @@ def load(trainer, checkpoint, qtype, streamed):
     model = loader_model(trainer.flux2, FLUX2_PARAMS, qtype=qtype)
     transformer = meta_transformer(trainer)
     if streamed:
-        model.load_transformer_streamed(transformer, str(checkpoint))
+        trainer.hooks.load_transformer_streamed(model, transformer, str(checkpoint))
     else:  # the fork's path: whole state dict, then quantize_model
         transformer.load_state_dict(load_file(str(checkpoint)), assign=True)
         trainer.flux2.patch_dequantization_on_save(transformer)
@@ -147,7 +148,7 @@ def test_unfit_block_linear_fails_loudly(trainer):
     """A block Linear whose width the group size does not divide stops the load (the loud-quantization patch)."""
     block = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(96, 64))
     model = loader_model(trainer.flux2, FLUX2_PARAMS, qtype="int4_fused")
-    with pytest.raises(trainer.quantize.UnquantizedLinearError, match=r"blk\.1 \(in 96, out 64\).*group size"):
+    with pytest.raises(trainer.hooks.UnquantizedLinearError, match=r"blk\.1 \(in 96, out 64\).*group size"):
         trainer.quantize.quantize_transformer_block(
             model, block, trainer.quantize.get_qtype("int4_fused"), name="blk"
         )
@@ -192,8 +193,9 @@ def test_cache_round_trip_through_load_model(trainer, checkpoint, tmp_path, monk
     def refuse(*args, **kwargs):
         raise AssertionError("the checkpoint must not be read on a cache hit")
 
-    for name in ("load_file", "quantize_model", "load_blockwise", "quantize_transformer_block", "quantize_extras"):
+    for name in ("load_file", "quantize_model"):
         monkeypatch.setattr(fm, name, refuse)
+    monkeypatch.setattr(trainer.hooks, "load_transformer_streamed", refuse)
     cached = load_model()
     assert f"{LOADED} {cache_file}" in capsys.readouterr().out
     for name in names:

@@ -39,7 +39,7 @@ def test_only_quantized_models_move_to_the_device(flux2_model, tiny_assets, monk
     # weak references to the storage of every tensor read from the transformer file
     read = []
     if streamed:
-        reader = flux2_model.load_blockwise.__globals__["StreamedSafetensors"]
+        from toolkit.streamed_safetensors import StreamedSafetensors as reader
         real_read = reader.read
         monkeypatch.setattr(
             reader, "read", lambda self, name: keep(read, name, real_read(self, name))

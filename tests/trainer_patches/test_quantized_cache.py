@@ -772,9 +772,7 @@ def test_flux2_load_model_writes_then_loads_the_cache(trainer_on_path, quantize_
 
     monkeypatch.setattr(fm, "load_file", refuse)
     monkeypatch.setattr(fm, "quantize_model", refuse)
-    for name in ("load_blockwise", "quantize_transformer_block", "quantize_extras"):
-        if hasattr(fm, name):  # the streamed loader (patch 0003)
-            monkeypatch.setattr(fm, name, refuse)
+    monkeypatch.setattr(fm.flux2_hooks, "load_transformer_streamed", refuse)  # the streamed loader
     cached = load()
     assert f"{LOADED} {cache_files[0]}" in capsys.readouterr().out
     with torch.no_grad():
