@@ -96,22 +96,20 @@ def test_the_overlay_imports_the_contract_by_its_name():
     assert not found, f"import these from flux2_contract: {found}"
 
 
-def test_the_flag_files_are_named_by_the_contract_alone():
-    """`save` and `stop` write the flag files the train loop's hook reads: the overlay and the
-    patches take their names from flux2_contract.files and never spell them as strings."""
+def test_the_train_loop_reads_the_flag_files_by_the_contract_names():
+    """`save` and `stop` write the flag files the flag-files hook reads: flux2_hooks names them by
+    flux2_contract.files (the overlay test above keeps it from spelling them), and no patch spells
+    them in code of its own."""
     from flux2_contract.files import SAVE_NOW, STOP_NOW
 
-    spelled = {path.name for path in sorted(OVERLAY.glob("*.py"))
-               for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-               if isinstance(node, ast.Constant) and node.value in (SAVE_NOW, STOP_NOW)}
-    spelled |= {path.name for path in sorted((LAUNCHER.parent / "patches").rglob("*.patch"))
-                for line in path.read_text(encoding="utf-8").splitlines()
-                if line.startswith("+") and (f"'{SAVE_NOW}'" in line or f"'{STOP_NOW}'" in line)}
-    assert not spelled, f"use flux2_contract.files.SAVE_NOW / STOP_NOW instead of the strings in {sorted(spelled)}"
     hooks = ast.parse((OVERLAY / "flux2_hooks.py").read_text(encoding="utf-8"))
     used = {node.attr for node in ast.walk(hooks)
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "files"}
     assert {"SAVE_NOW", "STOP_NOW"} <= used, "flux2_hooks no longer checks the flag files by the contract's names"
+    spelled = sorted(path.name for path in (LAUNCHER.parent / "patches").rglob("*.patch")
+                     for line in path.read_text(encoding="utf-8").splitlines()
+                     if line.startswith("+") and (f"'{SAVE_NOW}'" in line or f"'{STOP_NOW}'" in line))
+    assert not spelled, f"call flux2_hooks.check_flag_files instead of spelling the flag files in {spelled}"
 
 
 @pytest.mark.parametrize("name", CONTRACT_MODULES)
