@@ -2,7 +2,7 @@
 
 The trainer picks the kernel of its 4-bit Linears from the run's model_kwargs (`w4a8_activations`,
 `w4a8_gemm`, `int4_chunk_mib`, `int4_kernel`), defined in the settings catalogue
-`overlay/toolkit/settings.py`, and nothing else. A bench script that calls the trainer's code
+`flux2_contract/settings.py`, and nothing else. A bench script that calls the trainer's code
 directly gives it those model_kwargs: each `--kernel` is one of them, its value read as a YAML
 scalar (as in a preset) and checked by the catalogue's own rule before anything is loaded.
 `auto` is refused: `python -m launcher run` resolves it from the self-test, and no run does here.
@@ -17,27 +17,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
-import sys
-from functools import cache
-from pathlib import Path
-from types import ModuleType
 from typing import Any, Tuple
 
-CATALOGUE_FILE = Path(__file__).resolve().parents[1] / "overlay" / "toolkit" / "settings.py"
+from flux2_contract import settings
+
 KERNEL_KEYS = ("w4a8_activations", "w4a8_gemm", "int4_chunk_mib", "int4_kernel")
-"""The model_kwargs that choose how an Int4Linear multiplies (toolkit/qtypes.py, kernel_for)."""
-
-
-@cache
-def catalogue() -> ModuleType:
-    """The project's settings catalogue, imported from the overlay by path (it is stdlib-only)."""
-    name = "bench_settings_catalogue"
-    spec = importlib.util.spec_from_file_location(name, CATALOGUE_FILE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look the module up here
-    spec.loader.exec_module(module)
-    return module
+"""The model_kwargs that choose how an Int4Linear multiplies (flux2_contract/qtypes.py, kernel_for)."""
 
 
 def kernel_setting(text: str) -> Tuple[str, Any]:
@@ -55,9 +40,9 @@ def kernel_setting(text: str) -> Tuple[str, Any]:
     except yaml.YAMLError:
         raise argparse.ArgumentTypeError(f"{key}={raw}: not a YAML scalar") from None
     # the catalogue's rule without `auto`: only `launcher run` resolves that, from the self-test
-    setting = dataclasses.replace(catalogue().CATALOGUE[key], auto=None)
+    setting = dataclasses.replace(settings.CATALOGUE[key], auto=None)
     value = setting.normal(value)
-    if value == catalogue().AUTO:
+    if value == settings.AUTO:
         why = "auto is resolved by `python -m launcher run` from the self-test; name a value here"
     else:
         why = "not a single value" if isinstance(value, (dict, list)) else setting.problem(value)
@@ -72,5 +57,5 @@ def add_kernel_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kernel", action="append", default=[], type=kernel_setting, metavar="KEY=VALUE",
         help=f"a 4-bit kernel setting the trainer reads from model_kwargs ({', '.join(KERNEL_KEYS)}; "
-             "overlay/toolkit/settings.py), e.g. --kernel w4a8_gemm=scaled_mm --kernel int4_chunk_mib=256; "
+             "flux2_contract/settings.py), e.g. --kernel w4a8_gemm=scaled_mm --kernel int4_chunk_mib=256; "
              "repeatable; unset ones take the qtype's defaults")

@@ -12,7 +12,7 @@ What a step costs beside its compute is the share of block bytes it copies in, s
 the smallest at which the shallower model keeps on the device at least the share of its block
 weights the full model keeps on the card, and then at least the share of its blocks whose
 activations are kept. Both plans come from the trainer's own planner (overlay
-`toolkit/memory_plan.py`) from the shapes, with its default margin.
+`flux2_contract/memory_plan.py`) from the shapes, with its default margin.
 
     python -m bench.card_cap --free-gib 11 [--resolution 512] [--single-blocks 36]
 """
@@ -21,7 +21,7 @@ import argparse
 import json
 import sys
 
-from launcher import trainer_rules
+from flux2_contract import memory_plan
 
 STEP_GIB = 0.05
 
@@ -35,7 +35,6 @@ def shares(plan) -> tuple[float, float]:
 def emulated_cap(free_gib: float, resolution: int = 512, single_blocks: int = 36) -> dict:
     """The cap for a model of `single_blocks` single-stream blocks that plans like the full FLUX.2
     [dev] on a card with `free_gib` free, and both plans' figures."""
-    memory_plan = trainer_rules.memory_plan()
     full = memory_plan.plan_for_budget(free_gib, resolution)
     wanted = shares(full)
     params = {"depth_single_blocks": single_blocks}

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 FLUX2_SRC = Path("extensions_built_in/diffusion_models/flux2/src")
-# everything bench/_trainer.py imports from the trainer on the GPU machine
+# everything bench/_trainer.py imports from the trainer on the GPU machine; the contract package these
+# modules import (flux2_contract/) travels with the repository's working tree itself
 CARRY_FILES = [
     FLUX2_SRC / "model.py",
     FLUX2_SRC / "sampling.py",
@@ -28,16 +29,11 @@ CARRY_FILES = [
     Path("toolkit/host_memory.py"),
     Path("toolkit/int4_w4a8.py"),  # qtype int4_w4a8 (Int4Linear imports it in 8-bit mode)
     Path("toolkit/int4_kernels.py"),  # the 4-bit format and kernels (int4_linear.py imports them)
-    Path("toolkit/qtypes.py"),  # the qtype table (Int4Linear's kernel choice, the cache's qtype)
-    Path("toolkit/settings.py"),  # the settings catalogue (qtypes.py reads the kernel model_kwargs by it)
-    Path("toolkit/safetensors_header.py"),  # the header reader of the streamed reader and the cache
-    Path("toolkit/qcache_index.py"),  # the cache's file name and key (quantized_cache.py)
     Path("toolkit/qcache_format.py"),
     Path("toolkit/qcache_codecs.py"),
     Path("toolkit/qcache_rebuild.py"),
     Path("toolkit/block_compile.py"),  # compiled blocks (bench/compile_time.py)
     Path("toolkit/block_streaming.py"),  # streamed blocks (block_compile.py imports it)
-    Path("toolkit/memory_plan.py"),  # the plan block_streaming.py carries out
 ]
 
 

@@ -125,7 +125,8 @@ def child(args) -> int:
     from bench import _trainer
 
     trainer = _trainer.Trainer(args.trainer)
-    from toolkit import block_compile, block_streaming, int4_linear, memory_plan
+    from toolkit import block_compile, block_streaming, int4_linear
+    from flux2_contract import memory_plan
 
     qtype, _, gemm = args.qtypes.partition(":")
     where = {"qtype": args.qtypes, "cache": args.child}

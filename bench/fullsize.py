@@ -316,13 +316,13 @@ def build_assets(trainer: Path, out: Path, model_dir: Path, args) -> None:
 
 def build_klein_transformer(args, model_dir: Path) -> None:
     """klein's transformer from the trainer's own Klein4BParams / Klein9BParams, under the file name
-    the trainer looks for (launcher/families.py)."""
+    the trainer looks for (flux2_contract/families.py)."""
     import dataclasses
 
     from extensions_built_in.diffusion_models.flux2.src import model as flux2_model
     from extensions_built_in.diffusion_models.flux2.src.model import Flux2
 
-    from launcher.families import FAMILIES
+    from flux2_contract.families import FAMILIES
 
     params = getattr(flux2_model, f"Klein{args.model.removeprefix('klein').upper()}Params")()
     if args.single_blocks:

@@ -42,7 +42,7 @@ import torch.nn as nn  # noqa: E402
 sys.path.insert(0, str(args.trainer.resolve()))
 from toolkit import int4_kernels as ik  # noqa: E402
 from toolkit import int4_linear as il  # noqa: E402
-from toolkit.qtypes import Int4Kernel  # noqa: E402
+from flux2_contract.qtypes import Int4Kernel  # noqa: E402
 import triton  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 

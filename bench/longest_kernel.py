@@ -20,7 +20,7 @@ bf16 GEMM rate at the slow end of its range (`predict_step.rates`), the slowest 
 import json
 
 from bench.predict_step import HERE, h200_breakdown, h200_gemm_tflops, rates
-from launcher import trainer_rules
+from flux2_contract import memory_plan
 from launcher.card_specs import SPECS
 
 TDR_DELAY_S = 2.0
@@ -43,9 +43,8 @@ def h200_largest_gemm_ms(px: int, path=SELFTEST) -> float:
 def longest_s(card: str, px: int, h200_gemm_ms: float, h200_attention_s: float) -> dict:
     """Seconds of the longest dispatch of each kind on `card` at `px`, from the H200's figures."""
     slower = h200_gemm_tflops() / rates(card)[0]
-    plan = trainer_rules.memory_plan()
-    shape = plan.Flux2Shape()
-    matrix = shape.heads * plan.tokens(px) ** 2 * plan.FP32
+    shape = memory_plan.Flux2Shape()
+    matrix = shape.heads * memory_plan.tokens(px) ** 2 * memory_plan.FP32
     blocks = shape.depth + shape.depth_single
     return {"gemm": h200_gemm_ms / 1000 * slower,
             "attention backward": h200_attention_s / blocks * BACKWARD_SHARE * slower,

@@ -63,7 +63,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from launcher import trainer_rules  # noqa: E402 (the repository, put on the path above)
+from flux2_contract import memory_plan, qtypes  # noqa: E402 (the repository, put on the path above)
 from launcher.card_specs import H200_BANDWIDTH_GBS, H200_BF16_TFLOPS, H200_FP8_TFLOPS, SPECS, gemm_rates  # noqa: E402
 from launcher.card_table import read_cards  # noqa: E402
 from launcher.runs.presets import load_preset  # noqa: E402
@@ -92,7 +92,7 @@ WHAT_IFS = {"RX 7900 XTX": ("uint4", "int4_w4a8 int8 rotated", "W4A4"), "RTX 309
 
 def paths(card: str) -> tuple[str, ...]:
     """The card's pick by the runtime's FP8 rule (RDNA3 and Ampere have no FP8 units), then its what-ifs."""
-    pick = "int4_w4a8 fp8" if trainer_rules.qtypes().arch_has_fp8_units(SPECS[card].arch) else "int4_fused"
+    pick = "int4_w4a8 fp8" if qtypes.arch_has_fp8_units(SPECS[card].arch) else "int4_fused"
     return (pick, *WHAT_IFS.get(card, ()))
 
 
@@ -237,16 +237,15 @@ def predict(card: str, path: str, px: int, compiled: bool, plan, model: str = "f
 
 def rows() -> list[dict]:
     """Every predicted row: each card's paths at 512 and 1024 px, compiled and not; klein 9B on AMD."""
-    plan = trainer_rules.memory_plan()
     found = []
     for card in SPECS:
         for px in (512, 1024):
             for path in paths(card):
                 for compiled in ((False, True) if path != "uint4" else (False,)):
-                    found.append(predict(card, path, px, compiled, plan))
+                    found.append(predict(card, path, px, compiled, memory_plan))
     for card in ("RX 7900 XTX", "RX 7800 XT"):  # klein 9B's AMD preset is for 16 to 24 GB cards
         for compiled in (False, True):
-            found.append(predict(card, "int4_fused", 512, compiled, plan, "flux2_klein_9b"))
+            found.append(predict(card, "int4_fused", 512, compiled, memory_plan, "flux2_klein_9b"))
     return found
 
 

@@ -49,7 +49,7 @@
 # SKIP_SELFTEST=1: `prepare` does not run `launcher selftest` (launches that name their qtype and
 # set compile_blocks and the memory plan do not read it; `qtype: auto` and `auto` settings do).
 # The kernel of each launch is its model_kwargs (w4a8_activations, w4a8_gemm, int4_kernel: `--set
-# model.model_kwargs.KEY VALUE`, see overlay/toolkit/settings.py); what a launch leaves unset, `run`
+# model.model_kwargs.KEY VALUE`, see flux2_contract/settings.py); what a launch leaves unset, `run`
 # resolves from the self-test (or the qtype's defaults).
 # DEADLINE=EPOCH_SECONDS: a launch whose limit would end after it is skipped, so that one GPU call
 # can chain stages (`prepare none; fallback`) and stop inside its own limit. A launch that exits 0

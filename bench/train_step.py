@@ -25,9 +25,9 @@ Peak allocated/reserved VRAM are over the steps of that shape (reset before it).
         --kernel w4a8_gemm=scaled_mm --kernel int4_chunk_mib=256 --shapes 512 --out w.json
 
 The 4-bit kernel is the run's model_kwargs, as in the trainer: each `--kernel KEY=VALUE` is one of
-`w4a8_activations`, `w4a8_gemm`, `int4_chunk_mib`, `int4_kernel` (overlay/toolkit/settings.py; a
+`w4a8_activations`, `w4a8_gemm`, `int4_chunk_mib`, `int4_kernel` (flux2_contract/settings.py; a
 bad value is refused before anything loads), passed to the trainer's set_int4_activations; those
-not given take the qtype's defaults (toolkit/qtypes.py). The JSON records them (`model_kwargs`)
+not given take the qtype's defaults (flux2_contract/qtypes.py). The JSON records them (`model_kwargs`)
 and the kernel the block Linears took (`int4_linear.kernel`).
 
 The JSON is rewritten after every phase, so a kill or an OOM leaves what was measured.

@@ -132,7 +132,8 @@ def main(args) -> int:
     from bench import _trainer
 
     _trainer.Trainer(args.trainer)
-    from toolkit import int4_w4a8, qtypes
+    from toolkit import int4_w4a8
+    from flux2_contract import qtypes
 
     device = torch.device("cuda")
     rows = []

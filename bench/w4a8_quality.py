@@ -40,7 +40,7 @@ sys.path.insert(0, str(args.trainer.resolve()))
 import torch  # noqa: E402
 from toolkit import int4_kernels as ik  # noqa: E402
 from toolkit import int4_w4a8 as w  # noqa: E402
-from toolkit import qtypes  # noqa: E402
+from flux2_contract import qtypes  # noqa: E402
 
 from launcher.in_trainer.selftest import kernels  # noqa: E402
 from launcher.in_trainer.selftest.kernels import block_linear_cases, candidates  # noqa: E402

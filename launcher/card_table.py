@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher import trainer_rules
+from flux2_contract import qtypes
 from launcher.errors import LauncherError
 from launcher.runs.presets import PRESETS_DIR
 
@@ -45,7 +45,7 @@ class Card:
     @property
     def fp8_units(self) -> bool:
         """FP8 matrix units: the runtime's own rule, so the paper verdict and the card agree."""
-        return trainer_rules.qtypes().arch_has_fp8_units(self.arch)
+        return qtypes.arch_has_fp8_units(self.arch)
 
 
 def read_cards(path: Path = TABLE) -> list[Card]:

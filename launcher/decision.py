@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from flux2_contract.files import PROFILE_DIR, RANK_STATE_FILE
 from launcher.envs.probe import probe_with
 from launcher.envs.rocm_windows_toolchain import trainer_env as toolchain_env
 from launcher.envs.torchenv import NO_BYTECODE, clean_env
@@ -26,7 +27,6 @@ from launcher.runs.path_limits import check_lengths
 from launcher.runs.presets import Preset, render
 from launcher.runs.trainer_env import ALLOCATOR_VARIABLES, EXPANDABLE
 from launcher.selftest.verdict import Verdicts
-from launcher.watchdog.rank_watch import STATE_FILE
 
 
 @dataclass(frozen=True)
@@ -201,8 +201,8 @@ def handed_over(run: RunFolder, preset: Preset, profile_steps: int | None, gpus:
     """The model_kwargs `run` writes for this launch: the telemetry file and interval, the profiler
     (`--profile N`) and, with several GPUs, the file the rank watch reads (launcher/runs/files.py)."""
     written = {"telemetry_file": str(run.trainer_telemetry), "telemetry_interval_s": preset.telemetry["interval_s"],
-               "profile_steps": profile_steps or 0, "profile_dir": str(run.root / files.PROFILE_DIR)}
-    return {**written, "rank_state_file": str(run.root / STATE_FILE)} if gpus > 1 else written
+               "profile_steps": profile_steps or 0, "profile_dir": str(run.root / PROFILE_DIR)}
+    return {**written, "rank_state_file": str(run.root / RANK_STATE_FILE)} if gpus > 1 else written
 
 
 def cache_folders(workdir: Workdir) -> dict:

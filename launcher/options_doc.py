@@ -1,17 +1,18 @@
-"""docs/options.md, generated from the settings catalogue (overlay/toolkit/settings.py):
+"""docs/options.md, generated from the settings catalogue (flux2_contract/settings.py):
 `python -m launcher.options_doc` rewrites it, `--check` exits 1 where it differs."""
 
 import argparse
 import sys
 from pathlib import Path
 
-from launcher import trainer_rules
+from flux2_contract import settings
+from launcher.runs import launcher_settings
 from launcher.writer import replace_own
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "options.md"
 INTRO = """# Options
 
-Every setting the project owns, generated from `overlay/toolkit/settings.py` by
+Every setting the project owns, generated from `flux2_contract/settings.py` by
 `python -m launcher.options_doc` (a test keeps this page equal to it). The trainer's own keys
 (steps, lr, network, datasets...) are the trainer's, documented by ai-toolkit.
 
@@ -33,7 +34,7 @@ def cell(value) -> str:
 
 
 def render() -> str:
-    catalogue = trainer_rules.settings().CATALOGUE
+    catalogue = {**settings.CATALOGUE, **launcher_settings.SETTINGS}
     parts = [INTRO]
     for block, title in BLOCKS.items():
         parts += ["", title, "", "| key | allowed | default | `auto` resolved by | what |", "| --- | --- | --- | --- | --- |"]

@@ -2,7 +2,7 @@
 
 `run` reads the self-test report once (launcher/selftest/verdict.py `Verdicts`), asks the memory
 planner once per budget and run shape (launcher/runs/memory_plan.py `Planner`), and turns each
-`auto` the catalogue (overlay/toolkit/settings.py) gives to `run` into a value, one resolver per
+`auto` the catalogue (flux2_contract/settings.py) gives to `run` into a value, one resolver per
 setting: the qtype, int4_w4a8's kernel (w4a8_activations and w4a8_gemm, decided together),
 stream_mode, sdpa_kernels, compile_blocks, rocm_blas, miopen_find_mode, and the launcher block's
 sampling. Then every model_kwargs setting of the catalogue is written as a concrete value into the
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from launcher import trainer_rules
+from flux2_contract import qtypes, settings
 from launcher.runs import memory_plan, trainer_env
 from launcher.runs.schema import AUTO
 from launcher.selftest.verdict import (FIND_MODE_DEFAULT, ROCM_BLAS_DEFAULT, SDPA_DEFAULT, SERIALIZED, Verdicts,
@@ -118,7 +118,7 @@ def w4a8_kernel(process: dict, verdicts: Verdicts) -> Resolved:
     """int4_w4a8's `auto` (or unset) kernel, both keys at once: they name one kernel together."""
     model, kwargs = process.get("model") or {}, kwargs_of(process)
     name = model.get("qtype")
-    if not (trainer_rules.qtypes().has_eight_bit_kernel(name) and any(kwargs.get(key, AUTO) == AUTO for key in KERNEL_KEYS)):
+    if not (qtypes.has_eight_bit_kernel(name) and any(kwargs.get(key, AUTO) == AUTO for key in KERNEL_KEYS)):
         return process, None
     kernel, why = verdicts.w4a8_kernel()
     kwargs = {**kwargs, **unset(kwargs, kernel)}
@@ -202,6 +202,5 @@ def sampling(config: dict, verdicts: Verdicts, setting: str) -> tuple[dict, str 
 def concrete(kwargs: dict) -> dict:
     """model_kwargs with every catalogue setting given its value: an `auto` left where it does not
     apply (a stream mode without a plan, a kernel of another qtype) takes the default."""
-    settings = trainer_rules.settings()
     unused = {name for name, item in settings.CATALOGUE.items() if item.auto == settings.RUN and kwargs.get(name) == settings.AUTO}
     return settings.complete({key: value for key, value in kwargs.items() if key not in unused})

@@ -22,10 +22,10 @@ import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from launcher import trainer_rules
+from flux2_contract import memory_plan
+from flux2_contract.families import DEFAULT_ARCH
 from launcher.card_specs import SPECS
 from launcher.errors import LauncherError
-from launcher.families import DEFAULT_ARCH
 from launcher.runs.folders import RunFolder
 from launcher.runs.yaml_files import load_yaml
 from launcher.user_files import last_rows
@@ -53,7 +53,7 @@ class Prediction:
     """The card's bf16 GEMM rate, TFLOP/s: slow end, central, fast end (card_specs.gemm_rates)."""
     bound_s: float  # GEMMs + attention at the card's central rate
     rest_s: float  # everything else, the streamed copies included
-    model: str = DEFAULT_ARCH  # the preset's model arch (launcher/families.py), the table's key
+    model: str = DEFAULT_ARCH  # the preset's model arch (flux2_contract/families.py), the table's key
     hideable_s: float = 0.0  # the streamed copies' seconds a card that overlaps them may hide
 
     def step_at(self, rate: float) -> float:
@@ -100,9 +100,8 @@ def math_attention_s(card: str, px: int, flux2_params: dict | None = None, batch
     same, already in bound_s): MATH_PASSES passes over every block's fp32 matrix at the card's
     bandwidth. FLUX.2 [dev] on an RX 7900 XTX: 15 x 56 blocks x 48 x 4608^2 x 4 B = 3.4 TB / 960 GB/s
     = 3.6 s at 1024 px; 15 x 56 x 48 x 1536^2 x 4 B = 0.38 TB, 0.40 s at 512 px."""
-    plan = trainer_rules.memory_plan()
-    shape = plan.Flux2Shape.from_params(flux2_params or {})
-    matrix = batch * shape.heads * plan.tokens(px) ** 2 * plan.FP32
+    shape = memory_plan.Flux2Shape.from_params(flux2_params or {})
+    matrix = batch * shape.heads * memory_plan.tokens(px) ** 2 * memory_plan.FP32
     return MATH_PASSES * (shape.depth + shape.depth_single) * matrix / (SPECS[card].bandwidth_gbs * 1e9)
 
 

@@ -1,5 +1,5 @@
 """The trainer side's read rule, checked on Python's AST: every model_kwargs setting of the catalogue
-(overlay/toolkit/settings.py) is read through one of the catalogue's readers (`settings.read`),
+(flux2_contract/settings.py) is read through one of the catalogue's readers (`settings.read`),
 with the setting's name as a literal, never around them (`kwargs.get("key", default)`,
 `kwargs["key"]`, `"key" in kwargs`), whatever the quotes, the alias the mapping was given
 (`kw = cfg.model_kwargs`, `getattr(cfg, "model_kwargs")`) or the name the reader was imported as.
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 CATALOGUE_MODULE = "settings"
-"""toolkit/settings.py, imported as `toolkit.settings`, `.settings` or `from toolkit import settings`."""
+"""flux2_contract/settings.py, imported as `flux2_contract.settings`, `.settings` or `from flux2_contract import settings`."""
 MAPPING_METHODS = {"get", "pop", "setdefault"}
 HUNK = re.compile(r"^@@ -\S+ \+(\d+)(?:,(\d+))? @@", re.M)
 
@@ -169,11 +169,11 @@ def added_lines(checkout: Path, base: str) -> dict[str, set[int]]:
 def checkout_reads(checkout: Path, base: str, settings: set[str]) -> dict[str, Reads]:
     """{path: Reads} of the lines the commits after `base` (overlay and series) added to HEAD's files,
     read from git, so edits left in the work tree are not judged."""
-    catalogue = _show(checkout, "toolkit/settings.py")
+    catalogue = _show(checkout, "flux2_contract/settings.py")
     reader_names = readers(catalogue)
     judged = {}
     for path, lines in added_lines(checkout, base).items():
-        found = check(_show(checkout, path), settings, reader_names, is_catalogue=path == "toolkit/settings.py")
+        found = check(_show(checkout, path), settings, reader_names, is_catalogue=path == "flux2_contract/settings.py")
         judged[path] = Reads({key: kept for key, spans in found.through.items()
                               if (kept := [span for span in spans if lines.intersection(span)])},
                              [(span, what) for span, what in found.around if lines.intersection(span)])

@@ -27,13 +27,13 @@ from pathlib import Path
 import pytest
 from tiny_run import REPO, run_command, tiny_preset
 
+from flux2_contract.files import CHECKPOINT_MANIFEST as MANIFEST
 from launcher.envs.torchenv import clean_env
 from launcher.envs.workdir import Workdir, venv_python
 from launcher.runs.folders import RunFolder
 
 NAME = "atomic_tiny"
 STEPS = 9
-MANIFEST = "checkpoint.json"
 TEMP = re.compile(r"^\.(?P<root>.+)\.(?P<token>[0-9a-f]{12})\.aitk-tmp(?P<ext>\.[^.]*)$")
 DELAY_US = 500_000
 LAUNCH_TIMEOUT_S = 300

@@ -4,24 +4,24 @@ and is the smallest that does."""
 import pytest
 
 from bench import card_cap
-from launcher import trainer_rules
+from flux2_contract import memory_plan
 
 SHALLOW = {"depth_single_blocks": 36}
 
 
 def shallow_shares(cap):
-    return card_cap.shares(trainer_rules.memory_plan().plan_for_budget(cap, 512, flux2_params=SHALLOW))
+    return card_cap.shares(memory_plan.plan_for_budget(cap, 512, flux2_params=SHALLOW))
 
 
 @pytest.mark.parametrize("free_gib", [22.0, 15.0, 11.0, 7.0])
 def test_the_cap_keeps_the_full_models_resident_share_and_no_smaller_cap_does(free_gib):
     found = card_cap.emulated_cap(free_gib)
-    full = card_cap.shares(trainer_rules.memory_plan().plan_for_budget(free_gib, 512))
+    full = card_cap.shares(memory_plan.plan_for_budget(free_gib, 512))
     assert shallow_shares(found["cap_gib"]) >= full
     smaller = round(found["cap_gib"] - card_cap.STEP_GIB, 2)
     try:
         assert shallow_shares(smaller) < full
-    except trainer_rules.memory_plan().PlanError:
+    except memory_plan.PlanError:
         pass  # a smaller cap cannot even hold the plan's minimum
 
 

@@ -45,9 +45,9 @@ def test_a_bad_kernel_flag_is_refused_naming_the_key(flag, message):
 
 
 def test_the_kernel_keys_are_the_ones_the_trainer_reads():
-    catalogue = _settings.catalogue().CATALOGUE
+    catalogue = _settings.settings.CATALOGUE
     assert all(catalogue[key].block == "model_kwargs" for key in _settings.KERNEL_KEYS)
-    qtypes = (REPO / "overlay" / "toolkit" / "qtypes.py").read_text(encoding="utf-8")
+    qtypes = (REPO / "flux2_contract" / "qtypes.py").read_text(encoding="utf-8")
     found = setting_reads.check(qtypes, set(catalogue), {"read"})
     assert found.around == [] and found.through.keys() == set(_settings.KERNEL_KEYS)
 

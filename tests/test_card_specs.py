@@ -5,7 +5,7 @@ import itertools
 import pytest
 
 from bench import predict_step
-from launcher import trainer_rules
+from flux2_contract import memory_plan, qtypes
 from launcher.card_specs import SPECS
 from launcher.card_table import read_cards
 from launcher.selftest import cards as paper
@@ -26,7 +26,7 @@ def test_a_card_of_both_tables_has_one_arch_and_one_memory():
 
 
 def test_an_fp8_rate_exactly_where_the_runtime_finds_fp8_units():
-    has_fp8 = trainer_rules.qtypes().arch_has_fp8_units
+    has_fp8 = qtypes.arch_has_fp8_units
     assert {name: spec.fp8_tflops is not None for name, spec in SPECS.items()} == \
         {name: has_fp8(spec.arch) for name, spec in SPECS.items()}
 
@@ -60,7 +60,7 @@ def dominates(a: str, b: str) -> bool:
 @pytest.mark.parametrize("px", [512, 1024])
 def test_a_card_faster_in_every_figure_is_predicted_faster(px):
     """The ranking follows compute, bandwidth and memory: never the reverse, at either end of the range."""
-    plan = trainer_rules.memory_plan()
+    plan = memory_plan
     fp8_cards = [name for name in NVIDIA if SPECS[name].fp8_tflops]
     pairs = [(a, b) for a, b in itertools.permutations(fp8_cards, 2) if dominates(a, b)]
     assert ("RTX 5090", "RTX 4090") in pairs and ("RTX 4080", "RTX 4070 Ti Super") in pairs
@@ -75,7 +75,7 @@ def test_more_bandwidth_alone_shortens_only_the_memory_bound_parts(monkeypatch):
     """Doubling a card's bandwidth halves its elementwise and 4-bit overhead seconds; its GEMMs stay."""
     from dataclasses import replace
 
-    plan = trainer_rules.memory_plan()
+    plan = memory_plan
     before = predict_step.predict("RTX 4090", "int4_w4a8 fp8", 512, True, plan)
     spec = SPECS["RTX 4090"]
     monkeypatch.setitem(SPECS, "RTX 4090", replace(spec, bandwidth_gbs=2 * spec.bandwidth_gbs))

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher import card_table, cards_doc, trainer_rules
+from flux2_contract import qtypes
+from launcher import card_table, cards_doc
 from launcher.errors import LauncherError
 from launcher.runs.presets import load_preset
 from launcher.selftest import cards, verdict
@@ -41,7 +42,7 @@ def test_what_each_card_trains_on(card, triton, inductor):
 def test_the_fp8_rule_is_the_runtime_s_for_every_arch_spelling():
     """One rule for the table and the runtime; an arch with a feature suffix (sm_90a) or RDNA4's
     gfx12xx reads as the compilers name them."""
-    rule = trainer_rules.qtypes().arch_has_fp8_units
+    rule = qtypes.arch_has_fp8_units
     facts = {"sm_86": False, "sm_89": True, "sm_90a": True, "sm_100a": True, "sm_120": True,
              "gfx1100": False, "gfx1101": False, "gfx1200": True, "gfx1201": True}
     assert {arch: card_table.Card("x", arch, 16, "base_512").fp8_units for arch in facts} == facts

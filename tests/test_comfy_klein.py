@@ -15,9 +15,9 @@ from conftest import write_png
 from test_comfy import comfyui_checkout, in_comfyui  # noqa: F401 (fixture)
 from test_klein_lora import linear_shapes, lora, write_safetensors
 
+from flux2_contract.families import FLUX2_DEV, KLEIN_4B, KLEIN_9B
 from launcher.cli import main
 from launcher.comfy import lora_check, templates, workflow
-from launcher.families import FLUX2_DEV, KLEIN_4B, KLEIN_9B
 
 KLEIN = {family.arch: family for family in (KLEIN_4B, KLEIN_9B)}
 PROMPT = "a photo of sks on a white background"

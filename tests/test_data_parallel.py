@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from tiny_run import REPO, RUN_NAME, run_command, run_tiny, tiny_preset
 
+from flux2_contract.files import RANK_STATE_FILE
 from launcher.envs.torchenv import clean_env
 from launcher.envs.workdir import venv_python
 from launcher.errors import LauncherError
@@ -260,7 +261,7 @@ def test_the_watch_reads_each_ranks_files_and_forgets_an_earlier_launch(tmp_path
     telemetry = tmp_path / "trainer-telemetry.jsonl"
     telemetry.write_text('{"step": 3}\n{"step": 4, "event": "sample_start"}\n', encoding="utf-8")
     rank_watch.rank_file(telemetry, 1).write_text('{"step": 4}\n', encoding="utf-8")
-    state = tmp_path / rank_watch.STATE_FILE
+    state = tmp_path / RANK_STATE_FILE
     rank_watch.rank_file(state, 0).write_text(json.dumps({"pid": None, "waiting_since": None}), encoding="utf-8")
     rank_watch.rank_file(state, 1).write_text(json.dumps({"pid": None, "waiting_since": 0.0}), encoding="utf-8")
     watch = rank_watch.RankWatch(tmp_path, telemetry, 2, 30)
@@ -284,7 +285,7 @@ def test_a_rank_frozen_inside_the_all_reduce_stops_the_others_with_one_line_nami
     it a second, rank 1 frozen there, rank 0 let go into the same collective. Rank 0 is held for a
     step at most, far under the limit, so the watch cannot take it for the stalled one."""
     preset = tiny_preset(tmp_path / "long.yaml", steps=2000, launcher={"watchdog": {"rank_stall_s": 20}})
-    state = {rank: rank_watch.rank_file(tmp_path / RUN_NAME / rank_watch.STATE_FILE, rank) for rank in (0, 1)}
+    state = {rank: rank_watch.rank_file(tmp_path / RUN_NAME / RANK_STATE_FILE, rank) for rank in (0, 1)}
     held, stopped, done = [], [], threading.Event()
 
     def freeze_rank_1_inside_the_collective():

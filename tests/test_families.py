@@ -1,4 +1,4 @@
-"""The model-family registry (launcher/families.py): a family is one record. A throwaway family
+"""The model-family registry (flux2_contract/families.py): a family is one record. A throwaway family
 added at test time, as one record plus a tiny recipe and nothing else, is validated, dry-run, handed
 to ComfyUI and gets its tiny model; the shipped families' shapes pass the preset schema, a preset names
 its family by `arch` alone, and each family's doc page is its record's."""
@@ -16,11 +16,12 @@ from test_klein_lora import linear_shapes, lora, write_safetensors
 from test_klein_run import fake_safetensors
 from test_run import rendered_config
 
-from launcher import families, families_doc
+from flux2_contract import families
+from flux2_contract.families import FAMILIES, FLUX2_DEV, KLEIN_4B, Family, TextEncoder, TinyRecipe, family_of
+from launcher import families_doc
 from launcher.cli import main
 from launcher.comfy import lora_check, workflow
 from launcher.errors import LauncherError
-from launcher.families import FAMILIES, FLUX2_DEV, KLEIN_4B, Family, TextEncoder, TinyRecipe, family_of
 from launcher.in_trainer import tiny_assets
 from launcher.runs import disk_budget, tiny
 from launcher.runs.flux2_shape import FLUX2_PARAMS, flux2_params_problems

@@ -100,7 +100,7 @@ def test_the_env_variables_tests_and_presets_use_stay_allowed(stand_in, capsys):
 
 
 def test_no_variable_carries_a_setting(stand_in, capsys):  # noqa: F811
-    """The kernel choice is model_kwargs (overlay/toolkit/settings.py), not an environment variable."""
+    """The kernel choice is model_kwargs (flux2_contract/settings.py), not an environment variable."""
     stand_in.write_preset(env={"INT4_W4A8_ACT": "fp8"})
     assert "launcher.env.INT4_W4A8_ACT = 'fp8': not a variable a preset may set" in refused(stand_in, capsys)
     stand_in.write_preset(env={"AITK_ALL_EXTENSIONS": "1"})

@@ -10,12 +10,12 @@ import signal
 import pytest
 from test_comfy import BASE, write_safetensors
 
+from flux2_contract.families import KLEIN_4B
 from launcher.cli import main
 from launcher.comfy import folder
 from launcher.envs import rocm_windows_toolchain
 from launcher.envs.workdir import read_state
 from launcher.errors import LauncherError
-from launcher.families import KLEIN_4B
 from launcher.in_trainer import plot, tiny_assets
 from launcher.runs import images, load_report, run_lock, validate
 from launcher.runs.schema import check_preset

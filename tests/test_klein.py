@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from flux2_contract.families import KLEIN_4B, KLEIN_9B
 from launcher.cli import main
 from launcher.errors import LauncherError
-from launcher.families import KLEIN_4B, KLEIN_9B
 from launcher.runs.presets import PRESETS_DIR, load_preset
 from launcher.runs.vocabulary import read_vocabulary
 

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 from test_comfy import write_safetensors
 
+from flux2_contract.families import KLEIN_4B, KLEIN_9B
 from launcher.comfy import lora_check
 from launcher.errors import LauncherError
-from launcher.families import KLEIN_4B, KLEIN_9B
 
 KLEIN = {family.arch: family for family in (KLEIN_4B, KLEIN_9B)}
 

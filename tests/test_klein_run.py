@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import write_png
 
+from flux2_contract.families import KLEIN_4B, KLEIN_9B
 from launcher.cli import main
 from launcher.runs import disk_budget
-from launcher.families import KLEIN_4B, KLEIN_9B
 from launcher.runs.presets import PRESETS_DIR
 
 from test_run import rendered_config

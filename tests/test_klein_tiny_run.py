@@ -17,9 +17,9 @@ from conftest import private_workdir
 from test_comfy import assert_comfyui_patches_every_weight, comfyui_checkout  # noqa: F401 (fixture)
 from tiny_run import run_tiny, tiny_preset
 
+from flux2_contract.families import FAMILIES
 from launcher.comfy import lora_check
 from launcher.in_trainer import tiny_assets
-from launcher.families import FAMILIES
 from launcher.runs.presets import PRESETS_DIR
 
 pytestmark = pytest.mark.trainer

@@ -29,20 +29,9 @@ IN_TRAINER_MODULES = sorted(IN_TRAINER.rglob("*.py"))
 @pytest.mark.parametrize("path", IN_TRAINER_MODULES, ids=lambda p: p.relative_to(IN_TRAINER).as_posix())
 def test_in_trainer_modules_import_only_the_standard_library(path):
     foreign = [name for name in top_level_imports(path)
-               if name.split(".")[0] not in sys.stdlib_module_names
-               and not name.startswith("launcher.in_trainer") and name not in TRAINER_SAFE]
+               if name.split(".")[0] not in sys.stdlib_module_names | {CONTRACT.name}
+               and not name.startswith("launcher.in_trainer")]
     assert not foreign, f"{path.name} imports {foreign} at module level; import them inside the function"
-
-
-TRAINER_SAFE = {"launcher.families"}
-"""Launcher modules outside in_trainer/ that in-trainer code may import: standard library only themselves."""
-
-
-@pytest.mark.parametrize("name", sorted(TRAINER_SAFE))
-def test_the_modules_in_trainer_code_may_import_need_only_the_standard_library(name):
-    path = IN_TRAINER.parent.joinpath(*name.split(".")[1:]).with_suffix(".py")
-    foreign = [module for module in top_level_imports(path) if module.split(".")[0] not in sys.stdlib_module_names]
-    assert not foreign, f"{path.name} imports {foreign}; code run under the trainer's interpreter imports it"
 
 
 def test_the_checker_reaches_into_subpackages():
@@ -55,19 +44,88 @@ def test_the_checker_sees_a_foreign_import(tmp_path):
     assert top_level_imports(module) == ["json", "yaml", "launcher.runs"]
 
 
-def test_the_trainer_side_spells_every_shared_name_the_same():
-    from launcher.runs.files import SHARED_WITH_TRAINER
-
-    root = IN_TRAINER.parents[1]
-    trainer_side = "".join(p.read_text(encoding="utf-8") for p in sorted((root / "overlay").rglob("*.py")))
-    trainer_side += "".join(p.read_text(encoding="utf-8") for p in sorted((root / "patches").rglob("*.patch")))
-    missing = [name for name in SHARED_WITH_TRAINER if f"'{name}'" not in trainer_side and f'"{name}"' not in trainer_side]
-    assert not missing, f"overlay/ and patches/ never spell {missing}"
-
-
 LAUNCHER = IN_TRAINER.parent
-OVERLAY_READ_BY_THE_LAUNCHER = ("qtypes", "safetensors_header", "qcache_index", "settings", "memory_plan")
 OVERLAY = LAUNCHER.parent / "overlay" / "toolkit"
+CONTRACT = LAUNCHER.parent / "flux2_contract"
+CONTRACT_MODULES = sorted(path.stem for path in CONTRACT.glob("*.py") if path.stem != "__init__")
+
+
+def shared_names() -> set[str]:
+    from flux2_contract import files
+
+    return {value for name, value in vars(files).items() if name.isupper() and isinstance(value, str)}
+
+
+def spelled_names(source: str, names: set[str]) -> list[str]:
+    """The shared file names a module writes as a string literal of its own (docstrings hold prose)."""
+    return sorted({node.value for node in ast.walk(ast.parse(source))
+                   if isinstance(node, ast.Constant) and node.value in names})
+
+
+def test_the_overlay_imports_the_shared_file_names_instead_of_spelling_them():
+    names = shared_names()
+    assert spelled_names("MANIFEST = 'checkpoint.json'\n", names) == ["checkpoint.json"]
+    spelled = {path.name: found for path in sorted(OVERLAY.glob("*.py"))
+               if (found := spelled_names(path.read_text(encoding="utf-8"), names))}
+    assert not spelled, f"import these from flux2_contract.files instead: {spelled}"
+
+
+def contract_imports_by_another_name(source: str) -> list[str]:
+    """Imports of a contract module as if it were the trainer's (`toolkit.settings`, `.qtypes`,
+    `from toolkit import memory_plan`): in the checkout those names do not exist."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            named = [alias.name for alias in node.names] if module == "toolkit" or (node.level and not module) else []
+            if module.removeprefix("toolkit.") in CONTRACT_MODULES and (node.level or module.startswith("toolkit.")):
+                found.append(("." * node.level) + module)
+            found += [f"{module or '.'} import {name}" for name in named if name in CONTRACT_MODULES]
+        elif isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names if alias.name.removeprefix("toolkit.") in CONTRACT_MODULES
+                      and alias.name.startswith("toolkit.")]
+    return found
+
+
+def test_the_overlay_imports_the_contract_by_its_name():
+    assert contract_imports_by_another_name(
+        "from .settings import read\nimport toolkit.qtypes as q\nfrom toolkit import memory_plan, int4_linear\n"
+        "from flux2_contract import settings\n") == [".settings", "toolkit.qtypes", "toolkit import memory_plan"]
+    found = {path.name: wrong for path in sorted(OVERLAY.glob("*.py"))
+             if (wrong := contract_imports_by_another_name(path.read_text(encoding="utf-8")))}
+    assert not found, f"import these from flux2_contract: {found}"
+
+
+def test_the_train_loop_reads_the_flag_files_by_the_contract_names():
+    """`save` and `stop` write the flag files the flag-files hook reads: flux2_hooks names them by
+    flux2_contract.files (the overlay test above keeps it from spelling them), and no patch spells
+    them in code of its own."""
+    from flux2_contract.files import SAVE_NOW, STOP_NOW
+
+    hooks = ast.parse((OVERLAY / "flux2_hooks.py").read_text(encoding="utf-8"))
+    used = {node.attr for node in ast.walk(hooks)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "files"}
+    assert {"SAVE_NOW", "STOP_NOW"} <= used, "flux2_hooks no longer checks the flag files by the contract's names"
+    spelled = sorted(path.name for path in (LAUNCHER.parent / "patches").rglob("*.patch")
+                     for line in path.read_text(encoding="utf-8").splitlines()
+                     if line.startswith("+") and (f"'{SAVE_NOW}'" in line or f"'{STOP_NOW}'" in line))
+    assert not spelled, f"call flux2_hooks.check_flag_files instead of spelling the flag files in {spelled}"
+
+
+@pytest.mark.parametrize("name", CONTRACT_MODULES)
+def test_the_contract_imports_in_a_bare_interpreter(name):
+    """No site-packages (no PyYAML, no torch, no GitPython): the launcher and the trainer import the
+    contract before either has anything else, and it imports neither of them."""
+    code = (f"import sys; sys.path.insert(0, {str(CONTRACT.parent)!r})\n"
+            f"import flux2_contract.{name}\n"
+            "assert not {'launcher', 'toolkit'} & set(sys.modules), 'the contract imported a side'")
+    result = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_the_bare_interpreter_has_no_third_party_package():
+    result = subprocess.run([sys.executable, "-I", "-S", "-c", "import yaml"], capture_output=True, text=True)
+    assert result.returncode != 0 and "yaml" in result.stderr
 
 
 def package_imports() -> dict[str, set[str]]:
@@ -129,22 +187,12 @@ def overlay_imports() -> dict[str, set[str]]:
 
 
 def test_overlay_modules_import_each_other_without_a_cycle():
-    """The qtype table and the settings sit below the 4-bit Linear and its kernels, never above."""
     graph = overlay_imports()
-    assert {"settings"} <= graph["qtypes"] and "int4_linear" not in graph["qtypes"]
+    assert {"int4_kernels", "int4_w4a8"} <= graph["int4_linear"]
     assert cycle_in(graph) is None
 
 
-@pytest.mark.parametrize("name", OVERLAY_READ_BY_THE_LAUNCHER)
-def test_overlay_modules_the_launcher_imports_are_stdlib_only(name):
-    """The launcher imports these overlay modules without the trainer's venv (no torch)."""
-    path = LAUNCHER.parent / "overlay" / "toolkit" / f"{name}.py"
-    foreign = [module for module in top_level_imports(path)
-               if module.split(".")[0] not in sys.stdlib_module_names and module != "__future__"]
-    assert not foreign, f"{path.name} imports {foreign} at module level: the launcher imports it without torch"
-
-
-def test_the_presets_and_the_bridge_import_without_gitpython():
+def test_the_presets_and_the_planner_import_without_gitpython():
     """bench/fullsize.py reads presets with a GPU machine's plain python3, which has no GitPython."""
     code = ("import sys; sys.modules['git'] = None\n"
             "from launcher.runs.presets import read_preset\n"
@@ -188,6 +236,7 @@ def test_the_layer_map_names_every_module_and_no_module_that_is_gone():
         assert key in named, f"docs/design.md's layer map has no line for {key}"
         missing = modules - named[key]
         assert not missing, f"docs/design.md's layer map does not name {sorted(missing)} under {key}"
+    assert set(CONTRACT_MODULES) <= named["flux2_contract/"], sorted(set(CONTRACT_MODULES) - named["flux2_contract/"])
     trainer_side = {path.stem for path in IN_TRAINER.rglob("*.py")} - {"__init__"}
     assert trainer_side <= named["launcher/in_trainer/"], sorted(trainer_side - named["launcher/in_trainer/"])
     known = {path.stem for path in LAUNCHER.rglob("*.py")} | {path.name for path in LAUNCHER.rglob("*") if path.is_dir()}

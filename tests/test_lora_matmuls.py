@@ -6,7 +6,8 @@ import subprocess
 
 import pytest
 
-from launcher import resolve, trainer_rules
+from flux2_contract import settings
+from launcher import resolve
 from launcher.envs.workdir import venv_python
 from launcher.runs import trainer_env
 
@@ -26,12 +27,12 @@ def test_tf32_sets_the_override_and_fp32_leaves_it_unset():
 
 
 def test_unset_takes_the_catalogues_default():
-    default = trainer_rules.settings().CATALOGUE["lora_matmuls"].default
+    default = settings.CATALOGUE["lora_matmuls"].default
     assert (OVERRIDE in resolved_env()) == (default == "tf32")
 
 
 def test_another_value_is_refused_with_what_is_allowed():
-    setting = trainer_rules.settings().CATALOGUE["lora_matmuls"]
+    setting = settings.CATALOGUE["lora_matmuls"]
     assert setting.problem("fp16") and setting.values == "bf16 | tf32 | fp32"
 
 

@@ -1,13 +1,12 @@
-"""The memory plan (overlay/toolkit/memory_plan.py) for given budgets: a pure function, checked
+"""The memory plan (flux2_contract/memory_plan.py) for given budgets: a pure function, checked
 table by table at full FLUX.2 [dev] shapes and on tiny shapes, with no trainer and no GPU."""
 
 import json
 
 import pytest
 
-from launcher import trainer_rules
+from flux2_contract import memory_plan as mp
 
-mp = trainer_rules.memory_plan()
 
 GIB = mp.GIB
 FULL = mp.Flux2Shape()  # FLUX.2 [dev]: 8 double + 48 single blocks, hidden 6144, 48 heads

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.runs import files
+from flux2_contract import files
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS = 4

@@ -9,7 +9,8 @@ import os
 from test_run import dry_run, rendered_config
 from test_selftest import GPU_RESULT, places, workdir_with  # noqa: F401  (places: the fixture)
 
-from launcher import resolve, trainer_rules
+from flux2_contract import memory_plan as planner, settings
+from launcher import resolve
 from launcher.runs import memory_plan
 from launcher.selftest.verdict import Verdicts
 
@@ -32,7 +33,6 @@ def test_a_launch_reads_the_selftest_once_and_plans_once(places, tmp_path, capsy
     reads, asks = [], []
     monkeypatch.setattr(io, "open", counting(reads, io.open, "selftest.json"))
     monkeypatch.setattr(os, "open", counting(reads, os.open, "selftest.json"))
-    planner = trainer_rules.memory_plan()
     monkeypatch.setattr(planner, "plan_for_budget", counting(asks, planner.plan_for_budget, ""))
     assert dry_run(places, str(preset), workdir=workdir.root) == 0
     out = capsys.readouterr().out
@@ -55,7 +55,6 @@ def test_cards_of_one_budget_share_the_launchs_plan(monkeypatch):
     process = {"model": {"model_kwargs": {"memory_plan": "auto", "vram_budget_gib": 16}},
                "datasets": [{"resolution": [512]}], "train": {"batch_size": 1}, "network": {"linear": 32}}
     asks = []
-    planner = trainer_rules.memory_plan()
     monkeypatch.setattr(planner, "plan_for_budget", counting(asks, planner.plan_for_budget, ""))
     plans = memory_plan.Planner()
     assert memory_plan.streams_on(process, None, plans)
@@ -79,7 +78,6 @@ def test_a_selftest_that_saw_no_gpu_decides_qtype_auto(tmp_path):
 def test_resolving_leaves_the_rendered_config_and_writes_no_auto(tmp_path):
     """An `auto` that does not apply (a stream mode without a plan, a kernel of another qtype) takes the
     catalogue's default in the resolved config; the rendered config `run` resolved is left as it was."""
-    settings = trainer_rules.settings()
     kwargs = {"stream_mode": "auto", "w4a8_gemm": "auto", "compile_blocks": "auto"}
     rendered = {"config": {"process": [{"model": {"qtype": "int4_fused", "model_kwargs": kwargs}, "train": {}}]}}
     before = copy.deepcopy(rendered)

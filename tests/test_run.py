@@ -10,9 +10,9 @@ import pytest
 import yaml
 from conftest import REPO_ROOT, write_png
 
+from flux2_contract import qcache_index, safetensors_header
 from launcher.cli import main
 from launcher.envs.workdir import Workdir, venv_python
-from launcher.trainer_rules import import_module as overlay_module
 from launcher.runs import disk_budget
 from launcher.runs.folders import RunFolder
 from launcher.runs.presets import PRESETS_DIR, load_preset, read_preset, render
@@ -245,16 +245,12 @@ def test_too_little_disk(places, capsys, monkeypatch):
     assert "only 3.5 GiB free" in err and "quantized transformer cache" in err
 
 
-def overlay(name: str):
-    """The trainer's own module (overlay/toolkit/<name>.py), as the launcher imports it."""
-    return overlay_module(REPO_ROOT / "overlay", name)
-
 
 def write_quantized_cache(cache_dir: Path, checkpoint: Path, qtype: str, truncate_by: int = 0) -> Path:
     """A cache file named and keyed by the trainer's own cache code (source checkpoint
     fingerprint, cache qtype): safetensors whose metadata holds the key."""
-    index = overlay("qcache_index")
-    key = {"qtype": qtype, "source": overlay("safetensors_header").source_fingerprint(checkpoint)}
+    index = qcache_index
+    key = {"qtype": qtype, "source": safetensors_header.source_fingerprint(checkpoint)}
     header = json.dumps({
         "__metadata__": {"format": index.FORMAT_NAME, index.META_KEY: json.dumps({"key": key})},
         "w": {"dtype": "U8", "shape": [4096], "data_offsets": [0, 4096]},

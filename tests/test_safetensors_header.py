@@ -1,17 +1,17 @@
 """The launcher's check of flux2-dev.safetensors / ae.safetensors headers, through the trainer's
-own reader (the overlay's toolkit/safetensors_header.py): the same rules as the streamed loader,
+own reader (flux2_contract/safetensors_header.py): the same rules as the streamed loader,
 and whatever the bytes, nothing but the launcher's LauncherError, naming the file."""
 
 import json
 import struct
 
 import pytest
-from conftest import REPO_ROOT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from flux2_contract import qcache_index
+from flux2_contract import safetensors_header as header_reader
 from launcher.errors import LauncherError
-from launcher.trainer_rules import import_module as overlay_module
 from launcher.runs.validate import safetensors_header
 
 
@@ -137,10 +137,6 @@ def test_any_bytes_give_a_header_or_a_launcher_error(tmp_path, blob):
 # -- one parser for every header: a duplicate key is refused wherever a header is read ---------------
 
 
-def overlay(name: str):
-    """The trainer's own module (overlay/toolkit/<name>.py), as the launcher imports it."""
-    return overlay_module(REPO_ROOT / "overlay", name)
-
 
 def with_a_bogus_first_copy(header: dict, name: str, bogus) -> bytes:
     """The header's JSON with `name` written twice, the bogus copy first: Python's json keeps the
@@ -153,11 +149,11 @@ def with_a_bogus_first_copy(header: dict, name: str, bogus) -> bytes:
 def quantized_cache(tmp_path, duplicate: str | None = None):
     """(cache folder, checkpoint, cache file) keyed by the trainer's own cache code, with `duplicate`
     ("tensor" or "__metadata__") written twice in its header."""
-    index = overlay("qcache_index")
+    index = qcache_index
     checkpoint = tmp_path / "flux2-dev.safetensors"
     header, size = good_header([4])
     checkpoint.write_bytes(pack(header, size))
-    key = {"qtype": "uint4", "source": overlay("safetensors_header").source_fingerprint(checkpoint)}
+    key = {"qtype": "uint4", "source": header_reader.source_fingerprint(checkpoint)}
     header = {"__metadata__": {"format": index.FORMAT_NAME, index.META_KEY: json.dumps({"key": key})},
               "w": entry("U8", [4096], 0, 4096)}
     raw = json.dumps(header).encode()
@@ -174,19 +170,19 @@ def quantized_cache(tmp_path, duplicate: str | None = None):
 
 def test_the_fixture_cache_is_valid(tmp_path):
     cache_dir, checkpoint, path = quantized_cache(tmp_path)
-    assert overlay("qcache_index").find_valid_cache(cache_dir, checkpoint, "uint4") == path
+    assert qcache_index.find_valid_cache(cache_dir, checkpoint, "uint4") == path
 
 
 @pytest.mark.parametrize("duplicate", ["tensor", "__metadata__"])
 def test_a_quantized_cache_with_a_duplicate_key_is_not_valid(tmp_path, duplicate):
     cache_dir, checkpoint, path = quantized_cache(tmp_path, duplicate)
-    assert overlay("qcache_index").read_key(path) is None
-    assert overlay("qcache_index").find_valid_cache(cache_dir, checkpoint, "uint4") is None
+    assert qcache_index.read_key(path) is None
+    assert qcache_index.find_valid_cache(cache_dir, checkpoint, "uint4") is None
 
 
 @pytest.mark.parametrize("reader", ["read_json_header", "read_header"])
 def test_every_header_reader_refuses_a_duplicate_key(tmp_path, reader):
-    module = overlay("safetensors_header")
+    module = header_reader
     header, size = good_header([4, 8])
     raw = with_a_bogus_first_copy(header, "t1", entry("U8", [8], 4, 12))
     path = tmp_path / "dup.safetensors"

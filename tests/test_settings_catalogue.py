@@ -1,4 +1,4 @@
-"""The settings catalogue (overlay/toolkit/settings.py): one table the launcher's schema, `run`'s
+"""The settings catalogue (flux2_contract/settings.py): one table the launcher's schema, `run`'s
 resolution, the trainer's readers and docs/options.md all come from."""
 
 import dataclasses
@@ -12,14 +12,14 @@ import pytest
 import setting_reads
 from conftest import IDENTITY, NO_GIT_UNDER_WINE
 
-from launcher import decision, options_doc, resolve, trainer_rules
+from flux2_contract import settings
+from launcher import decision, options_doc, resolve
 from launcher.runs import files, resume, schema_nodes
 from launcher.runs.schema import MODEL_KWARGS, Vocabulary
 
 ROOT = Path(__file__).resolve().parents[1]
-settings = trainer_rules.settings()
 SETTINGS = set(settings.model_kwargs_settings())
-READERS = setting_reads.readers((ROOT / "overlay" / "toolkit" / "settings.py").read_text(encoding="utf-8"))
+READERS = setting_reads.readers((ROOT / "flux2_contract" / "settings.py").read_text(encoding="utf-8"))
 
 
 def test_docs_options_is_the_generated_page():
@@ -62,10 +62,11 @@ def around(source: str) -> list[str]:
     return [what for _, what in setting_reads.check(source, SETTINGS, READERS).around]
 
 
-def test_the_overlay_reads_settings_only_through_the_catalogue():
+def test_the_overlay_and_the_contract_read_settings_only_through_the_catalogue():
     read = set()
-    for path in sorted(ROOT.glob("overlay/toolkit/*.py")):
-        found = setting_reads.check(path.read_text(encoding="utf-8"), SETTINGS, READERS, path.name == "settings.py")
+    for path in sorted(ROOT.glob("overlay/toolkit/*.py")) + sorted(ROOT.glob("flux2_contract/*.py")):
+        is_catalogue = path == ROOT / "flux2_contract" / "settings.py"
+        found = setting_reads.check(path.read_text(encoding="utf-8"), SETTINGS, READERS, is_catalogue)
         assert found.around == [], path.name
         read |= set(found.through)
     assert {"w4a8_activations", "w4a8_gemm", "stream_mode", "launch_plan", "quantized_cache_dir"} <= read
@@ -76,15 +77,15 @@ def test_the_overlay_reads_settings_only_through_the_catalogue():
     "kw = self.model_config.model_kwargs\nmode = kw.get('stream_mode')\n",
     "kw = getattr(self.model_config, 'model_kwargs', None) or {}\nmode = kw['stream_mode']\n",
     "config = dict(process['model'].get('model_kwargs') or {})\nstreamed = 'stream_mode' in config\n",
-    "from toolkit.settings import read as setting\nname = 'stream_mode'\nmode = setting(kw, name)\n",
-    "import toolkit.settings as catalogue\nmode = catalogue.read(model_kwargs, 'stream_mod')\n",
+    "from flux2_contract.settings import read as setting\nname = 'stream_mode'\nmode = setting(kw, name)\n",
+    "import flux2_contract.settings as catalogue\nmode = catalogue.read(model_kwargs, 'stream_mod')\n",
 ], ids=["single quotes", "an alias", "getattr", "a copy and `in`", "a reader by another name", "a misspelt setting"])
 def test_a_read_around_the_catalogue_is_found_whatever_its_spelling(source):
     assert len(around(source)) == 1, around(source)
 
 
 def test_reads_through_the_catalogue_are_counted_under_any_import():
-    source = ("from toolkit import settings as s\nfrom .settings import read, cache_folder\n"
+    source = ("from flux2_contract import settings as s\nfrom .settings import read, cache_folder\n"
               "a = s.read(cfg.model_kwargs, 'stream_mode')\nb = read(kw, \"memory_plan\")\n"
               "c = cache_folder(kw, 'quantized_cache_dir', None, 'q')\nd = kw.get('the_trainers_own_key', 1)\n")
     found = setting_reads.check(source, SETTINGS, READERS)
@@ -99,7 +100,8 @@ def test_in_a_checkout_only_the_lines_added_after_the_base_are_judged(tmp_path):
                               env={**os.environ, **IDENTITY}).stdout.strip()
     module = tmp_path / "toolkit" / "model.py"
     module.parent.mkdir()
-    (module.parent / "settings.py").write_bytes((ROOT / "overlay" / "toolkit" / "settings.py").read_bytes())
+    (tmp_path / "flux2_contract").mkdir()
+    (tmp_path / "flux2_contract" / "settings.py").write_bytes((ROOT / "flux2_contract" / "settings.py").read_bytes())
     module.write_text("def upstream(kw):\n    return kw.get('stream_mode')\n", encoding="utf-8")
     git("init", "-q")
     git("add", "-A")
@@ -156,7 +158,7 @@ def test_a_new_model_key_needs_its_catalogue_line_its_reader_and_the_docs(monkey
     flag, and the options page is stale until regenerated: nothing else is to be edited."""
     new = settings.Setting("throwaway_chunk", settings.MODEL_KWARGS, "int", 3, "a key no one reads", minimum=1)
     monkeypatch.setitem(settings.CATALOGUE, new.name, new)
-    block = schema_nodes.Block(schema_nodes.catalogued(settings.MODEL_KWARGS, {}))
+    block = schema_nodes.Block(schema_nodes.catalogued(settings.model_kwargs_settings(), {}))
     problems = list(block.check({"throwaway_chunk": 0}, "kw", Vocabulary()))
     assert problems == ["kw.throwaway_chunk = 0: out of range; allowed: a whole number >= 1"], problems
     assert resolve.concrete({})["throwaway_chunk"] == 3, "`run` writes the default into the config"

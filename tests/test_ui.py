@@ -15,9 +15,9 @@ import yaml
 from test_run_guards import StandIn
 from ui_runs import answer, fake_run, loss, request, serving
 
+from flux2_contract.files import SAVE_NOW, STOP_NOW
 from launcher.cli import main
 from launcher.envs.workdir import Workdir
-from launcher.runs.files import SAVE_NOW, STOP_NOW
 from launcher.runs.presets import read_preset
 from launcher.runs.run_lock import run_folder_lock
 from launcher.runs.schema import check_preset

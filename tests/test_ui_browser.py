@@ -17,7 +17,7 @@ from conftest import UNDER_WINE, in_ci
 from headless import Browser, find_chromium
 from ui_runs import fake_run, serving
 
-from launcher.runs.files import SAVE_NOW, STOP_NOW
+from flux2_contract.files import SAVE_NOW, STOP_NOW
 from launcher.runs.presets import read_preset
 from launcher.runs.run_lock import run_folder_lock
 from launcher.runs.schema import check_preset

@@ -21,8 +21,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from flux2_contract.families import family_of
 from launcher.errors import LauncherError
-from launcher.families import family_of
 from launcher.runs.validate import safetensors_header
 
 LORA_KEY = re.compile(r"^diffusion_model\.(?P<module>.+)\.(?P<part>lora_A\.weight|lora_B\.weight|alpha)$")

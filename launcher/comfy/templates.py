@@ -3,7 +3,7 @@
 ComfyUI ships a text-to-image template per FLUX.2 family (package `comfyui-workflow-templates-json`):
 [dev] `image_flux2_text_to_image`; klein 4B `image_flux2_klein_text_to_image`, with two subgraphs,
 klein base 4B (CFG, 20 steps) and the 4-step distilled klein 4B; klein 9B
-`image_flux2_text_to_image_9b`, klein base 9B only (each family's `comfy` in launcher/families.py).
+`image_flux2_text_to_image_9b`, klein base 9B only (each family's `comfy` in flux2_contract/families.py).
 The trainer trains klein on its base model, so a klein LoRA goes into the base subgraph and the
 distilled one is left out. The templates' model loaders name ComfyUI's files, which are not always
 the file the run trained on (klein 9B's is an fp8 build): `base_model_note` says which file goes where.
@@ -11,8 +11,8 @@ the file the run trained on (klein 9B's is an fp8 build): `base_model_note` says
 
 from pathlib import Path
 
+from flux2_contract.families import ComfyTemplate, family_of
 from launcher.comfy import folder
-from launcher.families import ComfyTemplate, family_of
 
 MODEL_DIRECTORY = "diffusion_models"
 

@@ -23,8 +23,8 @@ import importlib.resources
 import json
 from dataclasses import dataclass
 
+from flux2_contract.families import FLUX2_DEV
 from launcher.errors import LauncherError
-from launcher.families import FLUX2_DEV
 
 TEMPLATE_PACKAGE = "comfyui_workflow_templates_json"
 TEMPLATE = FLUX2_DEV.comfy.name

@@ -7,10 +7,10 @@ series); these commands only create the file, so they work from any terminal.
 import argparse
 from pathlib import Path
 
+from flux2_contract.files import SAVE_NOW, STOP_NOW
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir
 from launcher.nofollow import refuse_links
 from launcher.progress import say
-from launcher.runs.files import SAVE_NOW, STOP_NOW
 from launcher.runs.folders import find_run
 from launcher.writer import touch
 

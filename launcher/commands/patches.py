@@ -64,7 +64,7 @@ def run_export(args) -> int:
         raise LauncherError(
             f"{args.head} in {args.repo} is not built on the locked commit {target.commit[:12]}"
         )
-    written = series.export_series(repo, target.commit, args.head, target.series, target.overlay)
+    written = series.export_series(repo, target.commit, args.head, target.series, target.overlay, target.contract)
     for patch in written:
         say(f"  wrote {patch.path}")
     say(f"{len(written)} patches in {target.series}; hashes in {series.HASH_FILE}")

@@ -65,7 +65,8 @@ def finish(args, rebase: Rebase, state, target) -> int:
     """Export the rebased series, optionally write it and the lock, and check the result."""
     series_file = target.series if args.write else rebase.root / "series" / "series"
     overlay_dir = target.overlay if args.write or target.overlay is None else rebase.root / "series" / "overlay"
-    patches = rebase.export(state, series_file, overlay_dir)
+    contract_dir = target.contract if args.write or target.contract is None else rebase.root / "series" / target.contract.name
+    patches = rebase.export(state, series_file, overlay_dir, contract_dir)
     say("summary:")
     for name in state.series:
         say(f"  {name}: {state.results.get(name, '?')}")
@@ -77,7 +78,8 @@ def finish(args, rebase: Rebase, state, target) -> int:
             f"rebased series in {series_file.parent}; adopt it with "
             f"`{rebase.command('--continue --write')}`, or drop it with `{rebase.command('--abort')}`"
         )
-    rebased = dataclasses.replace(target, commit=state.onto, series=series_file, overlay=overlay_dir)
+    rebased = dataclasses.replace(target, commit=state.onto, series=series_file, overlay=overlay_dir,
+                                  contract=contract_dir)
     status = check(rebased, series.load_checked(series_file), state.onto, args.url or target.url)
     if status != 0:
         raise LauncherError("the rebased series does not apply cleanly; this is a launcher bug, please report it")

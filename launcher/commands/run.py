@@ -19,13 +19,13 @@ from pathlib import Path
 
 import yaml
 
+from flux2_contract.families import FLUX2_DEV
 from launcher import __version__
 from launcher.card_table import renamed, renamed_note
 from launcher.decision import Flags, LaunchDecision, Message, SkippedImages, decide
 from launcher.envs.probe import probe_with
 from launcher.envs.workdir import DEFAULT_WORKDIR, Workdir, read_state, venv_python
 from launcher.errors import LauncherError
-from launcher.families import FLUX2_DEV
 from launcher.progress import say, warn
 from launcher.runs import leash, load_report, ranks, resume
 from launcher.runs.exit_status import describe, launcher_code

@@ -32,7 +32,7 @@ def run_verify(args) -> int:
         target = find_target(read_state(workdir.state_file).get("target"), args.lock)
         patches = series.load_checked(target.series)
         drift = checkout.problems(workdir.trainer, target, patches)
-        files = overlay.read_overlay(target.overlay)
+        files = overlay.trainer_files(target)
     if args.json:
         report = {"ok": not drift, "trainer": str(workdir.trainer), "target": target.name,
                   "commit": target.commit, "overlay_files": len(files),

@@ -90,7 +90,7 @@ def config_label(config) -> str:
 
 def formats(arch: str) -> list[str]:
     """The 8-bit formats the runtime may pick on `arch`: FP8 only with FP8 matrix units."""
-    from toolkit import qtypes
+    from flux2_contract import qtypes
 
     return [qtypes.FP8, qtypes.INT8] if qtypes.arch_has_fp8_units(arch) else [qtypes.INT8]
 
@@ -99,7 +99,7 @@ def jobs(arch: str) -> list[Job]:
     """Every kernel of the two modules, in every variant and config the runtime uses on `arch`."""
     from toolkit import int4_kernels as ik
     from toolkit import int4_w4a8 as w
-    from toolkit import qtypes
+    from flux2_contract import qtypes
 
     found = []
     weight = {"qw_ptr": "*u8", "s_ptr": "*bf16", "z_ptr": "*u8"}
@@ -276,7 +276,7 @@ def uses_fp8_matrix(row: dict) -> bool:
 
 def problems(row: dict) -> list[str]:
     """What is wrong with one compiled kernel; empty when nothing is."""
-    from toolkit import qtypes
+    from flux2_contract import qtypes
 
     if row["error"]:
         return [row["error"]]

@@ -3,7 +3,7 @@
 
 The trainer's qtype table is not one literal: the fork keeps torchao's in
 `toolkit/util/quantize.py` plus optimum-quanto's, the project's own qtypes are the overlay's
-table (`toolkit/qtypes.py`: int4_fused, int4_w4a8), and upstream adds backends whose tables are
+table (`flux2_contract/qtypes.py`: int4_fused, int4_w4a8), and upstream adds backends whose tables are
 built by code in other modules. So the candidates are every name those tables hold (dicts,
 tuples and module constants of the loaded `toolkit` modules, and optimum-quanto's `qtypes`), and
 a candidate is kept only when the trainer's own `get_qtype` accepts it: the launcher refuses
@@ -39,7 +39,7 @@ def candidates(quantize) -> set[str]:
 
 def accepted(trainer: Path) -> list[str]:
     sys.path.insert(0, str(trainer))
-    from toolkit import qtypes as project_qtypes
+    from flux2_contract import qtypes as project_qtypes
     from toolkit.util import quantize
 
     def accepts(name: str) -> bool:

@@ -28,7 +28,7 @@ import random
 import sys
 from pathlib import Path
 
-from launcher.families import FLUX2_DEV, KLEIN_4B
+from flux2_contract.families import FLUX2_DEV, KLEIN_4B
 
 ASSETS_FORMAT = 2
 """Bump when the assets change shape, so existing workdirs rebuild them."""
@@ -337,7 +337,7 @@ def build(trainer: Path, out: Path, seed: int) -> dict:
 
 
 BUILDERS = {"flux2": (build, "FLUX.2"), "klein_4b": (build_klein, "FLUX.2 klein")}
-"""Each builder a family's tiny recipe may name (launcher/families.py TinyRecipe.builder), with what it
+"""Each builder a family's tiny recipe may name (flux2_contract/families.py TinyRecipe.builder), with what it
 builds."""
 
 

@@ -20,7 +20,7 @@ def check(target: Target, patches: list[series.Patch], ref: str, url: str, as_js
             repo = gitops.clone(url, Path(scratch) / "trainer")
         base = gitops.fetch_commit(repo, ref)
         gitops.checkout_sparse(repo, base, "check", target.exclude)
-        overlay.commit(repo, overlay.read_overlay(target.overlay))
+        overlay.commit(repo, overlay.trainer_files(target))
         say(f"applying {len(patches)} patches of {target.name} onto {base[:12]}")
         rows = [_check_one(repo, patch) for patch in patches]
         repo.close()

@@ -65,7 +65,7 @@ def build(target: Target, patches: list[Patch], dest: Path) -> git.Repo:
         gitops.checkout_sparse(repo, target.commit, BRANCH, target.exclude)
     if repo.head.commit.hexsha != target.commit:
         raise LauncherError(f"HEAD of {partial} is {repo.head.commit.hexsha}, not {target.commit}")
-    files = overlay.read_overlay(target.overlay)
+    files = overlay.trainer_files(target)
     if overlay.commit(repo, files):
         say(f"  added the overlay: {len(files)} new trainer files")
     apply_series(repo, patches, target)
@@ -102,7 +102,7 @@ def problems(trainer: Path, target: Target, patches: list[Patch]) -> list[str]:
     head = repo.head.commit.hexsha
     if not repo.is_ancestor(target.commit, head):
         return [f"{trainer} is at {head[:12]}, which is not built on the locked commit {target.commit[:12]}"]
-    found = list(problems_in_history(repo, target.commit, patches, overlay.read_overlay(target.overlay)))
+    found = list(problems_in_history(repo, target.commit, patches, overlay.trainer_files(target)))
     found += [f"uncommitted change: {line}" for line in gitops.worktree_changes(repo)]
     found += [f"ignored file Python would execute: {path} (not in the lock, overlay or series; delete it)"
               for path in gitops.ignored_code(repo)]
@@ -119,7 +119,7 @@ def problems_in_history(repo: git.Repo, base: str, patches: list[Patch], files: 
             yield "the overlay commit (the project's trainer modules) is missing"
             return
         if first.tree.hexsha != expected:
-            yield f"commit {first.hexsha[:12]} ({first.summary}) differs from the project's overlay/ folder"
+            yield f"commit {first.hexsha[:12]} ({first.summary}) differs from the project's overlay/ folder and contract package"
         base = expected
     trees = gitops.expected_trees(repo, base, [p.path for p in patches])
     for index, patch in enumerate(patches):
@@ -153,7 +153,7 @@ def expected_state(target: Target, patches: list[Patch], head: str) -> dict:
         "commit": target.commit,
         "head": head,
         "patches": {p.name: p.sha256() for p in patches},
-        "overlay": overlay.digest(overlay.read_overlay(target.overlay)),
+        "overlay": overlay.digest(overlay.trainer_files(target)),
     }
 
 

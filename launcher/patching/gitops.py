@@ -125,6 +125,13 @@ def checkout_sparse(repo: git.Repo, commit: str, branch: str, exclude: list[str]
     _cmd(repo).checkout("-q", "-B", branch, commit)
 
 
+def widen_sparse(repo: git.Repo, directories: list[str]) -> None:
+    """Take new top-level `directories` into a cone-mode sparse checkout (the contract package is
+    outside the cone `checkout_sparse` set); nothing without a sparse checkout."""
+    if directories and (Path(repo.git_dir) / "info" / "sparse-checkout").is_file():
+        _cmd(repo).sparse_checkout("add", *directories)
+
+
 @dataclass(frozen=True)
 class ApplyResult:
     status: str  # "clean", "3-way" or "conflict"

@@ -22,6 +22,7 @@ class Target:
     exclude: list[str] = field(default_factory=list)
     requirements: str = "requirements.txt"
     overlay: Path | None = None  # absolute path of the folder of new trainer files, if any
+    contract: Path | None = None  # absolute path of the contract package, committed with the overlay
 
 
 def load_targets(lock_file: Path = DEFAULT_LOCK) -> list[Target]:
@@ -54,6 +55,7 @@ def load_targets(lock_file: Path = DEFAULT_LOCK) -> list[Target]:
                 exclude=list(entry.get("exclude") or []),
                 requirements=entry.get("requirements", "requirements.txt"),
                 overlay=lock_file.parent / entry["overlay"] if entry.get("overlay") else None,
+                contract=lock_file.parent / entry["contract"] if entry.get("contract") else None,
             )
         )
     return targets

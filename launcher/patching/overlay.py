@@ -2,7 +2,9 @@
 
 New trainer modules (the streamed reader, the quantized cache, the 4-bit Linear, ...) are
 the same on every target, so they live once under `overlay/`, laid out like the trainer's
-tree, instead of inside every target's patches. `setup` commits them into the checkout as
+tree, instead of inside every target's patches. The contract package (`flux2_contract/`: the
+rules both the launcher and the trainer apply) rides in the same commit, under its own name
+beside the trainer's run.py, so the trainer imports the very files the launcher imports. `setup` commits them into the checkout as
 the first commit above the locked commit; the target's series then holds only the hooks
 into upstream's own files. The commit is made with a fixed identity and date, so its hash
 depends only on the base commit and the overlay's content.
@@ -17,6 +19,7 @@ import git
 
 from launcher.errors import LauncherError
 from launcher.patching import gitops
+from launcher.patching.lock import Target
 from launcher.writer import replace_own
 
 SUBJECT = "flux2-24gb: the project's own trainer modules"
@@ -43,6 +46,15 @@ def read_overlay(folder: Path | None) -> dict[str, bytes]:
     return files
 
 
+def trainer_files(target: Target) -> dict[str, bytes]:
+    """{path in the trainer checkout: content} of what the overlay commit adds: the overlay's files
+    and the contract package's, the latter under the package's own folder name."""
+    files = read_overlay(target.overlay)
+    package = read_overlay(target.contract)
+    files.update({f"{target.contract.name}/{name}": content for name, content in package.items()})
+    return files
+
+
 def digest(files: dict[str, bytes]) -> str:
     """One hash of the overlay's names and contents, for the setup state."""
     total = hashlib.sha256()
@@ -61,6 +73,8 @@ def commit(repo: git.Repo, files: dict[str, bytes]) -> str | None:
             f"upstream now has files the overlay adds: {', '.join(clashes)}. Compare them; drop the "
             "overlay's copy if upstream's does the same, or rename the module and its hooks."
         )
+    new_folders = {name.split("/")[0] for name in files if "/" in name}
+    gitops.widen_sparse(repo, sorted(folder for folder in new_folders if not _exists(repo, "HEAD", folder)))
     root = Path(repo.working_tree_dir)
     for name, content in files.items():
         replace_own(root / name, content, root)
@@ -93,11 +107,22 @@ def new_files(repo: git.Repo, base: str, head: str) -> list[str]:
     return repo.git.diff("--name-only", "--no-renames", "--diff-filter=A", base, head).splitlines()
 
 
-def export(repo: git.Repo, base: str, head: str, folder: Path) -> list[str]:
-    """Make `folder` hold exactly the files `head` adds to `base`; the names that changed."""
+def export(repo: git.Repo, base: str, head: str, folder: Path, contract: Path | None = None) -> list[str]:
+    """Make `folder` hold exactly the files `head` adds to `base`, and `contract` those under its
+    folder name (the contract package); the names that changed."""
     wanted = {name: repo.git.execute(["git", "cat-file", "blob", f"{head}:{name}"], stdout_as_string=False,
                                        strip_newline_in_stdout=False)
               for name in new_files(repo, base, head)}
+    if contract is None:
+        return _mirror(folder, wanted)
+    prefix = f"{contract.name}/"
+    package = {name.removeprefix(prefix): content for name, content in wanted.items() if name.startswith(prefix)}
+    rest = {name: content for name, content in wanted.items() if not name.startswith(prefix)}
+    return _mirror(folder, rest) + [prefix + name for name in _mirror(contract, package)]
+
+
+def _mirror(folder: Path, wanted: dict[str, bytes]) -> list[str]:
+    """Make `folder` hold exactly `wanted`; the names that changed."""
     current = read_overlay(folder)
     changed = sorted(name for name in set(wanted) | set(current) if wanted.get(name) != current.get(name))
     for name in changed:

@@ -76,7 +76,7 @@ class Rebase:
         repo = gitops.clone(url or target.url, self.checkout)
         onto_commit = gitops.fetch_commit(repo, onto)
         gitops.checkout_sparse(repo, onto_commit, "rebase", target.exclude)
-        overlay.commit(repo, overlay.read_overlay(target.overlay))
+        overlay.commit(repo, overlay.trainer_files(target))
         saved = self.root / "original-patches"
         saved.mkdir()
         for patch in patches:
@@ -156,10 +156,11 @@ class Rebase:
         gitops.remove_tree(self.root)
         say(f"rebase aborted; removed {self.root}; upstream.lock and patches/ are unchanged")
 
-    def export(self, state: RebaseState, series_file: Path, overlay_dir: Path | None) -> list[series.Patch]:
+    def export(self, state: RebaseState, series_file: Path, overlay_dir: Path | None,
+               contract_dir: Path | None = None) -> list[series.Patch]:
         """Write the rebased commits as the series, keeping a record of what was dropped."""
         repo = git.Repo(self.checkout)
-        patches = series.export_series(repo, state.onto, "HEAD", series_file, overlay_dir)
+        patches = series.export_series(repo, state.onto, "HEAD", series_file, overlay_dir, contract_dir)
         kept = series_file.read_text(encoding="utf-8")
         if state.skipped:
             notes = "".join(

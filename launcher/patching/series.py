@@ -137,11 +137,12 @@ def read_message(patch: Path) -> PatchMessage:
 
 
 def export_series(repo: git.Repo, base: str, head: str, series_file: Path,
-                  overlay_dir: Path | None = None) -> list[Patch]:
+                  overlay_dir: Path | None = None, contract_dir: Path | None = None) -> list[Patch]:
     """Write base..head as patch files, the series file and the hashes; drop stale patches.
 
     With an overlay folder, files that head adds to base go there instead of into patches
-    (one copy for every target), and the overlay commit itself is not exported. Only the
+    (one copy for every target; the contract package's into `contract_dir`), and the overlay commit
+    itself is not exported. Only the
     folder's *.patch files, `series` and `series.sha256` are rewritten; the series' comment
     lines are kept.
     """
@@ -151,7 +152,7 @@ def export_series(repo: git.Repo, base: str, head: str, series_file: Path,
     start, _ = overlay.split_history(repo, base, head)
     excluded = []
     if overlay_dir is not None:
-        overlay.export(repo, base, head, overlay_dir)
+        overlay.export(repo, base, head, overlay_dir, contract_dir)
         excluded = [f":(exclude){name}" for name in overlay.new_files(repo, base, head)]
     with tempfile.TemporaryDirectory() as scratch:
         repo.git.format_patch(*EXPORT_OPTIONS, "-o", scratch, f"{start}..{head}", "--", ".", *excluded)

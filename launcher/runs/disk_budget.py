@@ -11,11 +11,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from flux2_contract import qcache_index
+from flux2_contract.families import family_of
 from launcher.envs.hostinfo import free_disk_gib
 from launcher.errors import LauncherError
-from launcher.families import family_of
-from launcher.patching.lock import find_target
-from launcher.trainer_rules import import_module as overlay_module
 from launcher.runs.dataset import dataset_images
 
 GIB = 2**30
@@ -40,15 +39,12 @@ class Need:
 def valid_quantized_cache(cache_dir: Path, checkpoint: Path, qtype: str) -> Path | None:
     """A complete cache file in cache_dir made from this very checkpoint for this qtype, or None.
 
-    Asked from the trainer's own cache code (the overlay's `toolkit/qcache_index.py`, stdlib
-    only, imported here without torch), so the file name, key, checkpoint fingerprint and the
+    Asked from the trainer's own cache code (`flux2_contract/qcache_index.py`, stdlib only,
+    imported here without torch), so the file name, key, checkpoint fingerprint and the
     qtype whose file a qtype loads (int4_w4a8 -> int4_fused) are the trainer's, not a copy. The
     trainer still checks every byte when it loads the file.
     """
-    folder = find_target(None).overlay  # one overlay for every target
-    if folder is None:
-        return None
-    return overlay_module(folder, "qcache_index").find_valid_cache(cache_dir, checkpoint, qtype)
+    return qcache_index.find_valid_cache(cache_dir, checkpoint, qtype)
 
 
 def _dataset_needs(dataset: dict, text_embeddings: bool) -> list[Need]:

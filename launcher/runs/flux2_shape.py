@@ -4,7 +4,7 @@ The keys and bounds of the trainer's Flux2Params (extensions_built_in/diffusion_
 and the arithmetic between them that the trainer's Flux2 refuses as it builds the model, minutes in.
 """
 
-from launcher.families import FLUX2_DEV
+from flux2_contract.families import FLUX2_DEV
 from launcher.runs.schema_nodes import Block, ListOf, Vocabulary, number, whole
 
 MAX_SHAPE = 65536

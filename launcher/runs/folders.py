@@ -20,9 +20,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from flux2_contract.files import CHECKPOINT_MANIFEST, PROFILE_DIR, SAVE_NOW, STOP_NOW, TELEMETRY_FILE
 from launcher.errors import LauncherError
 from launcher.nofollow import first_link, is_link, refuse_links
-from launcher.runs.files import CHECKPOINT_MANIFEST, PROFILE_DIR, SAVE_NOW, STOP_NOW
 from launcher.runs.run_lock import LOCK_FILE
 from launcher.runs.schema import RESOLUTION, Anything, Block, Extension, ListOf, Nullable, PlainName, Text, Vocabulary
 from launcher.runs.yaml_files import load_yaml
@@ -84,7 +84,7 @@ class RunFolder:
 
     @property
     def trainer_telemetry(self) -> Path:
-        return self.root / "trainer-telemetry.jsonl"
+        return self.root / TELEMETRY_FILE
 
     @property
     def watchdog_events(self) -> Path:

@@ -1,5 +1,5 @@
 """The memory plan of a preset before launching, by the trainer's own planner (the overlay's
-`toolkit/memory_plan.py`, stdlib only, imported in-process through `launcher.trainer_rules`) for
+`flux2_contract/memory_plan.py`, stdlib only, imported in-process from the contract package) for
 every process whose `model_kwargs` say `memory_plan: auto` and give `vram_budget_gib`. A budget
 below the resident minimum is refused here, with the numbers, before anything loads; `run
 --dry-run` prints the plan, with or without a trainer venv. Without `vram_budget_gib` the trainer
@@ -19,7 +19,7 @@ for), which plans again only where it finds others, and says so.
 import json
 from pathlib import Path
 
-from launcher import trainer_rules
+from flux2_contract import memory_plan, qtypes, settings
 from launcher.errors import LauncherError
 
 DESKTOP_GIB = 1.5
@@ -29,12 +29,11 @@ plan `run` predicts from a card's total VRAM (the trainer plans from what is rea
 
 def plans(kwargs: dict) -> bool:
     """Whether a process's model_kwargs (resolved by `run`) ask for a memory plan."""
-    return trainer_rules.settings().read(kwargs, "memory_plan") == "auto"
+    return settings.read(kwargs, "memory_plan") == "auto"
 
 
 def budget_words(kwargs: dict) -> tuple[str, float]:
     """The budget as the preset gives it, less the margin: words for a message, and the GiB left."""
-    settings = trainer_rules.settings()
     margin = settings.read(kwargs, "vram_margin_gib")
     default = " (the default)" if margin == settings.CATALOGUE["vram_margin_gib"].default else ""
     left = float(kwargs["vram_budget_gib"]) - float(margin)
@@ -54,7 +53,7 @@ def streams_on(process: dict, vram_gib: float | None, planner: "Planner | None" 
         return True
     try:
         return bool((planner or Planner()).plan(process, float(budget)).streamed())
-    except trainer_rules.memory_plan().PlanError:
+    except memory_plan.PlanError:
         return True
 
 
@@ -70,13 +69,13 @@ def plan_inputs(process: dict, budget_gib: float | None = None) -> tuple:
     return (budget_gib or float(kwargs["vram_budget_gib"]), max(resolutions, default=1024),
             (process.get("train") or {}).get("batch_size", 1), (process.get("network") or {}).get("linear", 32),
             2 if kwargs.get("stream_mode") == "overlapped" else 1, kwargs.get("flux2_params") or {},
-            float(trainer_rules.settings().read(kwargs, "vram_margin_gib")), kwargs.get("sdpa_kernels") == "math")
+            float(settings.read(kwargs, "vram_margin_gib")), kwargs.get("sdpa_kernels") == "math")
 
 
 def plan_for(process: dict, budget_gib: float | None = None):
     """The trainer's plan for one process of a rendered config, from its preset budget (or
     `budget_gib`) and run shape."""
-    return trainer_rules.memory_plan().plan_for_budget(*plan_inputs(process, budget_gib))
+    return memory_plan.plan_for_budget(*plan_inputs(process, budget_gib))
 
 
 class Planner:
@@ -92,7 +91,7 @@ class Planner:
         if ask not in self.answers:
             try:
                 self.answers[ask] = plan_for(process, budget_gib)
-            except trainer_rules.memory_plan().PlanError as error:
+            except memory_plan.PlanError as error:
                 self.answers[ask] = error
         answer = self.answers[ask]
         if isinstance(answer, Exception):
@@ -117,7 +116,7 @@ def check_plans(config: dict, preset_path: Path, planner: Planner) -> list[str]:
             raise LauncherError(f"{preset_path}: {words}; give a larger vram_budget_gib or a smaller vram_margin_gib")
         try:
             plan = planner.plan(process)
-        except trainer_rules.memory_plan().PlanError as error:
+        except memory_plan.PlanError as error:
             raise LauncherError(f"{preset_path}: {words}: {error}") from None
         refuse_unstreamable(plan.to_json(), model, kwargs, f"{preset_path}: config.process[{index}].model")
         lines += plan.summary() + ["  (from the preset's vram_budget_gib, handed to the trainer: it plans again "
@@ -135,15 +134,14 @@ def launch_plans(config: dict, planner: Planner) -> list[str | None]:
         if not plans(kwargs) or kwargs.get("vram_budget_gib") is None:
             handed.append(None)
             continue
-        planned = trainer_rules.memory_plan()
-        handed.append(planned.hand_over(planned.ask_for_budget(*plan_inputs(process)), planner.plan(process)))
+        handed.append(memory_plan.hand_over(memory_plan.ask_for_budget(*plan_inputs(process)), planner.plan(process)))
     return handed
 
 
 def refuse_unstreamable(plan: dict, model: dict, kwargs: dict, where: str) -> None:
     """A plan that streams blocks, for a qtype the trainer does not stream: it would keep every
     block resident under the budget's allocator cap instead."""
-    streamable = trainer_rules.qtypes().STREAMABLE
+    streamable = qtypes.STREAMABLE
     blocks = plan.get("blocks") or []
     streamed = sum(1 for block in blocks if block.get("weights") == "streamed")
     qtype = model.get("qtype") or "qfloat8 (the trainer's default)"
@@ -172,7 +170,7 @@ def card_plans(config: dict, cards: tuple[dict, ...], planner: Planner | None = 
             head = f"GPU {index} ({card.get('name')}, {total} GiB), budget {budget:g} GiB:"
             try:
                 lines += [head] + [f"  {line}" for line in planner.plan(process, budget).summary()]
-            except trainer_rules.memory_plan().PlanError as error:
+            except memory_plan.PlanError as error:
                 lines.append(f"{head} {error}")
     if lines:
         lines.append("each rank plans its own card and every step waits for the slowest rank: the card that "

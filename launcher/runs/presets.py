@@ -26,18 +26,17 @@ from pathlib import Path
 
 import yaml
 
-from launcher import trainer_rules
+from flux2_contract.families import FLUX2_DEV, family_of
 from launcher.errors import LauncherError
-from launcher.families import FLUX2_DEV, family_of
+from launcher.runs import launcher_settings
 from launcher.runs.inheritance import MergedPreset, Origins, read_merged, shipped_names
 from launcher.runs.schema import Vocabulary, check_preset
 from launcher.writer import replace_own
 
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 LAUNCHER_KEY = "launcher"
-LAUNCHER_DEFAULTS = {name: copy.deepcopy(item.default) for name, item in trainer_rules.settings().CATALOGUE.items()
-                     if item.block == LAUNCHER_KEY}
-"""The `launcher:` block's defaults: the settings catalogue's (overlay/toolkit/settings.py)."""
+LAUNCHER_DEFAULTS = {name: copy.deepcopy(item.default) for name, item in launcher_settings.SETTINGS.items()}
+"""The `launcher:` block's defaults (launcher/runs/launcher_settings.py)."""
 PLACEHOLDER = "filled-in-by-the-launcher"
 REQUIRED_PLACES = {
     "model_dir": "--model-dir (or $FLUX2_MODEL_DIR): the folder holding {transformer} and ae.safetensors",

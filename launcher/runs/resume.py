@@ -7,7 +7,7 @@ config.yaml, exit 0. So before a resume every difference to the run's config.yam
 Changes to what shapes the saved LoRA and optimizer state (the network, the model's architecture
 and shape, the optimizer, the training precision) are always refused. How the run is carried out
 is free: where the model and dataset are, and every setting the settings catalogue
-(overlay/toolkit/settings.py) marks `resume_may_change`: `qtype` to one with the same 4-bit codes,
+(flux2_contract/settings.py) marks `resume_may_change`: `qtype` to one with the same 4-bit codes,
 and model_kwargs such as the text encoder, the caches, the memory plan, streaming and compile
 settings (which `auto` may resolve differently after a self-test), and what `run` writes for each
 launch (telemetry, profiler, rank state).
@@ -17,7 +17,7 @@ recorded in run.json.
 
 from pathlib import Path
 
-from launcher import trainer_rules
+from flux2_contract import qtypes, settings
 from launcher.errors import LauncherError
 from launcher.progress import say
 from launcher.runs.folders import read_run_config
@@ -34,7 +34,7 @@ LOCKED = (
 )
 FREE = (
     # how the run is carried out, not what it trains: no flag needed, said in one line each (and every
-    # catalogue setting marked resume_may_change, overlay/toolkit/settings.py: see is_free)
+    # catalogue setting marked resume_may_change, flux2_contract/settings.py: see is_free)
     ("model", "name_or_path"),
     ("datasets", "*", "folder_path"),
     ("datasets", "*", "dataset_path"),
@@ -77,12 +77,11 @@ def is_free(path: str, old, new) -> bool:
     inside = _inside(path)
     if inside is None:
         return False
-    settings = trainer_rules.settings()
     block = {("model",): settings.MODEL, ("model", "model_kwargs"): settings.MODEL_KWARGS}.get(inside[:-1])
     setting = settings.CATALOGUE.get(inside[-1])
     if setting is not None and setting.block == block:
         if setting.resume_may_change == settings.SAME_CODES:
-            return trainer_rules.qtypes().same_codes(old, new)
+            return qtypes.same_codes(old, new)
         return setting.resume_may_change is True
     return any(len(inside) == len(free) and all(f in ("*", part) for f, part in zip(free, inside)) for free in FREE)
 

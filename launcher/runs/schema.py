@@ -11,8 +11,9 @@ not checked. `launcher.env` is launcher/runs/trainer_env.py, `flux2_params` laun
 and `launcher.watchdog` launcher/runs/watchdog_schema.py.
 """
 
-from launcher import trainer_rules
-from launcher.families import family_of
+from flux2_contract import qtypes, settings
+from flux2_contract.families import family_of
+from launcher.runs import launcher_settings
 from launcher.runs.flux2_shape import FLUX2_PARAMS, flux2_params_problems
 from launcher.runs.schema_nodes import (Anything, Block, Extension, ListOf, Nullable, OneOrList, PlainName, Text,
                                         Vocabulary, catalogued, flag, kind_of, number, short, whole)
@@ -34,7 +35,7 @@ DTYPE = Text(lambda v: v.dtypes)
 
 
 def launcher_block() -> Block:
-    return Block(catalogued(trainer_rules.settings().LAUNCHER, {
+    return Block(catalogued(launcher_settings.SETTINGS, {
         "env": env_block(),
         # faster only grows the files; an hour apart the telemetry says nothing
         "telemetry": Block({"interval_s": number(0.1, 3600)}),
@@ -47,10 +48,10 @@ MAX_PROMPT_CHARS = 128 * 1024
 """A sample prompt: the text encoder reads at most a few hundred tokens of it."""
 MAX_TRIGGER_CHARS = 200
 
-MODEL_KWARGS = Block(catalogued(trainer_rules.settings().MODEL_KWARGS,
+MODEL_KWARGS = Block(catalogued(settings.model_kwargs_settings(),
                                 {"flux2_params": FLUX2_PARAMS, "ae_params": Block(extra=Anything())}),
                      extra="model_kwargs")
-"""The project's model_kwargs (overlay/toolkit/settings.py) plus the trainer's own keys (the vocabulary)."""
+"""The project's model_kwargs (flux2_contract/settings.py) plus the trainer's own keys (the vocabulary)."""
 
 PROCESS = Block({
     "type": Text(),
@@ -142,7 +143,6 @@ def quantized_network_problems(data: dict, vocab: Vocabulary) -> list[str]:
             continue
         kind, model = item["network"].get("type", "lora"), item["model"]
         qtype = str(model.get("qtype", ""))
-        qtypes = trainer_rules.qtypes()
         unknown = vocab.network_types is not None and str(kind).lower() not in vocab.network_types  # said above
         if isinstance(kind, str) and not unknown and kind.lower() not in LOW_RANK_TYPES and model.get("quantize") is True \
                 and (qtype in (qtypes.FALLBACK, *qtypes.QTYPES) or qtype == AUTO):

@@ -5,7 +5,7 @@ per problem, as
 
 naming the key path, the value, what is allowed and, for an unknown key or value, the
 closest known one. Scalars are checked by the settings catalogue's own rule and words
-(`Setting.problem`, overlay/toolkit/settings.py), so a fault reads the same in a catalogued
+(`Setting.problem`, flux2_contract/settings.py), so a fault reads the same in a catalogued
 setting and in a key of the trainer's. Values the trainer decides come from a `Vocabulary` read from the trainer
 itself (launcher/runs/vocabulary.py); without a trainer checkout those parts are not checked.
 The preset's table of them is launcher/runs/schema.py.
@@ -21,7 +21,7 @@ import reprlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from launcher import trainer_rules
+from flux2_contract import settings
 from launcher.suggest import did_you_mean
 
 
@@ -89,12 +89,12 @@ refused in the kind's own words."""
 def kind(name: str, **bounds):
     """A nameless setting of one of the catalogue's kinds (bool, int, number, text, choice): the
     catalogue's rule and words for a key it does not hold (the trainer's own, the watchdog's)."""
-    return trainer_rules.settings().Setting("", "", name, None, "", **bounds)
+    return settings.Setting("", "", name, None, "", **bounds)
 
 
 @dataclass(frozen=True)
 class Value(Spec):
-    """A scalar checked by the settings catalogue's rule (`Setting.problem`, overlay/toolkit/settings.py),
+    """A scalar checked by the settings catalogue's rule (`Setting.problem`, flux2_contract/settings.py),
     so one fault reads the same in every block. A catalogued setting takes null as its default (`null_is_default`)."""
 
     setting: object
@@ -308,7 +308,6 @@ class Block(Spec):
         return f"{where}: unknown key ({who}){did_you_mean(str(key), known)}"
 
 
-def catalogued(block: str, refined: dict[str, Spec]) -> dict[str, Spec]:
-    """The catalogue's settings of one block as specs; `refined` gives a nested block its own keys."""
-    return {name: refined.get(name) or Value(item, null_is_default=True)
-            for name, item in trainer_rules.settings().CATALOGUE.items() if item.block == block}
+def catalogued(table: dict, refined: dict[str, Spec]) -> dict[str, Spec]:
+    """The settings of one block (name: Setting) as specs; `refined` gives a nested block its own keys."""
+    return {name: refined.get(name) or Value(item, null_is_default=True) for name, item in table.items()}

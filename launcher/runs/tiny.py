@@ -3,15 +3,15 @@
 The assets themselves are built by `launcher.in_trainer.tiny_assets` under the trainer's
 interpreter (it needs torch and the fork's classes); this module starts that build and reads
 its manifest, resolving the manifest's relative names against the assets folder. A tiny preset
-of another family gets that family's tiny recipe (launcher/families.py), in a folder of its own.
+of another family gets that family's tiny recipe (flux2_contract/families.py), in a folder of its own.
 """
 
 from pathlib import Path
 
-from launcher import families
+from flux2_contract import families
+from flux2_contract.families import TinyRecipe
 from launcher.envs.trainer_python import run_module
 from launcher.errors import LauncherError
-from launcher.families import TinyRecipe
 from launcher.in_trainer import tiny_assets
 from launcher.progress import step
 

@@ -6,11 +6,10 @@ import os
 import re
 from pathlib import Path
 
+from flux2_contract import safetensors_header as reader
+from flux2_contract.files import TEXT_ENCODER_RECORD
+from flux2_contract.families import DEFAULT_ARCH, FLUX2_DEV, Family, family_of
 from launcher.errors import LauncherError
-from launcher.families import DEFAULT_ARCH, FLUX2_DEV, Family, family_of
-from launcher.patching.lock import find_target
-from launcher.trainer_rules import import_module as overlay_module
-from launcher.runs.files import TEXT_ENCODER_RECORD
 from launcher.user_files import UserFileError, load_json, open_regular
 
 VAE_FILE = "ae.safetensors"
@@ -21,12 +20,11 @@ FULL_MODEL_BYTES = 30 * 2**30
 def safetensors_header(path: Path) -> dict:
     """The JSON header of a .safetensors file, checked by the trainer's own reader.
 
-    The reader is the overlay's `toolkit/safetensors_header.py` (stdlib only, imported without
+    The reader is `flux2_contract/safetensors_header.py` (stdlib only, imported without
     torch), the one the streamed loader validates the checkpoint with, so a file the trainer
     would refuse minutes into a launch is refused here, by the same rules, before anything starts.
     The file is untrusted: whatever its bytes, the only exception is a LauncherError naming it.
     """
-    reader = overlay_module(find_target(None).overlay, "safetensors_header")
     try:
         with open_regular(path) as handle:  # a FIFO or device there is refused, never read
             header = reader.read_header(handle, os.fstat(handle.fileno()).st_size, str(path))

@@ -4,7 +4,7 @@
   `get_conf('key'` of the train processes; `model_kwargs` keys: every `model_kwargs.get('key'`
   and `settings.read(model_kwargs, 'key'` in the checkout;
 - model arches: the `arch = '...'` of each model class in extensions_built_in (a FLUX.2 klein
-  preset on a checkout without klein names the target that has it, launcher/families.py);
+  preset on a checkout without klein names the target that has it, flux2_contract/families.py);
 - optimizers, network types, dtypes and job types: the names the trainer's dispatch code
   compares against (toolkit/optimizer.py, the NetworkType literal, get_torch_dtype, get_job);
 - qtypes: asked from the trainer's own `get_qtype` under its interpreter

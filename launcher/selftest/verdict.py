@@ -11,7 +11,7 @@ build it tested). `run` reads it once per launch into `Verdicts`, and its resolv
 that passed there, with the model_kwargs that pick its kernel; where nothing passed it becomes the
 fork's own `uint4`, or, where a memory plan may stream blocks, `int4_fused` on its plain-PyTorch
 path (uint4 cannot stream); `run` says in one line why. The qtype facts come from the trainer's own
-table (overlay/toolkit/qtypes.py, through `launcher.trainer_rules`).
+table (flux2_contract/qtypes.py).
 """
 
 import hashlib
@@ -19,13 +19,12 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from launcher import trainer_rules
+from flux2_contract import qtypes
 from launcher.envs.workdir import Workdir, read_state
 from launcher.user_files import load_json_state
 
-QTYPES = trainer_rules.qtypes()
-FALLBACK_QTYPE = QTYPES.FALLBACK
-STREAMING_FALLBACK = QTYPES.STREAMING_FALLBACK
+FALLBACK_QTYPE = qtypes.FALLBACK
+STREAMING_FALLBACK = qtypes.STREAMING_FALLBACK
 HOW_TO_TEST = "`python -m launcher selftest` (a few minutes) tests the 4-bit kernels on this GPU"
 FALLBACK_COST = "uint4 steps slower than int4_fused and bf16 (measured: docs/cards.md)"
 REFERENCE_COST = "the plain-PyTorch path steps slower than int4_fused's Triton kernels (measured: docs/cards.md)"
@@ -38,7 +37,7 @@ ROCM_BLAS_DEFAULT = SDPA_DEFAULT = FIND_MODE_DEFAULT = "default"
 class QtypeChoice:
     qtype: str
     kernel: dict = field(default_factory=dict)
-    """The model_kwargs that pick its kernel (toolkit/settings.py), written into the run's config."""
+    """The model_kwargs that pick its kernel (flux2_contract/settings.py), written into the run's config."""
     line: str | None = None
     """What `run` prints about the choice, or None when the preset named the qtype itself."""
 
@@ -123,7 +122,7 @@ class Verdicts:
         FP8 where the self-test saw FP8 units, else int8 through Triton, which runs on every GPU."""
         result = self.result
         fastest = (result or {}).get("fastest") or {}
-        if QTYPES.has_eight_bit_kernel(fastest.get("qtype")):
+        if qtypes.has_eight_bit_kernel(fastest.get("qtype")):
             return dict(fastest.get("kernel") or {}), f"the self-test's fastest ({tested_on(result)})"
         if result is not None and (result.get("environment") or {}).get("gpu"):
             fmt = "fp8" if result["environment"].get("fp8_units") else "int8"
@@ -157,7 +156,7 @@ def fallback(why: str, streams: bool) -> QtypeChoice:
 def qtype_from(result: dict, streams: bool = False) -> QtypeChoice:
     """What `qtype: auto` becomes under a valid self-test result."""
     fastest = result.get("fastest") or {}
-    if fastest.get("qtype") not in QTYPES.STREAMABLE:
+    if fastest.get("qtype") not in qtypes.STREAMABLE:
         reason = fastest.get("reason") or "no 4-bit kernel passed"
         cost = "" if streams else f"; {FALLBACK_COST}"
         return fallback(f"{reason} ({tested_on(result)}){cost}; {HOW_TO_TEST}", streams)

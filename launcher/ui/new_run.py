@@ -17,9 +17,9 @@ from typing import Callable
 
 import yaml
 
+from flux2_contract.families import DEFAULT_ARCH, FLUX2_DEV
 from launcher.envs.workdir import Workdir
 from launcher.errors import LauncherError
-from launcher.families import DEFAULT_ARCH, FLUX2_DEV
 from launcher.runs.inheritance import INHERITS_KEY, leaves, merge, shipped_names
 from launcher.runs.presets import PRESETS_DIR, raise_problems, read_preset
 from launcher.runs.schema import PlainName, check_preset

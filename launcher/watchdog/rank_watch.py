@@ -24,17 +24,15 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from flux2_contract import files
 from launcher.progress import warn
 from launcher.user_files import last_rows, load_json_state
-
-STATE_FILE = "rank-state.json"
-"""Named in the config (model_kwargs rank_state_file); rank R writes `rank-state.rank<R>.json` (toolkit/data_parallel.py)."""
 
 
 def rank_file(path: Path, rank: int) -> Path:
     """`rank-state.json` -> `rank-state.rank<R>.json`, `trainer-telemetry.jsonl` -> `...rank<R>.jsonl`;
     the telemetry of rank 0 keeps its plain name (toolkit/trainer_telemetry.py)."""
-    return path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+    return Path(files.rank_file(path, rank))
 
 
 def telemetry_of(rows: list[dict]) -> tuple[int | None, bool]:
@@ -92,7 +90,7 @@ class RankWatch:
     """Polls the ranks' state files; on a stall says the line once and kills the stalled rank."""
 
     def __init__(self, run_root: Path, telemetry: Path, count: int, limit: float) -> None:
-        self.state = Path(run_root) / STATE_FILE
+        self.state = Path(run_root) / files.RANK_STATE_FILE
         self.telemetry = Path(telemetry)
         self.count = count
         self.limit = limit
@@ -127,7 +125,7 @@ def watch_ranks(run_root: Path, telemetry: Path, count: int, limit: float):
     if count < 2:
         yield None
         return
-    for old in Path(run_root).glob(f"{Path(STATE_FILE).stem}.rank*{Path(STATE_FILE).suffix}"):
+    for old in Path(run_root).glob(f"{Path(files.RANK_STATE_FILE).stem}.rank*{Path(files.RANK_STATE_FILE).suffix}"):
         old.unlink(missing_ok=True)  # an earlier launch's: its pids are not this launch's ranks
     watch = RankWatch(run_root, telemetry, count, limit)
     stop = threading.Event()

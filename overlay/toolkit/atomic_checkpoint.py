@@ -19,7 +19,8 @@ import os
 import time
 import uuid
 
-MANIFEST = "checkpoint.json"
+from flux2_contract.files import CHECKPOINT_MANIFEST
+
 FORMAT = 1
 TEMP_MARK = ".aitk-tmp"
 
@@ -78,13 +79,13 @@ class CheckpointSave:
         if manifest and self.files:
             fsync_dir(self.folder)
             record = {"format": FORMAT, "time": time.time(), **training_info, "files": self.files}
-            staged = os.path.join(self.folder, temp_name(MANIFEST, self.token))
+            staged = os.path.join(self.folder, temp_name(CHECKPOINT_MANIFEST, self.token))
             try:
                 with open(staged, "w", encoding="utf-8") as handle:
                     json.dump(record, handle, indent=2)
                     handle.flush()
                     os.fsync(handle.fileno())
-                os.replace(staged, os.path.join(self.folder, MANIFEST))
+                os.replace(staged, os.path.join(self.folder, CHECKPOINT_MANIFEST))
             except BaseException:
                 remove(staged)
                 raise
@@ -123,7 +124,7 @@ def find_checkpoint(folder: str, clean: bool = True):
     the caller then resumes as upstream does) or when files it names were deleted.
     Leftover temporary files are deleted when `clean` (one process per run only).
     """
-    path = os.path.join(folder, MANIFEST)
+    path = os.path.join(folder, CHECKPOINT_MANIFEST)
     record = None
     try:
         with open(path, encoding="utf-8") as handle:

@@ -52,7 +52,7 @@ import torch
 import torch._functorch.config
 
 from toolkit.block_streaming import StreamedBlock
-from toolkit.settings import read
+from flux2_contract.settings import read
 
 BLOCK_LISTS = ("double_blocks", "single_blocks")
 _COMPILED_MARK = "_flux2_compiled_from"
@@ -277,7 +277,7 @@ def uncompile(classes) -> None:
 
 
 def requested(model_kwargs: dict) -> bool:
-    """model_kwargs compile_blocks (toolkit/settings.py; `run` resolves its auto from the self-test)."""
+    """model_kwargs compile_blocks (flux2_contract/settings.py; `run` resolves its auto from the self-test)."""
     return read(model_kwargs, "compile_blocks")
 
 

@@ -1,4 +1,4 @@
-"""Carry out a memory plan (toolkit/memory_plan.py) on a loaded transformer: resident blocks stay
+"""Carry out a memory plan (flux2_contract/memory_plan.py) on a loaded transformer: resident blocks stay
 on the device; streamed blocks keep their frozen (already quantized, never bf16) tensors in pinned
 host memory (plain memory where pinning is impossible) and are copied onto the device only while
 they compute, in the order the step needs them: forward, then recompute + backward in reverse.
@@ -28,7 +28,7 @@ import torch
 
 from toolkit.host_memory import release_freed_memory
 from toolkit.int4_w4a8 import carry_scales
-from toolkit.memory_plan import KEPT, STREAMED, MemoryPlan
+from flux2_contract.memory_plan import KEPT, STREAMED, MemoryPlan
 
 SERIALIZED, OVERLAPPED = "serialized", "overlapped"
 FORWARD, RECOMPUTE, BACKWARD, FETCH = "forward", "recompute", "backward", "fetch"

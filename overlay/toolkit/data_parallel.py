@@ -25,7 +25,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from toolkit.settings import read
+from flux2_contract.files import rank_file
+from flux2_contract.settings import read
 
 LOADED_KEY = "flux2-24gb/main-rank-loaded"
 LOAD_WAIT = datetime.timedelta(hours=12)
@@ -134,8 +135,7 @@ def _write_state() -> None:
     path = _state_file
     if not path:
         return
-    stem, _, suffix = path.rpartition(".")
-    target = f"{stem}.rank{rank()}.{suffix}"
+    target = rank_file(path, rank())
     with _state_lock:  # the heartbeat thread writes it too
         state = {"rank": rank(), "pid": os.getpid(), "entered": _entered, "waiting_since": _waiting_since,
                  "beat": time.time()}

@@ -7,10 +7,10 @@ Every hook names the patch that calls it.
 
 The module is imported from trainer files that load at very different times (model classes,
 the train loop, the dataset); each hook imports the trainer modules it uses when it runs, so
-importing flux2_hooks loads only the settings catalogue.
+importing flux2_hooks loads only the contract's settings catalogue and file names.
 """
 
-from toolkit import settings
+from flux2_contract import files, settings
 
 
 def load_transformer_streamed(model, transformer, transformer_path: str, place=None) -> None:
@@ -90,7 +90,7 @@ def check_flag_files(trainer) -> bool:
     from toolkit import data_parallel
     from toolkit.print import print_acc
 
-    flags = data_parallel.flags_present(trainer.save_root, ('SAVE_NOW', 'STOP_NOW'), trainer.accelerator.device)
+    flags = data_parallel.flags_present(trainer.save_root, (files.SAVE_NOW, files.STOP_NOW), trainer.accelerator.device)
     if not flags:
         return False
     if trainer.progress_bar is not None:
@@ -102,12 +102,12 @@ def check_flag_files(trainer) -> bool:
             os.remove(os.path.join(trainer.save_root, flag))
         except FileNotFoundError:
             pass
-    if 'STOP_NOW' not in flags:
-        print_acc(f"\nSAVE_NOW: saved checkpoint at step {trainer.step_num}")
+    if files.STOP_NOW not in flags:
+        print_acc(f"\n{files.SAVE_NOW}: saved checkpoint at step {trainer.step_num}")
         if trainer.progress_bar is not None:
             trainer.progress_bar.unpause()
         return False
-    print_acc(f"\nSTOP_NOW: saved checkpoint at step {trainer.step_num}, stopping")
+    print_acc(f"\n{files.STOP_NOW}: saved checkpoint at step {trainer.step_num}, stopping")
     if trainer.progress_bar is not None:
         trainer.progress_bar.close()
     if trainer.accelerator.is_main_process:

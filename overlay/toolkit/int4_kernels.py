@@ -12,7 +12,7 @@ Storage (all row-major, contiguous):
   scale    float [out, in // 64]  (bf16 for bf16 weights)
   zero     uint8 [out, in // 64]  0..15
 
-Ways to run the matmuls (the module's `Int4Kernel`, toolkit/qtypes.py, picks one at load time):
+Ways to run the matmuls (the module's `Int4Kernel`, flux2_contract/qtypes.py, picks one at load time):
   * on a GPU (CUDA or ROCm, bf16/fp16 activations, fp32 accumulation): a Triton
     kernel dequantizes W a slice at a time into a small buffer (the Int4Kernel's
     chunk_bytes, 64 MiB by default) and cuBLAS/rocBLAS multiplies each slice. The bf16
@@ -39,7 +39,7 @@ import os
 
 import torch
 
-from toolkit.qtypes import DEFAULT_CHUNK_MIB, device_arch, sm_number
+from flux2_contract.qtypes import DEFAULT_CHUNK_MIB, device_arch, sm_number
 
 GROUP_SIZE = 64
 QMAX = 15  # unsigned 4-bit codes 0..15

@@ -1,7 +1,7 @@
 """Frozen 4-bit Linear layers for training adapters on top of them (QLoRA-style).
 
 The weight format and the GPU kernels are toolkit/int4_kernels.py's. An Int4Linear holds
-how it multiplies (`kernel`, a toolkit/qtypes.py `Int4Kernel`, set once after loading by
+how it multiplies (`kernel`, a flux2_contract/qtypes.py `Int4Kernel`, set once after loading by
 `configure_linears` below): bf16 activations through the int4 kernels (qtype int4_fused), or
 8-bit activations and 8-bit weight slices through toolkit/int4_w4a8.py (qtype int4_w4a8), same
 stored weight. Without a GPU the plain-PyTorch reference runs. The base weight never gets a
@@ -34,7 +34,7 @@ from toolkit.int4_kernels import (  # noqa: F401  (GROUP_SIZE, quantize_weight: 
     reference_matmul_bwd,
     reference_matmul_fwd,
 )
-from toolkit.qtypes import BF16, IN_REGISTER, QTYPES, Int4Kernel, kernel_for
+from flux2_contract.qtypes import BF16, IN_REGISTER, QTYPES, Int4Kernel, kernel_for
 
 FORMAT = "int4_fused"
 FORMAT_VERSION = 1
@@ -143,7 +143,7 @@ class Int4Linear(nn.Module):
             self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device))
         else:
             self.bias = None
-        # how the matmuls run (toolkit/qtypes.py); not stored in the cache: the qtype decides it
+        # how the matmuls run (flux2_contract/qtypes.py); not stored in the cache: the qtype decides it
         self.kernel = kernel or Int4Kernel()
 
     @classmethod

@@ -14,7 +14,7 @@ RDNA3's int8 WMMA path):
                4-bit weight (computed once per layer), code = W / amax * QMAX
   8-bit type   FP8 e4m3 (QMAX 448, round to nearest even) where the GPU has FP8 matrix
                units (NVIDIA compute capability 8.9 and newer, AMD gfx12), int8 (QMAX 127, round
-               half up) elsewhere (toolkit/qtypes.py decides once at load time; INT4_W4A8_ACT overrides).
+               half up) elsewhere (flux2_contract/qtypes.py decides once at load time; INT4_W4A8_ACT overrides).
   result       y[r, n] = sum_k code_x[r, k] * code_w[n, k] * (amax_r / QMAX) * (amax_n / QMAX),
                accumulated in int32 (int8) or fp32 (fp8), written in the input's dtype.
 
@@ -66,7 +66,7 @@ import torch
 
 from toolkit.int4_kernels import (GROUP_SIZE, HAVE_TRITON, config_family, dequantize_weight, tuning_arch,
                                   unpack_uint4)
-from toolkit.qtypes import FP8, IN_REGISTER, INT8, Int4Kernel
+from flux2_contract.qtypes import FP8, IN_REGISTER, INT8, Int4Kernel
 
 QMAX = {FP8: 448.0, INT8: 127.0}
 SLICE_ALIGN = 128  # rows / columns per requantized slice: a multiple of the GEMM tiles

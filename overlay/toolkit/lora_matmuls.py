@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from toolkit.settings import read
+from flux2_contract.settings import read
 
 _DTYPE = "_flux2_24gb_lora_matmuls"
 COMPUTE_DTYPES = {"bf16": torch.bfloat16}

@@ -1,7 +1,7 @@
 """The memory plan of one trainer run: its settings (model_kwargs), the VRAM budget, the cap that
 makes a large GPU behave as the small card, and the plan applied to the loaded transformer.
 
-model_kwargs (toolkit/settings.py): memory_plan, stream_mode, vram_budget_gib (the budget: the
+model_kwargs (flux2_contract/settings.py): memory_plan, stream_mode, vram_budget_gib (the budget: the
 trainer's allocator is capped there too, with set_per_process_memory_fraction, where CUDA/HIP
 exists), vram_margin_gib, and launch_plan: the plan `run` made for a preset's budget.
 
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import torch
 
 from toolkit import block_streaming, trainer_telemetry
-from toolkit.qtypes import STREAMABLE
-from toolkit.settings import read
-from toolkit.memory_plan import (GIB, Flux2Shape, PlanError, ask_differences, flux2_inputs, handed, make_plan,
+from flux2_contract.qtypes import STREAMABLE
+from flux2_contract.settings import read
+from flux2_contract.memory_plan import (GIB, Flux2Shape, PlanError, ask_differences, flux2_inputs, handed, make_plan,
                                  plan_ask, size)
 
 def run_shape(process) -> dict:

@@ -43,8 +43,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from toolkit.qcache_index import CACHE_SUFFIX, FORMAT_NAME, MAX_HEADER_BYTES, META_KEY, META_SHA_KEY  # noqa: F401
-from toolkit.safetensors_header import SafetensorsHeaderError, load_json, read_json_header
+from flux2_contract.qcache_index import CACHE_SUFFIX, FORMAT_NAME, MAX_HEADER_BYTES, META_KEY, META_SHA_KEY  # noqa: F401
+from flux2_contract.safetensors_header import SafetensorsHeaderError, load_json, read_json_header
 from toolkit.staged_load import StagedReadError, TensorSpan, read_spans
 
 # bump when the file layout or the meaning of an entry changes: old caches go stale

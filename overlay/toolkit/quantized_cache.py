@@ -3,15 +3,15 @@ cache is used, what keys it, and the object the model loader calls.
 
 Quantizing the FLUX.2 transformer to 4 bit takes minutes at every launch. After the first
 quantization the result is written once and later launches load it in seconds. A cache is
-keyed by its source checkpoint (toolkit/safetensors_header.py `source_fingerprint`), the
-cache qtype (toolkit/qtypes.py: int4_w4a8 shares int4_fused's file), the trainer commit, the
+keyed by its source checkpoint (flux2_contract/safetensors_header.py `source_fingerprint`), the
+cache qtype (flux2_contract/qtypes.py: int4_w4a8 shares int4_fused's file), the trainer commit, the
 torchao version and the model's signature; a stale one is rebuilt, a corrupt one set aside.
 
 One file serves both trainers: the AMD fork (torchao uint2..uint8 and float8, and int4_fused:
 Int4Linear block Linears) and upstream ai-toolkit (torchao int8/float8, and uint2..uint8,
 orbit, ... as OstrisLinear). The file itself: toolkit/qcache_format.py; the entries:
 toolkit/qcache_codecs.py and toolkit/qcache_rebuild.py; its name and a torch-free validity
-check for the launcher: toolkit/qcache_index.py.
+check for the launcher: flux2_contract/qcache_index.py.
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ from toolkit.qcache_format import (  # noqa: F401  (names the tests and the benc
     read_cache,
     read_meta,
 )
-from toolkit.qcache_index import cache_file_name
+from flux2_contract.qcache_index import cache_file_name
 from toolkit.qcache_rebuild import assign_state, rebuild_state  # noqa: F401
-from toolkit.qtypes import INT4_LINEAR, QTYPES, cache_qtype
-from toolkit.settings import cache_folder, read
-from toolkit.safetensors_header import source_fingerprint
+from flux2_contract.qtypes import INT4_LINEAR, QTYPES, cache_qtype
+from flux2_contract.settings import cache_folder, read
+from flux2_contract.safetensors_header import source_fingerprint
 from toolkit.staged_load import STAGING_BUFFERS
 
 # ---------------------------------------------------------------------------
@@ -222,7 +222,7 @@ def cache_dir_for(model_kwargs: Dict[str, Any], training_folder: Optional[str]) 
 
 def _cached_backend(qtype: str) -> Optional[str]:
     """Which cacheable backend quantizes `qtype` in this trainer: "torchao", INT4_LINEAR (the
-    project's Int4Linear: every qtype of toolkit/qtypes.py), "ostris" (upstream's OstrisLinear), or None (optimum-quanto)."""
+    project's Int4Linear: every qtype of flux2_contract/qtypes.py), "ostris" (upstream's OstrisLinear), or None (optimum-quanto)."""
     from toolkit.util import quantize
 
     if qtype in quantize.torchao_qtypes:

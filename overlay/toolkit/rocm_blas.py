@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-from .settings import read
+from flux2_contract.settings import read
 
 DEFAULT = "default"
 

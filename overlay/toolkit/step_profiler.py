@@ -20,11 +20,9 @@ profile or to write is reported and never stops the training.
 import os
 import time
 
-from toolkit.settings import read
+from flux2_contract.files import PROFILE_BREAKDOWN, PROFILE_DIR, PROFILE_TABLE, PROFILE_TRACE
+from flux2_contract.settings import read
 
-TRACE_FILE = "trace.json"
-TABLE_FILE = "top20.txt"
-BREAKDOWN_FILE = "breakdown.json"
 
 
 class StepProfiler:
@@ -74,11 +72,11 @@ class StepProfiler:
         try:
             self.profile.stop()
             os.makedirs(self.folder, exist_ok=True)
-            self.profile.export_chrome_trace(os.path.join(self.folder, TRACE_FILE))
+            self.profile.export_chrome_trace(os.path.join(self.folder, PROFILE_TRACE))
             steps = self.seen - self.skip
             summary = write_tables(self.profile, wall, steps,
-                                   os.path.join(self.folder, TABLE_FILE), torch.cuda.is_available())
-            print(f"[profile] {summary}; wrote {TRACE_FILE} and {TABLE_FILE} to {self.folder}", flush=True)
+                                   os.path.join(self.folder, PROFILE_TABLE), torch.cuda.is_available())
+            print(f"[profile] {summary}; wrote {PROFILE_TRACE} and {PROFILE_TABLE} to {self.folder}", flush=True)
             print(write_breakdown(self.folder, wall, steps), flush=True)
         except Exception as error:
             print(f"[profile] could not write the profile to {self.folder}: {error}", flush=True)
@@ -108,11 +106,11 @@ def write_breakdown(folder: str, wall: float, steps: int) -> str:
 
     from toolkit import step_breakdown
 
-    result = step_breakdown.breakdown(step_breakdown.load_trace(os.path.join(folder, TRACE_FILE)), wall, steps)
-    with open(os.path.join(folder, BREAKDOWN_FILE), "w", encoding="utf-8") as handle:
+    result = step_breakdown.breakdown(step_breakdown.load_trace(os.path.join(folder, PROFILE_TRACE)), wall, steps)
+    with open(os.path.join(folder, PROFILE_BREAKDOWN), "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=2)
     table = step_breakdown.format_table(result)
-    with open(os.path.join(folder, TABLE_FILE), "a", encoding="utf-8") as handle:
+    with open(os.path.join(folder, PROFILE_TABLE), "a", encoding="utf-8") as handle:
         handle.write("\n" + table + "\n")
     return "[profile] " + table.replace("\n", "\n[profile] ")
 
@@ -124,7 +122,7 @@ def configure(model_kwargs: dict) -> None:
     """The profiler as the run's config says (the train process, once its model config is read)."""
     global _PROFILER
     steps = read(model_kwargs, "profile_steps")
-    folder = read(model_kwargs, "profile_dir") or os.path.join(os.getcwd(), "profile")
+    folder = read(model_kwargs, "profile_dir") or os.path.join(os.getcwd(), PROFILE_DIR)
     _PROFILER = StepProfiler(steps, folder, read(model_kwargs, "profile_skip")) if steps else None
 
 

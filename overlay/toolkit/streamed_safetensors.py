@@ -20,7 +20,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-from toolkit.safetensors_header import (  # noqa: F401  (names this module's users import from it)
+from flux2_contract.safetensors_header import (  # noqa: F401  (names this module's users import from it)
     _DTYPES,
     MAX_HEADER_BYTES,
     Header,

@@ -10,7 +10,7 @@ Files are written to a temporary name, fsynced and renamed into place, so a cras
 half-written entry under a real name; a file that is truncated, altered or keyed otherwise is
 reported, set aside (`.corrupt`) and computed again. No pickle is ever read.
 
-A record per encoder folder (RECORD_NAME) remembers the last identity seen
+A record per encoder folder (TEXT_ENCODER_RECORD) remembers the last identity seen
 there, so a relaunch whose prompts are all cached runs even with the folder gone.
 """
 
@@ -26,14 +26,14 @@ from typing import Callable, Dict, Optional
 import torch
 from safetensors.torch import save as safetensors_bytes
 
-from toolkit import settings
+from flux2_contract import settings
+from flux2_contract.files import TEXT_ENCODER_RECORD
 from toolkit.streamed_safetensors import SafetensorsHeaderError, StreamedSafetensors
 
 FORMAT = 1
 SUFFIX = ".temb.safetensors"
 META_KEY = "aitk_temb"
 TENSOR = "embeds"
-RECORD_NAME = "encoder-{}.json"  # {}: a hash of the encoder folder's path
 
 
 def _digest(value) -> str:
@@ -143,7 +143,7 @@ def cache_folder(model_kwargs: Dict, training_folder: Optional[str]) -> Optional
 
 
 def _record_path(folder: Path, encoder_folder: Path) -> Path:
-    return folder / RECORD_NAME.format(_digest(str(Path(encoder_folder).resolve()))[:16])
+    return folder / TEXT_ENCODER_RECORD.format(_digest(str(Path(encoder_folder).resolve()))[:16])
 
 
 def remember_encoder(folder: Path, encoder_folder: Path, facts: dict) -> None:

@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from toolkit.settings import CATALOGUE, read
+from flux2_contract.settings import CATALOGUE, read
 from toolkit.streamed_text_encoder import (
     EncoderFolder, PromptTemplate, StreamedTextEncoder, TextEncoderFolderError, encode_in_groups,
     group_size_for, open_encoder,

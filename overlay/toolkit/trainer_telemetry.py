@@ -33,7 +33,8 @@ import threading
 import time
 
 from toolkit.host_memory import peak_rss_bytes
-from toolkit.settings import read
+from flux2_contract.files import rank_file
+from flux2_contract.settings import read
 
 GIB = 2 ** 30
 LOAD_SAMPLE_AT_INTERVAL_ZERO_S = 1.0
@@ -154,10 +155,7 @@ def rank_path(path: str) -> str:
     """The main rank of a `--gpus N` run (torchrun's RANK) writes `path`, which `run`, `plot` and
     `report` read; rank R writes `<stem>.rank<R>.jsonl` beside it: each card's VRAM, host RSS and s/it."""
     rank = os.environ.get("RANK", "0")
-    if rank == "0":
-        return path
-    stem, dot, suffix = path.rpartition(".")
-    return f"{stem}.rank{rank}.{suffix}" if dot else f"{path}.rank{rank}"
+    return path if rank == "0" else rank_file(path, int(rank))
 
 
 def configure(model_kwargs: dict) -> None:

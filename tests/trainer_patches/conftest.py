@@ -117,7 +117,7 @@ def streamed_safetensors(trainer_on_path):
 
 @pytest.fixture(scope="session")
 def safetensors_header(trainer_on_path):
-    return importlib.import_module("toolkit.safetensors_header")
+    return importlib.import_module("flux2_contract.safetensors_header")
 
 
 @pytest.fixture(scope="session")

@@ -116,7 +116,8 @@ class StopAtTextEncoder(Exception):
 def stream_every_other_block(params: dict) -> None:
     """Every memory plan of this process keeps the even blocks of each list resident and streams
     the odd ones."""
-    from toolkit import memory_budget, memory_plan
+    from toolkit import memory_budget
+    from flux2_contract import memory_plan
 
     names = [f"double_blocks.{i}" for i in range(params["depth"])]
     names += [f"single_blocks.{i}" for i in range(params["depth_single_blocks"])]

@@ -138,7 +138,7 @@ def test_committed_save_is_rolled_forward(ac, crash_at, tmp_path):
     def replace_then_crash(src, dst):
         real_replace(src, dst)
         calls.append(dst)
-        if dst.endswith(ac.MANIFEST):
+        if dst.endswith(ac.CHECKPOINT_MANIFEST):
             raise Crash()
 
     crash_at(10**6)
@@ -148,7 +148,7 @@ def test_committed_save_is_rolled_forward(ac, crash_at, tmp_path):
             save(ac, folder, 2, f"{JOB}_000000002.safetensors")
     finally:
         crash_at(None)
-    manifest = json.loads((folder / ac.MANIFEST).read_text(encoding="utf-8"))
+    manifest = json.loads((folder / ac.CHECKPOINT_MANIFEST).read_text(encoding="utf-8"))
     assert manifest["step"] == 2
     assert not (folder / f"{JOB}_000000002.safetensors").exists()
     found = ac.find_checkpoint(str(folder))

@@ -23,7 +23,8 @@ pytestmark = pytest.mark.patch("compile-the-transformer-blocks")
 
 @pytest.fixture
 def toolkit(trainer_on_path, flux2_src):
-    from toolkit import block_compile, block_streaming, int4_linear, memory_plan, qtypes
+    from toolkit import block_compile, block_streaming, int4_linear
+    from flux2_contract import memory_plan, qtypes
 
     yield block_compile, block_streaming, int4_linear, memory_plan, qtypes
     # compiling patches classes: put every forward back for the tests that follow

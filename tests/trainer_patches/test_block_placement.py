@@ -140,7 +140,8 @@ def single_block_streamed(trainer_on_path, monkeypatch):
     """Every memory plan of the load keeps the double block resident and streams the single one
     (the tiny model's own plan, with one block of each kind, streams both or neither). Returns
     the events list the load records into and what carrying out the plan saw."""
-    from toolkit import memory_budget, memory_plan
+    from toolkit import memory_budget
+    from flux2_contract import memory_plan
 
     blocks = [memory_plan.BlockPlan("double_blocks.0", memory_plan.RESIDENT, memory_plan.RECOMPUTED),
               memory_plan.BlockPlan("single_blocks.0", memory_plan.STREAMED, memory_plan.RECOMPUTED)]

@@ -17,7 +17,8 @@ WIDTH = 64
 
 @pytest.fixture(scope="module")
 def toolkit(trainer_on_path):
-    from toolkit import block_streaming, int4_linear, memory_plan
+    from toolkit import block_streaming, int4_linear
+    from flux2_contract import memory_plan
 
     return block_streaming, int4_linear, memory_plan
 

@@ -34,7 +34,7 @@ def mods(trainer_on_path):
 def qtypes(trainer_on_path):
     import importlib
 
-    return importlib.import_module("toolkit.qtypes")
+    return importlib.import_module("flux2_contract.qtypes")
 
 
 def eight_bit(il, fmt):
@@ -205,7 +205,7 @@ INTERPRETED = textwrap.dedent(
     import json, sys, torch
     sys.path.insert(0, sys.argv[1])
     from toolkit import int4_kernels as il, int4_w4a8 as w
-    from toolkit.qtypes import Int4Kernel
+    from flux2_contract.qtypes import Int4Kernel
     w._scaled_gemm_kernel.configs = [c for c in w._scaled_gemm_kernel.configs if c.kwargs["BLOCK_K"] == 64][:1] \\
         or w._scaled_gemm_kernel.configs[:1]
 
@@ -304,7 +304,7 @@ IN_REGISTER = textwrap.dedent(
     import json, sys, torch
     sys.path.insert(0, sys.argv[1])
     from toolkit import int4_kernels as il, int4_w4a8 as w
-    from toolkit.qtypes import Int4Kernel
+    from flux2_contract.qtypes import Int4Kernel
     w._in_register_gemm_kernel.configs = w._in_register_gemm_kernel.configs[:1]
     w._scaled_gemm_kernel.configs = w._scaled_gemm_kernel.configs[:1]
 
@@ -377,7 +377,7 @@ HOLD = textwrap.dedent(
     import json, sys, torch
     sys.path.insert(0, sys.argv[1])
     from toolkit import int4_linear as il, int4_w4a8 as w
-    from toolkit.qtypes import Int4Kernel
+    from flux2_contract.qtypes import Int4Kernel
     torch.manual_seed(0)
     layers = [il.Int4Linear.from_linear(torch.nn.Linear(k, n, bias=False).half()) for n, k in [(128, 64), (64, 192), (256, 128)]]
     for m in layers:

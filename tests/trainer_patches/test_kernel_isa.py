@@ -25,7 +25,7 @@ FP8_UNITS = {"gfx1100": False, "gfx1101": False, "gfx1201": True, "sm_86": False
 
 @pytest.fixture(scope="module")
 def modules(trainer_on_path):
-    return tuple(importlib.import_module(f"toolkit.{name}") for name in ("int4_kernels", "int4_w4a8", "qtypes"))
+    return tuple(importlib.import_module(name) for name in ("toolkit.int4_kernels", "toolkit.int4_w4a8", "flux2_contract.qtypes"))
 
 
 @pytest.fixture(scope="module")

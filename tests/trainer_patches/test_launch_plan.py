@@ -1,5 +1,5 @@
 """The memory plan `run` hands the trainer (model_kwargs launch_plan, made by the overlay's
-toolkit/memory_plan.py as launcher/runs/memory_plan.py makes it): before the transformer loads, the
+flux2_contract/memory_plan.py as launcher/runs/memory_plan.py makes it): before the transformer loads, the
 trainer carries it out without planning where the budget bytes and run shape it finds are the
 ones `run` planned for, and plans again, saying why, where they are not; once loaded, it plans
 again only where the loaded block sizes differ from the ones the plan assumed. The plan carried
@@ -23,7 +23,8 @@ RUN = {"resolution": 256, "batch": 1, "lora_rank": 8}
 def modules(trainer_on_path, monkeypatch):
     """memory_plan and memory_budget, with every call of the planner counted in `calls` and
     block_streaming.install recorded in `installed` (the plan is the point here, not the copies)."""
-    from toolkit import block_streaming, memory_budget, memory_plan
+    from toolkit import block_streaming, memory_budget
+    from flux2_contract import memory_plan
 
     calls, installed = [], []
     real = memory_budget.make_plan

@@ -62,7 +62,7 @@ def test_bf16_gives_the_float32_gradient_to_bf16_precision(trainer_on_path):
 
 
 def test_a_value_the_catalogue_does_not_allow_names_the_setting(trainer_on_path):
-    from toolkit.settings import SettingError
+    from flux2_contract.settings import SettingError
 
     with pytest.raises(SettingError, match="lora_matmuls"):
         lora_step({"lora_matmuls": "fp16"})

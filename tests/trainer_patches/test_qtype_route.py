@@ -47,16 +47,22 @@ class Checkout:
             return None
         name = call.func.id
         for node in self.tree(path).body:
-            if isinstance(node, ast.FunctionDef) and node.name == name and (REPO / "overlay" / path).is_file():
+            if isinstance(node, ast.FunctionDef) and node.name == name and is_project_file(path):
                 return path, node
             if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == name for a in node.names):
-                module = "toolkit." + node.module if node.level == 1 else node.module or ""
+                package = path.rpartition("/")[0].replace("/", ".")
+                module = f"{package}.{node.module}" if node.level == 1 else node.module or ""
                 target = module.replace(".", "/") + ".py"
-                if (REPO / "overlay" / target).is_file() and (self.root / target).is_file():
+                if is_project_file(target) and (self.root / target).is_file():
                     original = next(a.name for a in node.names if (a.asname or a.name) == name)
                     found = [d for d in self.tree(target).body if isinstance(d, ast.FunctionDef) and d.name == original]
                     return (target, found[0]) if found else None
         return None
+
+
+def is_project_file(path: str) -> bool:
+    """A module the project adds to the trainer: the overlay's, or the contract package's."""
+    return (REPO / "overlay" / path).is_file() or (path.startswith("flux2_contract/") and (REPO / path).is_file())
 
 
 def follow(checkout: Checkout, path: str, function: ast.FunctionDef, names: set[str]) -> list[Hop]:
@@ -137,7 +143,7 @@ def test_the_route_in_code_is_short_and_the_doc_names_each_hop(trainer_on_path):
 def test_a_hop_added_in_code_is_found(trainer_on_path, tmp_path):
     """The route is followed, not matched: a step the name takes through one more project function
     (here: a pass-through between configure_linears and kernel_for) makes one more hop."""
-    for path in (CONFIG, TRAIN_PROCESS, FLUX2, "toolkit/qtypes.py", "toolkit/int4_linear.py"):
+    for path in (CONFIG, TRAIN_PROCESS, FLUX2, "flux2_contract/qtypes.py", "toolkit/int4_linear.py"):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text((trainer_on_path / path).read_text(encoding="utf-8"), encoding="utf-8")
     linear = tmp_path / "toolkit/int4_linear.py"

@@ -200,7 +200,8 @@ def test_no_8bit_path_of_the_project_reaches_int_mm(trainer_on_path):
     """int4_w4a8's int8 path (reference and Triton kernels under the interpreter where Triton
     imports), every torchao qtype of the trainer's table, forward and backward: no aten._int_mm.
     The self-test offers no GEMM that routes there either (kernels.candidates, w4a8_gemm's choices)."""
-    from toolkit import int4_linear, qtypes, settings
+    from toolkit import int4_linear
+    from flux2_contract import qtypes, settings
     from toolkit.util import quantize
 
     assert set(settings.CATALOGUE["w4a8_gemm"].choices) == {"triton", "scaled_mm", "in_register"}

@@ -8,7 +8,7 @@ reads that variable once, at the first attention of a process, so where only the
 here the check runs again in a child process with the variable set. The verdict is
 `sdpa_kernels`: default, experimental (`run` sets the variable for the trainer) or math (the
 memory plan holds the fp32 attention matrices the math backend materialises, heads x tokens^2 each,
-4.1 GB at 1024 px: overlay/toolkit/memory_plan.py; launcher/step_prediction.py adds their memory
+4.1 GB at 1024 px: flux2_contract/memory_plan.py; launcher/step_prediction.py adds their memory
 traffic to the predicted step). `python -m launcher.in_trainer.selftest.attention --tokens N` is the
 child. Stdlib-only at module level: torch comes in as an argument.
 """
@@ -23,7 +23,7 @@ VARIABLE = "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL"
 ON = ("1", "ON", "YES", "TRUE", "Y")
 """The values PyTorch's c10::utils::check_env reads as true."""
 HEADS, HEAD_DIM = 48, 128
-"""FLUX.2 [dev]'s attention: 6144 hidden in 48 heads of 128 (launcher/families.py FLUX2_DEV)."""
+"""FLUX.2 [dev]'s attention: 6144 hidden in 48 heads of 128 (flux2_contract/families.py FLUX2_DEV)."""
 BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 """torch.nn.attention.SDPBackend names, in the order PyTorch prefers them."""
 MATH = "MATH"

@@ -28,7 +28,7 @@ RESETS = {
 """Architecture prefix: why hipBLASLt is neither timed nor chosen there (docs/amd.md, "Runtime traps
 on Windows"); `rocm_blas: hipblaslt` in a preset still uses it."""
 CHUNK_BYTES = 64 * 2**20
-"""int4_fused's default weight slice (toolkit/qtypes.py DEFAULT_CHUNK_MIB)."""
+"""int4_fused's default weight slice (flux2_contract/qtypes.py DEFAULT_CHUNK_MIB)."""
 
 
 def slice_widths(total: int, width: int, multiple: int) -> list[int]:

@@ -5,7 +5,7 @@ activations, 4-bit weight dequantized a slice at a time), and `int4_w4a8` with F
 (GPUs with FP8 matrix units) or int8 activations, each through the portable Triton GEMM or, for
 FP8 on NVIDIA, torch._scaled_mm (both on 8-bit weight slices), or through the Triton GEMM that reads
 the 4-bit weight itself (`in_register`). The choice is a candidate's `kernel`: the model_kwargs
-(`w4a8_activations`, `w4a8_gemm`: toolkit/settings.py) the trainer's qtype table reads
+(`w4a8_activations`, `w4a8_gemm`: flux2_contract/settings.py) the trainer's qtype table reads
 (`kernel_for`), and the ones `run` writes into a run's config when it picks the candidate. Every function takes the trainer's modules as
 arguments (`Modules`): nothing here imports torch at module level, because the launcher imports
 this file in its own interpreter for the constants.
@@ -43,7 +43,8 @@ class Modules:
 
     def __init__(self):
         import torch
-        from toolkit import int4_linear, int4_w4a8, qtypes
+        from toolkit import int4_linear, int4_w4a8
+        from flux2_contract import qtypes
 
         self.torch = torch
         self.int4 = int4_linear

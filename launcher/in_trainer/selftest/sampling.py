@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from launcher.families import FLUX2_DEV
+from flux2_contract.families import FLUX2_DEV
 
 PROMPT = "a photo of a red square on a white background"
 SIZE, STEPS, SEED, RANK = 128, 4, 42, 4

@@ -79,7 +79,8 @@ def child(trainer: Path, seconds: float) -> dict:
 
     sys.path.insert(0, str(trainer))
     import torch
-    from toolkit import block_streaming, int4_linear, memory_plan
+    from toolkit import block_streaming, int4_linear
+    from flux2_contract import memory_plan
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     shape = GPU_SHAPE if device == "cuda" else CPU_SHAPE

@@ -383,11 +383,11 @@ def ask_differences(planned: dict, found: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m toolkit.memory_plan --budget-gib G [--margin-gib M] --resolution R [--batch B]
+    """`python -m flux2_contract.memory_plan --budget-gib G [--margin-gib M] --resolution R [--batch B]
     [--rank N] [--in-flight 1|2] [--flux2-params JSON]`: print the plan as JSON."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m toolkit.memory_plan")
+    parser = argparse.ArgumentParser(prog="python -m flux2_contract.memory_plan")
     parser.add_argument("--budget-gib", type=float, required=True)
     parser.add_argument("--margin-gib", type=float, default=DEFAULT_MARGIN_GIB)
     parser.add_argument("--resolution", type=int, required=True)

@@ -1,14 +1,16 @@
-"""Every setting the project owns, in one table: its type, allowed values, default, one line of doc,
+"""Every setting the trainer reads, in one table: its type, allowed values, default, one line of doc,
 and who turns its `auto` into a value.
 
-Two blocks of a preset hold them: `model_kwargs` (read by the patched trainer) and `launcher:`
-(read by the launcher only); `qtype`, ai-toolkit's own key of the model config, is here for who
-resolves its `auto` and how a resume may change it. The launcher's schema checks a preset with `Setting.problem`, `run`
-resolves every `auto` marked `RUN` and writes every model_kwargs setting as a concrete value into
-the run's config (`complete`), and the trainer reads them back with `read`: one rule, one default,
-one route. docs/options.md is generated from this table (`python -m launcher.options_doc`).
+The `model_kwargs` block of a preset holds them (read by the patched trainer); `qtype`, ai-toolkit's
+own key of the model config, is here for who resolves its `auto` and how a resume may change it.
+The keys only the launcher reads (the preset's `launcher:` block) are the launcher's own, in this
+table's form (launcher/runs/launcher_settings.py). The launcher's schema checks a preset with
+`Setting.problem`, `run` resolves every `auto` marked `RUN` and writes every model_kwargs setting as
+a concrete value into the run's config (`complete`), and the trainer reads them back with `read`:
+one rule, one default, one route. docs/options.md is generated from both tables
+(`python -m launcher.options_doc`).
 
-Stdlib only: the launcher imports this file without torch and without a trainer checkout.
+Stdlib only: part of the contract package, which the launcher imports without torch.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from typing import Any, Dict, Optional, Tuple
 AUTO = "auto"
 RUN = "`python -m launcher run` (from the self-test)"
 """Who resolves an `auto` before the trainer starts; the trainer refuses to read one."""
-MODEL_KWARGS, LAUNCHER, MODEL = "model_kwargs", "launcher", "model"
-SAME_CODES = "to a qtype that stores the same 4-bit codes (toolkit/qtypes.py same_codes)"
+MODEL_KWARGS, MODEL = "model_kwargs", "model"
+SAME_CODES = "to a qtype that stores the same 4-bit codes (flux2_contract/qtypes.py same_codes)"
 """A resume may change the setting, but only so: the saved LoRA was trained on those codes."""
 
 
@@ -32,7 +34,7 @@ class SettingError(ValueError):
 @dataclass(frozen=True)
 class Setting:
     name: str
-    block: str  # MODEL_KWARGS, LAUNCHER, or MODEL (ai-toolkit's own key of the model config)
+    block: str  # MODEL_KWARGS, MODEL (ai-toolkit's own key of the model config), or the launcher's own
     kind: str  # bool | int | number | choice | text | mapping
     default: Any
     doc: str
@@ -110,13 +112,9 @@ def _md(name, kind, default, doc, **more) -> Setting:
     return Setting(name, MODEL, kind, default, doc, **more)
 
 
-def _ln(name, kind, default, doc, **more) -> Setting:
-    return Setting(name, LAUNCHER, kind, default, doc, **more)
-
-
 CATALOGUE: Dict[str, Setting] = _settings(
     # ai-toolkit's own key, which `run` resolves: the trainer reads it as ModelConfig.qtype
-    _md("qtype", "text", None, "the transformer's quantization: int4_fused or int4_w4a8 (toolkit/qtypes.py, their "
+    _md("qtype", "text", None, "the transformer's quantization: int4_fused or int4_w4a8 (flux2_contract/qtypes.py, their "
         "kernel from the model_kwargs below), or one of the trainer's (uint4, qfloat8, ...); auto: the self-test's "
         "fastest 4-bit path that fits the card", auto=RUN, resume_may_change=SAME_CODES),
     # where the model and its parts come from
@@ -215,20 +213,6 @@ CATALOGUE: Dict[str, Setting] = _settings(
     _kw("all_extensions", "bool", False, "import every extension's process when the job starts (as before amd-fork "
         "0025, upstream-main 0023), not only the ones the job runs; any process setting it decides",
         resume_may_change=True),
-    # the launcher's own block
-    _ln("tiny", "bool", False, "build and train the embedded tiny FLUX.2 (tests, CI)"),
-    _ln("card", "text", None, "the cards the preset is for (`python -m launcher presets`)"),
-    _ln("env", "mapping", {}, "extra environment of the trainer process, from an allow list"),
-    _ln("platform", "choice", "cuda", "what the preset was tuned for", choices=("rocm", "cuda", "cpu")),
-    _ln("allocator", "choice", "expandable_segments", "wall 7: expandable segments; default leaves "
-        "PyTorch's allocator alone", choices=("expandable_segments", "default")),
-    _ln("telemetry", "mapping", {"interval_s": 10}, "telemetry rows: interval_s seconds apart"),
-    _ln("watchdog", "mapping", {"enabled": False}, "the stall watchdog (launcher/watchdog/policy.py)"),
-    _ln("skip_bad_images", "bool", False, "train without the dataset files that fail the checks"),
-    _ln("gpus", "int", 1, "GPUs of this machine to train on, one rank each, data-parallel (`run --gpus N` "
-        "overrides it): the batch size is per rank", minimum=1, maximum=64),
-    _ln("sampling", "choice", "auto", "wall 6: in-training samples where the self-test sampled (auto), or "
-        "always (force)", choices=("auto", "force")),
 )
 
 

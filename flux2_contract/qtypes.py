@@ -5,12 +5,12 @@ activations, the default GEMM path, the qtype whose quantized cache file it load
 int4_fused's model with other matmuls, so both read one file) and how far its GPU kernels may
 stray from their reference path. The trainer's quantize module, the quantized cache (its key and
 backend), the memory plan (which qtypes stream), the launcher's self-test (the kernels it checks,
-their tolerance) and the launcher itself (`launcher/trainer_rules.py`: what `qtype: auto` may
+their tolerance) and the launcher itself (`launcher/selftest/verdict.py`: what `qtype: auto` may
 become) read this table; no other module spells these rules.
 
 An Int4Linear holds its kernel choice (`Int4Kernel`) from load time: `kernel_for` makes it once
 from the run's model_kwargs (`w4a8_activations`, `w4a8_gemm`, `int4_chunk_mib`, `int4_kernel`:
-toolkit/settings.py), and nothing reads the environment or the config per call.
+flux2_contract/settings.py), and nothing reads the environment or the config per call.
 
 Stdlib-only at module level: the launcher reads the table without torch.
 """

@@ -1,11 +1,11 @@
-"""The safetensors header, read with plain file reads: one reader for the overlay's modules.
+"""The safetensors header, read with plain file reads: one reader for the trainer and the launcher.
 
 The streamed checkpoint reader (toolkit/streamed_safetensors.py) validates a header the way
 safetensors.safe_open does (`read_header`); the quantized cache reads its own files' framing
 and JSON (`read_json_header`) and checks the rest itself. Every header and the JSON kept in
 its metadata go through one parser (`load_json`), which refuses a repeated key; both key a checkpoint by
-`source_fingerprint`. Stdlib only: the launcher imports this module from the overlay, without
-torch, to check a cache before a run (`launcher/runs/disk_budget.py`).
+`source_fingerprint`. Stdlib only: the launcher imports this module without torch, to check the model files
+(`launcher/runs/validate.py`) and a cache (`launcher/runs/disk_budget.py`) before a run.
 """
 
 import hashlib

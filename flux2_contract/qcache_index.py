@@ -2,9 +2,9 @@
 
 The file's name, its metadata key and what makes it valid for a run: complete (the data the
 header promises is all there), its key's qtype the one the run loads (through
-toolkit/qtypes.py: int4_w4a8 loads int4_fused's file) and its key's source the very
-checkpoint (toolkit/safetensors_header.py `source_fingerprint`). The trainer checks every byte
-when it loads the file; the launcher imports this module from the overlay, without torch, to
+flux2_contract/qtypes.py: int4_w4a8 loads int4_fused's file) and its key's source the very
+checkpoint (flux2_contract/safetensors_header.py `source_fingerprint`). The trainer checks every byte
+when it loads the file; the launcher imports this module without torch, to
 count a valid cache as already written before a run (`launcher/runs/disk_budget.py`).
 """
 
@@ -12,12 +12,8 @@ import hashlib
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-try:  # in the trainer: the toolkit package; in the launcher: the overlay imported as a package
-    from toolkit.qtypes import cache_qtype
-    from toolkit.safetensors_header import SafetensorsHeaderError, load_json, read_json_header, source_fingerprint
-except ImportError:
-    from .qtypes import cache_qtype
-    from .safetensors_header import SafetensorsHeaderError, load_json, read_json_header, source_fingerprint
+from .qtypes import cache_qtype
+from .safetensors_header import SafetensorsHeaderError, load_json, read_json_header, source_fingerprint
 
 FORMAT_NAME = "aitk-quantized-cache"
 META_KEY = "aitk_qcache"
