@@ -69,6 +69,7 @@ from launcher.card_table import read_cards  # noqa: E402
 from launcher.runs.presets import load_preset  # noqa: E402
 from launcher.selftest.cards import x_bf16  # noqa: E402 (the self-test's block times, as docs/cards.md reads them)
 from launcher.step_prediction import COLUMNS, TABLE, Prediction  # noqa: E402
+from launcher.writer import differing, replace_own  # noqa: E402
 
 RESULTS = HERE / "results"
 FULL = 56 / 44
@@ -271,22 +272,18 @@ def outputs(found: list[dict]) -> dict[Path, str]:
             TABLE: csv_text([launcher_row(row) for row in found])}
 
 
-def stale(targets: dict[Path, str]) -> list[Path]:
-    return [path for path, text in targets.items() if not path.is_file() or path.read_text(encoding="utf-8") != text]
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 where a file differs from what the model gives")
     args = parser.parse_args(argv)
     found = rows()
     targets = outputs(found)
-    behind = stale(targets)
+    behind = differing(targets)
     for path in behind:
         if args.check:
             print(f"{path} differs from what the model gives now: run python bench/predict_step.py", file=sys.stderr)
         else:
-            path.write_text(targets[path], encoding="utf-8", newline="")
+            replace_own(path, targets[path])
             print(f"wrote {path} ({len(found)} rows)")
     return 1 if args.check and behind else 0
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from launcher.card_table import TABLE, Card, labels, old_names, read_cards
 from launcher.errors import LauncherError
 from launcher.runs.presets import PRESETS_DIR, load_preset
-from launcher.writer import replace_own
+from launcher.writer import differing, replace_own
 
 REPO = PRESETS_DIR.parent
 CARDS_DOC = REPO / "docs" / "cards.md"
@@ -79,10 +79,6 @@ def documents(cards: list[Card]) -> dict[Path, str]:
     return {CARDS_DOC: page, PRESETS_DOC: docs}
 
 
-def stale(targets: dict[Path, str]) -> list[Path]:
-    return [path for path, text in targets.items() if path.read_text(encoding="utf-8") != text]
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if a file differs from what the card table gives")
@@ -90,11 +86,11 @@ def main(argv=None) -> int:
     try:
         targets = documents(read_cards(TABLE))
         if args.check:
-            behind = stale(targets)
+            behind = differing(targets)
             for path in behind:
                 print(f"{path} differs from {TABLE.name}: run {COMMAND}", file=sys.stderr)
             return 1 if behind else 0
-        for path in stale(targets):
+        for path in differing(targets):
             replace_own(path, targets[path])
             print(f"wrote {path}")
     except LauncherError as error:

@@ -14,7 +14,7 @@ from pathlib import Path
 from flux2_contract.families import DEFAULT_ARCH, FAMILIES, Family
 from launcher.runs.presets import PRESETS_DIR, load_preset
 from launcher.runs.validate import VAE_FILE
-from launcher.writer import replace_own
+from launcher.writer import differing, replace_own
 
 FOLDER = PRESETS_DIR.parent / "docs" / "families"
 COMMAND = "python -m launcher.families_doc"
@@ -62,8 +62,7 @@ def pages() -> dict[Path, str]:
 
 def stale(targets: dict[Path, str]) -> list[Path]:
     """Pages that differ from their family's record, and pages of no family."""
-    differ = [path for path, text in targets.items() if not path.is_file() or path.read_text(encoding="utf-8") != text]
-    return differ + sorted(set(FOLDER.glob("*.md")) - set(targets))
+    return differing(targets) + sorted(set(FOLDER.glob("*.md")) - set(targets))
 
 
 def main(argv=None) -> int:

@@ -132,6 +132,12 @@ def replace_own(path: Path, data: str | bytes, root: Path | None = None) -> Path
     return _write(own_file, path, data, root)
 
 
+def differing(targets: dict[Path, str]) -> list[Path]:
+    """The files of `targets` (path: the text a generator gives it) that are missing or hold other
+    text: what a generator's `--check` names and what it writes again."""
+    return [path for path, text in targets.items() if not path.is_file() or path.read_text(encoding="utf-8") != text]
+
+
 def publish_folder(staging: Path, final: Path) -> Path:
     """A folder built whole under a staging name takes its real name; one standing there (a folder
     of the user's, a link) is never replaced."""

@@ -80,7 +80,7 @@ def test_a_card_is_one_row(tmp_path):
     assert rows[-1].name == "RTX Test 16 GB" and len(rows) == len(cards.CARDS) + 1
     assert card_table.labels(rows)["base_512"].startswith("RTX 4090, ") and "RTX Test 16 GB" in card_table.labels(rows)["base_512"]
     assert f"| RTX Test 16 GB | sm_100a | base_512.yaml | {FP8_SCALED} | overlapped | yes |" in cards.markdown_table(rows)
-    assert cards_doc.stale(cards_doc.documents(rows)) == [cards_doc.CARDS_DOC]
+    assert cards_doc.differing(cards_doc.documents(rows)) == [cards_doc.CARDS_DOC]
 
 
 def test_an_old_name_with_two_presets_is_refused(tmp_path):

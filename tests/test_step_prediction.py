@@ -41,7 +41,7 @@ def test_the_shipped_rows_are_what_the_model_writes_now():
 def test_a_changed_card_figure_leaves_the_shipped_rows_stale(monkeypatch):
     spec = SPECS["RTX 4090"]
     monkeypatch.setitem(SPECS, "RTX 4090", replace(spec, bandwidth_gbs=spec.bandwidth_gbs / 2))
-    assert set(predict_step.stale(predict_step.outputs(predict_step.rows()))) == {BENCH_TABLE, PATH}
+    assert set(predict_step.differing(predict_step.outputs(predict_step.rows()))) == {BENCH_TABLE, PATH}
 
 
 def test_the_shipped_rows_give_bench_s_steps():
