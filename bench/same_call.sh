@@ -39,6 +39,11 @@
 #            torch._scaled_mm, the preset's memory plan, 512 px: a first launch (eager: quantizes and
 #            writes the cache), then 22 GiB, the 12 and 8 GB cards at plan-matched caps overlapped, and
 #            the 8 GB card serialized (every AMD card's mode)
+#   held     the 4-bit step against bf16 as the memory plan spends a large card: uncapped, the preset's
+#            plan (memory_plan auto: every block resident, activations kept, then int4_w4a8's 8-bit
+#            weight copies held with what is left), int4_w4a8 through torch._scaled_mm: a first launch
+#            (eager, plan off: quantizes and writes the cache), then compiled at 512 px with the copies,
+#            bf16 compiled, the copies off (hold_8bit_copies false), then both uncompiled
 #   R=RAMDISK/R M=DISK/m OUT=OUT bash bench/same_call.sh prepare   (then 512, then 1024)
 # Labels after the stage run only those launches of it, e.g. `... 1024 w4a8_scaled_mm_compiled_1024`;
 # `prepare none` prepares without its launch, and the 512 stage's first launch then quantizes and
@@ -97,7 +102,7 @@ launch() {  # label px steps seconds args...
   cp "$R/runs/$label"/*/*/run.json "$OUT/$label.run.json" 2>/dev/null
 }
 
-case ${1:?stage: prepare, 512, 1024, fallback, first, stream or fidelity} in
+case ${1:?stage: prepare, 512, 1024, fallback, first, stream, held or fidelity} in
 prepare)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -m bench.fullsize prepare --carry .bench-carry --root "$R" --model-dir "$M" --single-blocks 36 \
@@ -161,6 +166,14 @@ stream)
   launch stream_8_512 512 12 160 --cap-gib "$CAP8M" "${PICK[@]}" "${COMPILED[@]}"
   launch stream_8_serialized_512 512 12 200 --cap-gib "$CAP8M" "${W4A8[@]}" "${SCALED[@]}" \
     --set $KW.stream_mode serialized "${COMPILED[@]}" ;;
+held)
+  PICK=(--cap-gib 0 "${W4A8[@]}" "${SCALED[@]}")  # uncapped: the plan from the VRAM the card has free
+  launch held_first_512 512 4 330 "${OFF[@]}" "${W4A8[@]}" "${SCALED[@]}" "${EAGER[@]}"
+  launch held_w4a8_512 512 12 200 "${PICK[@]}" "${COMPILED[@]}"
+  launch held_bf16_512 512 12 260 --cap-gib 0 "${BF16[@]}" "${COMPILED[@]}"
+  launch held_w4a8_nocopies_512 512 12 170 "${PICK[@]}" --set $KW.hold_8bit_copies false "${COMPILED[@]}"
+  launch held_w4a8_eager_512 512 8 150 "${PICK[@]}" "${EAGER[@]}"
+  launch held_bf16_eager_512 512 8 240 --cap-gib 0 "${BF16[@]}" "${EAGER[@]}" ;;
 fidelity)
   STEPS=50
   ROWS=(--launcher-set telemetry "{interval_s: 0.1}" "${OFF[@]}" "${EAGER[@]}")  # a row each step (~0.5 s)

@@ -18,7 +18,12 @@ What one step needs on the device (bytes):
 - each resident block's 4-bit weights; with any block streamed, a double buffer: the two largest
   streamed blocks in flight (one computing, the next being copied; one when serialized); the
   streamed blocks of one size are spread among the resident ones, so a copy overlaps more compute;
-- what is left keeps the activations of resident blocks (no recompute), in model order.
+- what is left keeps the activations of resident blocks (no recompute), in model order;
+- then, for `int4_w4a8`, 8-bit copies of resident blocks' weights (toolkit/int4_w4a8.hold_8bit), in
+  model order: first each block's forward copy (its forward and its recompute skip requantizing the
+  4-bit weight), then its input gradient's. A kept activation saves a block's whole recompute, several
+  times what the same bytes of copies save (bench/RESULTS.md), so copies come last; and only where
+  no block streams (a streamed step waits on the host link, and the cap's slack is the buffers').
 
 A block's saved activations are computed from the shapes, not measured:
 `ACTIVATION_WIDTHS x hidden` bf16 values per token, per block: the tensors autograd saves in one
@@ -34,7 +39,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from .settings import CATALOGUE
+from .qtypes import IN_REGISTER, has_eight_bit_kernel
+from .settings import CATALOGUE, read
 
 GIB = 1024 ** 3
 BF16 = 2
@@ -66,6 +72,7 @@ class BlockSize:
     name: str
     weight_bytes: int       # the block's 4-bit weights (as they sit on the device)
     activation_bytes: int   # its saved activations for one step when kept
+    copy_bytes: int = 0     # one 8-bit copy of its weights (int4_w4a8), 0 where the qtype has none
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,7 @@ class PlanInputs:
     batch: int = 1
     in_flight: int = 2      # streamed blocks on the device at once: 2 overlapped, 1 serialized
     attention_bytes: int = 0  # the math attention's matrices (sdpa_kernels: math), else 0
+    copies: bool = False    # spend what is left on 8-bit copies of the weights (BlockSize.copy_bytes)
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,7 @@ class BlockPlan:
     weights: str      # RESIDENT or STREAMED
     activations: str  # KEPT or RECOMPUTED
     weight_bytes: int = 0
+    copies: int = 0   # 8-bit copies of its weights held: 0, 1 (the forward's) or 2 (and the input gradient's)
 
 
 @dataclass
@@ -98,6 +107,7 @@ class MemoryPlan:
     streamed_weight_bytes: int = 0
     buffer_bytes: int = 0
     kept_activation_bytes: int = 0
+    copy_bytes: int = 0
     resolution: int = 0
     batch: int = 1
 
@@ -109,7 +119,11 @@ class MemoryPlan:
 
     def planned_bytes(self) -> int:
         return (sum(self.fixed_bytes.values()) + self.resident_weight_bytes + self.buffer_bytes
-                + self.kept_activation_bytes)
+                + self.kept_activation_bytes + self.copy_bytes)
+
+    def copies(self) -> dict:
+        """Block name -> how many 8-bit copies of its weights it holds (1 or 2), for the blocks that hold any."""
+        return {b.name: b.copies for b in self.blocks if b.copies}
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -139,6 +153,10 @@ class MemoryPlan:
             lines.append("  streamed: " + compact(self.streamed()))
         if self.kept():
             lines.append("  kept: " + compact(self.kept()))
+        if self.copies():
+            both = [name for name, count in self.copies().items() if count == 2]
+            lines.append(f"  8-bit weight copies: {len(self.copies())} of {n} blocks' forward, {len(both)} also the "
+                         f"input gradient's ({size(self.copy_bytes)}): " + compact(list(self.copies())))
         return lines
 
 
@@ -186,7 +204,8 @@ def spread_streamed(blocks: tuple[BlockSize, ...], resident: set[str]) -> set[st
 def make_plan(inputs: PlanInputs) -> MemoryPlan:
     """Resident first, in model order, then the streamed blocks of each size spread among their
     size (spread_streamed); streamed through a double buffer; what is left keeps activations of
-    resident blocks. Raises PlanError when even the minimum does not fit."""
+    resident blocks, then (inputs.copies) holds 8-bit copies of their weights, every forward copy
+    before any input gradient's. Raises PlanError when even the minimum does not fit."""
     blocks = inputs.blocks
     working = 2 * max((b.activation_bytes for b in blocks), default=0)
     fixed = {"non-block weights": inputs.nonblock_bytes, "LoRA + optimizer": inputs.lora_bytes,
@@ -218,14 +237,22 @@ def make_plan(inputs: PlanInputs) -> MemoryPlan:
             kept.add(block.name)
             kept_bytes += held
             free -= held
+    copies = {b.name: 0 for b in blocks}
+    if inputs.copies and len(resident) == len(blocks):
+        for _orientation in ("forward", "input gradient"):
+            for block in blocks:
+                if block.name in resident and 0 < block.copy_bytes <= free:
+                    copies[block.name] += 1
+                    free -= block.copy_bytes
     return MemoryPlan(
         budget_bytes=inputs.budget_bytes,
         blocks=[BlockPlan(b.name, RESIDENT if b.name in resident else STREAMED,
-                          KEPT if b.name in kept else RECOMPUTED, b.weight_bytes) for b in blocks],
+                          KEPT if b.name in kept else RECOMPUTED, b.weight_bytes, copies[b.name]) for b in blocks],
         fixed_bytes=fixed,
         resident_weight_bytes=sum(b.weight_bytes for b in blocks if b.name in resident),
         streamed_weight_bytes=sum(b.weight_bytes for b in blocks if b.name not in resident),
         buffer_bytes=buffer, kept_activation_bytes=kept_bytes,
+        copy_bytes=sum(copies[b.name] * b.copy_bytes for b in blocks),
         resolution=inputs.resolution, batch=inputs.batch,
     )
 
@@ -265,6 +292,12 @@ def int4_bytes(in_features: int, out_features: int, group_size: int = 64) -> int
     return out_features * in_features // 2 + out_features * (in_features // group_size) * (BF16 + 1)
 
 
+def copy_bytes(in_features: int, out_features: int) -> int:
+    """One 8-bit copy of a Linear's weight (toolkit/int4_w4a8.hold_8bit): a byte per weight; its
+    inner width padded to 128 (int4_w4a8.K_ALIGN) adds none at FLUX.2's widths."""
+    return in_features * out_features
+
+
 def block_linears(shape: Flux2Shape) -> tuple[list, list]:
     """(in, out) of every Linear of one double-stream block and of one single-stream block."""
     h, mlp = shape.hidden, int(shape.hidden * shape.mlp_ratio)
@@ -287,10 +320,12 @@ def tokens(resolution: int) -> int:
 
 def flux2_inputs(shape: Flux2Shape, budget_bytes: int, resolution: int, batch: int = 1,
                  lora_rank: int = 32, group_size: int = 64, nonblock_bytes: int | None = None,
-                 weight_bytes: dict | None = None, in_flight: int = 2, math_attention: bool = False) -> PlanInputs:
+                 weight_bytes: dict | None = None, in_flight: int = 2, math_attention: bool = False,
+                 copies: bool = False) -> PlanInputs:
     """Plan inputs from the shapes; `weight_bytes` (name -> bytes, measured on the loaded model)
     and `nonblock_bytes` replace the estimates when given; `math_attention`: only the math
-    attention runs (sdpa_kernels: math)."""
+    attention runs (sdpa_kernels: math); `copies`: the qtype multiplies through 8-bit copies of the
+    weights (copies_8bit), which what is left of the budget may hold."""
     double, single = block_linears(shape)
     seq = batch * tokens(resolution)
     activation = seq * shape.hidden * ACTIVATION_WIDTHS * BF16
@@ -298,9 +333,10 @@ def flux2_inputs(shape: Flux2Shape, budget_bytes: int, resolution: int, batch: i
     for prefix, count, linears in (("double_blocks", shape.depth, double),
                                    ("single_blocks", shape.depth_single, single)):
         estimate = sum(int4_bytes(i, o, group_size) for i, o in linears)
+        copy = sum(copy_bytes(i, o) for i, o in linears) if copies else 0
         for index in range(count):
             name = f"{prefix}.{index}"
-            blocks.append(BlockSize(name, (weight_bytes or {}).get(name, estimate), activation))
+            blocks.append(BlockSize(name, (weight_bytes or {}).get(name, estimate), activation, copy))
     lora_params = lora_rank * (shape.depth * sum(i + o for i, o in double)
                                + shape.depth_single * sum(i + o for i, o in single))
     if nonblock_bytes is None:
@@ -311,7 +347,16 @@ def flux2_inputs(shape: Flux2Shape, budget_bytes: int, resolution: int, batch: i
         checkpoint_bytes=len(blocks) * seq * shape.hidden * BF16,
         resolution=resolution, batch=batch, in_flight=in_flight,
         attention_bytes=MATH_MATRICES * batch * shape.heads * tokens(resolution) ** 2 * FP32 if math_attention else 0,
+        copies=copies,
     )
+
+
+def holds_8bit_copies(qtype: str, model_kwargs: dict) -> bool:
+    """Whether a plan may spend what it leaves on 8-bit copies of qtype's weights: an 8-bit qtype
+    whose forward requantizes the 4-bit weight (every GEMM but in_register), with model_kwargs
+    hold_8bit_copies true (settings resolved by `run`)."""
+    return (has_eight_bit_kernel(qtype) and read(model_kwargs, "hold_8bit_copies")
+            and read(model_kwargs, "w4a8_gemm") != IN_REGISTER)
 
 
 def budget_bytes_of(budget_gib: float, margin_gib: float) -> int:
@@ -322,32 +367,32 @@ def budget_bytes_of(budget_gib: float, margin_gib: float) -> int:
 
 def plan_for_budget(budget_gib: float, resolution: int, batch: int = 1, rank: int = 32, in_flight: int = 2,
                     flux2_params: dict | None = None, margin_gib: float = DEFAULT_MARGIN_GIB,
-                    math_attention: bool = False) -> MemoryPlan:
+                    math_attention: bool = False, copies: bool = False) -> MemoryPlan:
     """The plan from the shapes for a budget in GiB (what `run --dry-run` shows); PlanError when the
     budget cannot hold the resident minimum."""
     shape = Flux2Shape.from_params(flux2_params or {})
     return make_plan(flux2_inputs(shape, budget_bytes_of(budget_gib, margin_gib), resolution, batch, rank,
-                                  in_flight=in_flight, math_attention=math_attention))
+                                  in_flight=in_flight, math_attention=math_attention, copies=copies))
 
 
 # ---------------------------------------------------------------- the plan `run` hands the trainer
 
 
 def plan_ask(shape: Flux2Shape, budget_bytes: int, resolution: int, batch: int, lora_rank: int,
-             in_flight: int, math_attention: bool = False) -> dict:
+             in_flight: int, math_attention: bool = False, copies: bool = False) -> dict:
     """Everything a plan from the shapes is made of, besides the planner's own constants: two equal
     asks get the same plan. `run` hands its ask with its plan; the trainer compares its own."""
     return {"budget_bytes": int(budget_bytes), "resolution": int(resolution), "batch": int(batch),
             "lora_rank": int(lora_rank), "in_flight": int(in_flight), "math_attention": bool(math_attention),
-            "shape": asdict(shape)}
+            "copies": bool(copies), "shape": asdict(shape)}
 
 
 def ask_for_budget(budget_gib: float, resolution: int, batch: int = 1, rank: int = 32, in_flight: int = 2,
                    flux2_params: dict | None = None, margin_gib: float = DEFAULT_MARGIN_GIB,
-                   math_attention: bool = False) -> dict:
+                   math_attention: bool = False, copies: bool = False) -> dict:
     """The ask of plan_for_budget with the same arguments."""
     return plan_ask(Flux2Shape.from_params(flux2_params or {}), budget_bytes_of(budget_gib, margin_gib),
-                    resolution, batch, rank, in_flight, math_attention)
+                    resolution, batch, rank, in_flight, math_attention, copies)
 
 
 def hand_over(ask: dict, plan: MemoryPlan) -> str:
@@ -384,7 +429,7 @@ def ask_differences(planned: dict, found: dict) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m flux2_contract.memory_plan --budget-gib G [--margin-gib M] --resolution R [--batch B]
-    [--rank N] [--in-flight 1|2] [--flux2-params JSON]`: print the plan as JSON."""
+    [--rank N] [--in-flight 1|2] [--flux2-params JSON] [--copies]`: print the plan as JSON."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m flux2_contract.memory_plan")
@@ -395,10 +440,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rank", type=int, default=32)
     parser.add_argument("--in-flight", type=int, choices=(1, 2), default=2)
     parser.add_argument("--flux2-params", default="{}")
+    parser.add_argument("--copies", action="store_true", help="int4_w4a8: hold 8-bit weight copies with what is left")
     args = parser.parse_args(argv)
     try:
         plan = plan_for_budget(args.budget_gib, args.resolution, args.batch, args.rank, args.in_flight,
-                               json.loads(args.flux2_params), args.margin_gib)
+                               json.loads(args.flux2_params), args.margin_gib, copies=args.copies)
     except PlanError as error:
         print(json.dumps({"error": str(error)}))
         return 2

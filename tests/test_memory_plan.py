@@ -160,6 +160,54 @@ def test_the_launcher_asks_with_the_resolved_attention_kernels():
 
     process = {"model": {"model_kwargs": {"vram_budget_gib": 16, "sdpa_kernels": "math"}},
                "datasets": [{"resolution": [1024]}]}
-    assert memory_plan.plan_inputs(process)[-1] is True
+    assert memory_plan.plan_inputs(process)[-2] is True
     process["model"]["model_kwargs"]["sdpa_kernels"] = "experimental"
-    assert memory_plan.plan_inputs(process)[-1] is False
+    assert memory_plan.plan_inputs(process)[-2] is False
+
+
+def test_what_kept_activations_leave_holds_8bit_copies_forward_first():
+    """Copies only with inputs.copies, only of resident blocks, after every block that can keep its
+    activations has; every forward copy before any input gradient's; never past the budget."""
+    full = mp.plan_for_budget(76, 512, flux2_params={"depth_single_blocks": 36}, copies=True)
+    none = mp.plan_for_budget(76, 512, flux2_params={"depth_single_blocks": 36})
+    assert none.copies() == {} and none.copy_bytes == 0
+    assert full.kept() == none.kept() and len(full.kept()) == len(full.blocks)
+    counts = [b.copies for b in full.blocks]
+    assert counts == sorted(counts, reverse=True) and counts[-1] == 1 and counts[0] == 2
+    sizes = {b.name: b.copy_bytes for b in mp.flux2_inputs(mp.Flux2Shape(depth_single=36), 1, 512, copies=True).blocks}
+    assert full.copy_bytes == sum(count * sizes[name] for name, count in full.copies().items())
+    assert full.planned_bytes() <= full.budget_bytes < full.planned_bytes() + min(sizes.values())
+    assert "8-bit weight copies: 44 of 44 blocks' forward" in "\n".join(full.summary())
+
+
+def test_8bit_copies_never_take_room_from_activations_or_resident_weights():
+    for budget in (16, 22, 30):
+        with_copies = mp.plan_for_budget(budget, 1024, copies=True)
+        without = mp.plan_for_budget(budget, 1024)
+        assert (with_copies.streamed(), with_copies.kept()) == (without.streamed(), without.kept())
+        assert set(with_copies.copies()) <= {b.name for b in with_copies.blocks if b.weights == mp.RESIDENT}
+        assert with_copies.planned_bytes() <= with_copies.budget_bytes
+    streams = mp.plan_for_budget(16, 1024, copies=True)
+    assert streams.streamed() and streams.copies() == {}  # with a block streamed, none (even where one would fit)
+
+
+def test_the_ask_names_the_copies_and_a_handed_plan_carries_them():
+    asked = (76, 512, 1, 32, 2, {}, 1.0, False)
+    assert mp.ask_for_budget(*asked, True) != mp.ask_for_budget(*asked, False)
+    plan = mp.plan_for_budget(*asked, True)
+    _, back = mp.handed(mp.hand_over(mp.ask_for_budget(*asked, True), plan))
+    assert back.copies() == plan.copies() and back.copy_bytes == plan.copy_bytes
+
+
+def test_the_launcher_asks_for_copies_for_an_8bit_qtype_unless_off_or_in_register():
+    from launcher.runs import memory_plan
+
+    def asks(qtype, **kwargs):
+        process = {"model": {"qtype": qtype, "model_kwargs": {"vram_budget_gib": 76, **kwargs}},
+                   "datasets": [{"resolution": [512]}]}
+        return memory_plan.plan_inputs(process)[-1]
+
+    assert asks("int4_w4a8", w4a8_gemm="scaled_mm") is True
+    assert asks("int4_w4a8", w4a8_gemm="triton", hold_8bit_copies=False) is False
+    assert asks("int4_w4a8", w4a8_gemm="in_register") is False
+    assert asks("int4_fused") is False and asks("uint4") is False

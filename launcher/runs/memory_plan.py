@@ -59,7 +59,7 @@ def streams_on(process: dict, vram_gib: float | None, planner: "Planner | None" 
 
 def plan_inputs(process: dict, budget_gib: float | None = None) -> tuple:
     """What the trainer's planner is asked for one process of a rendered config, from its preset
-    budget (or `budget_gib`), run shape and attention kernels: plan_for_budget's arguments."""
+    budget (or `budget_gib`), run shape, attention kernels and qtype: plan_for_budget's arguments."""
     model = process.get("model") or {}
     kwargs = model.get("model_kwargs") or {}
     resolutions = []
@@ -69,7 +69,8 @@ def plan_inputs(process: dict, budget_gib: float | None = None) -> tuple:
     return (budget_gib or float(kwargs["vram_budget_gib"]), max(resolutions, default=1024),
             (process.get("train") or {}).get("batch_size", 1), (process.get("network") or {}).get("linear", 32),
             2 if kwargs.get("stream_mode") == "overlapped" else 1, kwargs.get("flux2_params") or {},
-            float(settings.read(kwargs, "vram_margin_gib")), kwargs.get("sdpa_kernels") == "math")
+            float(settings.read(kwargs, "vram_margin_gib")), kwargs.get("sdpa_kernels") == "math",
+            memory_plan.holds_8bit_copies(model.get("qtype"), kwargs))
 
 
 def plan_for(process: dict, budget_gib: float | None = None):

@@ -252,6 +252,23 @@ def configure_linears(model: nn.Module, qtype: str, model_kwargs=None, device=No
     return len(linears) if kernel.activations != BF16 else 0
 
 
+def eight_bit_linears(module: nn.Module) -> list:
+    """The Int4Linears of `module` that multiply with 8-bit activations through the GPU kernels:
+    the ones an 8-bit copy of the weight (toolkit/int4_w4a8.hold_8bit) can serve."""
+    return [m for m in module.modules() if isinstance(m, Int4Linear) and m.kernel.activations != BF16
+            and m.kernel.use_kernel is not False and kernel_available(m.scale)]
+
+
+def hold_block_copies(block: nn.Module, copies: int) -> int:
+    """A memory plan's 8-bit copies of one block (flux2_contract/memory_plan.py): with `copies` 1
+    its Linears' forward copies, with 2 their input gradient's too. Returns the bytes held."""
+    from toolkit.int4_w4a8 import hold_8bit
+
+    return sum(hold_8bit(m.qweight, m.scale, m.zero, m.group_size, m.kernel.activations, transposed)
+               for transposed in (False, True)[:copies] for m in eight_bit_linears(block)
+               if not (m.kernel.gemm == IN_REGISTER and not transposed))
+
+
 def hold_8bit_weights(model: nn.Module, budget_bytes: int) -> int:
     """Where VRAM allows: keep the 8-bit copies of the weights of `model`'s Int4Linears that multiply
     with 8-bit activations on a GPU (toolkit/int4_w4a8.hold_8bit), up to `budget_bytes` in all:
@@ -261,8 +278,7 @@ def hold_8bit_weights(model: nn.Module, budget_bytes: int) -> int:
     no forward copy (its forward reads the 4-bit weight). Returns the bytes held."""
     from toolkit.int4_w4a8 import hold_8bit, padded
 
-    linears = [m for m in model.modules() if isinstance(m, Int4Linear) and m.kernel.activations != BF16
-               and m.kernel.use_kernel is not False and kernel_available(m.scale)]
+    linears = eight_bit_linears(model)
     held = 0
     for transposed in (False, True):
         for m in linears:

@@ -21,8 +21,8 @@ import torch
 from toolkit import block_streaming, trainer_telemetry
 from flux2_contract.qtypes import STREAMABLE
 from flux2_contract.settings import read
-from flux2_contract.memory_plan import (GIB, Flux2Shape, PlanError, ask_differences, flux2_inputs, handed, make_plan,
-                                 plan_ask, size)
+from flux2_contract.memory_plan import (GIB, Flux2Shape, PlanError, ask_differences, flux2_inputs, handed,
+                                        holds_8bit_copies, make_plan, plan_ask, size)
 
 def run_shape(process) -> dict:
     """Resolution (the largest of the datasets), batch and LoRA rank of a training process."""
@@ -88,7 +88,7 @@ def shape_of(params) -> Flux2Shape:
 def plan_for(model_kwargs: dict, params, run: dict, budget: int, weight_bytes=None, nonblock_bytes=None):
     inputs = flux2_inputs(shape_of(params), budget, run["resolution"], run["batch"], run["lora_rank"],
                           weight_bytes=weight_bytes, nonblock_bytes=nonblock_bytes, in_flight=in_flight(model_kwargs),
-                          math_attention=math_attention(model_kwargs))
+                          math_attention=math_attention(model_kwargs), copies=run["copies"])
     try:
         return make_plan(inputs)
     except PlanError as error:
@@ -103,15 +103,17 @@ def storage_bytes(tensor: torch.Tensor) -> int:
     return sum(storage_bytes(getattr(tensor, name)) for name in names)
 
 
-def tensor_bytes(module: torch.nn.Module) -> int:
-    tensors = list(module.parameters()) + list(module.buffers())
-    return sum(storage_bytes(t) for t in tensors if not t.requires_grad)
+def tensor_bytes(module: torch.nn.Module, frozen_only: bool) -> int:
+    tensors = [*module.parameters(), *module.buffers()]
+    return sum(storage_bytes(t) for t in tensors if not (frozen_only and t.requires_grad))
 
 
 def measured(transformer, plan) -> tuple[dict, int]:
-    """Each block's bytes as loaded, and the bytes outside the blocks."""
-    blocks = {b.name: tensor_bytes(transformer.get_submodule(b.name)) for b in plan.blocks}
-    return blocks, tensor_bytes(transformer) - sum(blocks.values())
+    """Each block's frozen bytes as loaded (what streaming moves), and every other byte: the weights
+    outside the blocks, and block tensors that still require grad, which stay on the device (at load
+    no LoRA is attached: an unquantized base's weights, which the trainer freezes later)."""
+    blocks = {b.name: tensor_bytes(transformer.get_submodule(b.name), frozen_only=True) for b in plan.blocks}
+    return blocks, tensor_bytes(transformer, frozen_only=False) - sum(blocks.values())
 
 
 HOST = torch.device("cpu")
@@ -182,15 +184,21 @@ def before_load(base_model, params):
               flush=True)
         return None
     run = getattr(base_model, "memory_plan_run", None) or {"resolution": 1024, "batch": 1, "lora_rank": 32}
+    run = {**run, "copies": holds_8bit_copies(base_model.model_config.qtype, kwargs)}
     base_model.memory_plan_budget = (budget, run)
-    plan = handed_or_planned(kwargs, params, run, budget)
-    if plan.streamed() and base_model.model_config.qtype not in STREAMABLE:
-        print(f"memory plan: {len(plan.streamed())} blocks would be streamed at a {budget / GIB:.2f} GiB budget, "
-              f"but streaming carries only the qtypes {', '.join(STREAMABLE)} (this run: qtype "
-              f"{base_model.model_config.qtype}): every block resident, as without a plan. Set qtype int4_fused "
-              f"in the preset (or run `python -m launcher selftest` for qtype auto) to stream.", flush=True)
-        return None
-    return plan
+    return carried(handed_or_planned(kwargs, params, run, budget), base_model.model_config.qtype, budget)
+
+
+def carried(plan, qtype: str, budget: int):
+    """The plan, or None (every block resident, as without a plan, saying so) where it streams blocks
+    of a qtype that streaming does not carry."""
+    if not plan.streamed() or qtype in STREAMABLE:
+        return plan
+    print(f"memory plan: {len(plan.streamed())} blocks would be streamed at a {budget / GIB:.2f} GiB budget, "
+          f"but streaming carries only the qtypes {', '.join(STREAMABLE)} (this run: qtype {qtype}): every block "
+          f"resident, as without a plan. Set qtype int4_fused in the preset (or run `python -m launcher selftest` "
+          f"for qtype auto) to stream.", flush=True)
+    return None
 
 
 def handed_or_planned(kwargs: dict, params, run: dict, budget: int):
@@ -200,7 +208,7 @@ def handed_or_planned(kwargs: dict, params, run: dict, budget: int):
     if text is None:
         return plan_for(kwargs, params, run, budget)
     found = plan_ask(shape_of(params), budget, run["resolution"], run["batch"], run["lora_rank"], in_flight(kwargs),
-                     math_attention(kwargs))
+                     math_attention(kwargs), run["copies"])
     try:
         ask, plan = handed(text)
     except ValueError as error:
@@ -212,8 +220,23 @@ def handed_or_planned(kwargs: dict, params, run: dict, budget: int):
     return plan_for(kwargs, params, run, budget)
 
 
+def hold_copies(transformer, plan) -> list[str]:
+    """The plan's 8-bit weight copies, made once the blocks are placed; a line where none could be."""
+    from toolkit.int4_linear import hold_block_copies
+
+    if not plan.copies():
+        return []
+    held = sum(hold_block_copies(transformer.get_submodule(name), count) for name, count in plan.copies().items())
+    if not held:
+        return ["  8-bit weight copies: none held (no 8-bit GPU kernel runs here: the matmuls requantize)"]
+    # a block the plan from the loaded sizes made resident is still on the host here: it holds none
+    short = f" of the {size(plan.copy_bytes)} planned" if held < plan.copy_bytes else ""
+    return [f"  8-bit weight copies held: {size(held)}{short}"]
+
+
 def after_load(base_model, transformer, params, plan):
-    """Re-plan where the loaded sizes differ from the plan's, stream what the plan says, record it."""
+    """Re-plan where the loaded sizes differ from the plan's, stream what the plan says, record it;
+    None where the plan from the loaded sizes is not carried (`carried`)."""
     kwargs = base_model.model_config.model_kwargs
     budget, run = base_model.memory_plan_budget
     weights, nonblock = measured(transformer, plan)
@@ -224,10 +247,13 @@ def after_load(base_model, transformer, params, plan):
         print(f"memory plan: {changed} of {len(weights)} loaded blocks{rest} differ from the sizes planned from the "
               f"shapes ({size(sum(weights.values()) + nonblock)} loaded, not {size(sum(blocks.values()) + outside)}): "
               "planning again from the loaded sizes", flush=True)
-        plan = plan_for(kwargs, params, run, budget, weight_bytes=weights, nonblock_bytes=nonblock)
+        plan = carried(plan_for(kwargs, params, run, budget, weight_bytes=weights, nonblock_bytes=nonblock),
+                       base_model.model_config.qtype, budget)
+        if plan is None:
+            return None
     mode = stream_mode(kwargs)
     block_streaming.install(transformer, plan, base_model.device_torch, mode)
-    for line in plan.summary() + ([f"  stream mode: {mode}"] if plan.streamed() else []):
+    for line in plan.summary() + ([f"  stream mode: {mode}"] if plan.streamed() else []) + hold_copies(transformer, plan):
         print(line, flush=True)
     trainer_telemetry.record_event("memory_plan", memory_plan={**plan.to_json(), "stream_mode": mode})
     return plan

@@ -273,12 +273,12 @@ INTERPRETED = textwrap.dedent(
 )
 
 
-def interpreted(script_text: str, trainer_checkout, tmp_path, timeout: int):
+def interpreted(script_text: str, trainer_checkout, tmp_path, timeout: int, *args: str):
     """The last line of `script_text`'s output, as JSON, run in a fresh interpreter under Triton's
-    CPU interpreter with the trainer checkout as its argument."""
+    CPU interpreter with the trainer checkout and `args` as its arguments."""
     script = tmp_path / "interpreted.py"
     script.write_text(script_text, encoding="utf-8")
-    out = subprocess.run([sys.executable, str(script), str(Path(trainer_checkout))],
+    out = subprocess.run([sys.executable, str(script), str(Path(trainer_checkout)), *args],
                          env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -402,3 +402,65 @@ def test_hold_8bit_weights_forward_copies_first_within_the_budget(mods, trainer_
     result = interpreted(HOLD, trainer_checkout, tmp_path, timeout=600)
     assert result["held"] == result["budget"]
     assert result["where"] == [[True, True], [True, False], [True, False], [False, False]]
+
+
+PLANNED_COPIES = textwrap.dedent(
+    """
+    import json, sys, torch
+    sys.path.insert(0, sys.argv[1])
+    from toolkit import int4_linear as il, int4_w4a8 as w, memory_budget
+    from flux2_contract.memory_plan import BlockPlan, MemoryPlan
+    from flux2_contract.qtypes import Int4Kernel
+    torch.manual_seed(0)
+
+    def block():
+        layers = [il.Int4Linear.from_linear(torch.nn.Linear(64, 128, bias=False).half()) for _ in range(2)]
+        for m in layers:
+            m.kernel = Int4Kernel("int8", "triton")
+        return torch.nn.Sequential(*layers)
+
+    model = torch.nn.Module()
+    model.double_blocks = torch.nn.ModuleList([block(), block()])
+    model.single_blocks = torch.nn.ModuleList([block()])
+    names = ["double_blocks.0", "double_blocks.1", "single_blocks.0"]
+    counts = [int(c) for c in sys.argv[2].split(",")]
+    plan = MemoryPlan(budget_bytes=0, blocks=[BlockPlan(n, "resident", "kept", 0, c) for n, c in zip(names, counts)],
+                      copy_bytes=int(sys.argv[3]))
+    lines = memory_budget.hold_copies(model, plan)
+    where = {n: [[w.held_8bit(m.qweight, "int8", t) is not None for t in (False, True)]
+                 for m in model.get_submodule(n)] for n in names}
+    print(json.dumps({"lines": lines, "where": where}))
+    """
+)
+
+
+def test_the_plans_8bit_copies_are_held_per_block_and_orientation(mods, trainer_checkout, tmp_path):
+    """memory_budget.hold_copies carries out a plan's copies: 2 (forward and input gradient), 1
+    (forward) or none per block, and says how much it held, and where less than planned."""
+    il, w = mods
+    if not il.HAVE_TRITON:
+        pytest.skip("triton does not import here")
+    forward, gradient = 128 * w.padded(64), 64 * w.padded(128)  # a byte per weight, the inner width padded
+    result = interpreted(PLANNED_COPIES, trainer_checkout, tmp_path, 600, "2,1,0", str(4 * forward + 2 * gradient))
+    assert result["where"] == {"double_blocks.0": [[True, True]] * 2, "double_blocks.1": [[True, False]] * 2,
+                               "single_blocks.0": [[False, False]] * 2}
+    assert result["lines"] == [f"  8-bit weight copies held: {(4 * forward + 2 * gradient) / 1024:.1f} KiB"]
+    short = interpreted(PLANNED_COPIES, trainer_checkout, tmp_path, 600, "0,1,0", str(4 * forward))
+    assert short["lines"] == [f"  8-bit weight copies held: {2 * forward / 1024:.1f} KiB of the "
+                              f"{4 * forward / 1024:.1f} KiB planned"]
+
+
+def test_without_an_8bit_gpu_kernel_the_planned_copies_are_none_and_said(mods):
+    il, _ = mods
+    from flux2_contract.memory_plan import BlockPlan, MemoryPlan
+    from flux2_contract.qtypes import Int4Kernel
+    from toolkit import memory_budget
+
+    layer = il.Int4Linear.from_linear(torch.nn.Linear(64, 128, bias=False).half())
+    layer.kernel = Int4Kernel("int8", "triton")
+    model = torch.nn.Module()
+    model.double_blocks = torch.nn.ModuleList([torch.nn.Sequential(layer)])
+    plan = MemoryPlan(budget_bytes=0, blocks=[BlockPlan("double_blocks.0", "resident", "kept", 0, 2)], copy_bytes=1)
+    assert memory_budget.hold_copies(model, plan) == [
+        "  8-bit weight copies: none held (no 8-bit GPU kernel runs here: the matmuls requantize)"]
+    assert memory_budget.hold_copies(model, MemoryPlan(budget_bytes=0, blocks=[])) == []

@@ -16,7 +16,7 @@ GIB = 2**30
 FLUX2_PARAMS = {"hidden_size": 64, "num_heads": 2, "depth": 2, "depth_single_blocks": 2, "mlp_ratio": 3.0,
                 "context_in_dim": 32, "in_channels": 16}
 PARAMS = SimpleNamespace(**FLUX2_PARAMS)
-RUN = {"resolution": 256, "batch": 1, "lora_rank": 8}
+RUN = {"resolution": 256, "batch": 1, "lora_rank": 8, "copies": False}
 
 
 @pytest.fixture
@@ -138,3 +138,43 @@ def test_a_launch_plan_run_did_not_write_is_named_and_planned_again(modules, cap
     out = capsys.readouterr().out
     assert "memory plan: model_kwargs launch_plan is not a plan `python -m launcher run` wrote" in out
     assert out.rstrip().endswith(": planning again")
+
+
+
+class Trainable(torch.nn.Module):
+    """An unquantized block: its weights still require grad when the plan measures them."""
+
+    def __init__(self, nbytes: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(nbytes // 2, dtype=torch.bfloat16))
+
+
+def test_block_weights_that_require_grad_at_load_are_planned_as_always_resident(modules):
+    """An unquantized base (its weights require grad until the trainer freezes them) is not planned
+    as weightless: its block tensors stay on the device (streaming moves frozen tensors only), so
+    they count with the weights outside the blocks."""
+    mb = modules.budget
+    blocks = {"double_blocks.0": 4096, "single_blocks.0": 2048}
+    loaded = Holding(512)
+    loaded.double_blocks = torch.nn.ModuleList([Trainable(blocks["double_blocks.0"])])
+    loaded.single_blocks = torch.nn.ModuleList([Holding(blocks["single_blocks.0"])])
+    plan = SimpleNamespace(blocks=[SimpleNamespace(name=name) for name in blocks])
+    assert mb.measured(loaded, plan) == ({"double_blocks.0": 0, "single_blocks.0": 2048}, 512 + 4096)
+
+
+def test_a_replan_that_would_stream_a_qtype_streaming_does_not_carry_keeps_every_block_resident(modules, capsys):
+    """Frozen blocks of a qtype outside the streamable ones, loaded larger than planned: the plan from
+    the loaded sizes would stream, so it is dropped (every block resident, as without a plan), and said."""
+    mp, mb = modules.plan, modules.budget
+    whole = mp.plan_for_budget(1.0, RUN["resolution"], RUN["batch"], RUN["lora_rank"], 1, FLUX2_PARAMS, 0)
+    sizes, outside = whole.assumed_sizes()
+    budget_gib = (sum(whole.fixed_bytes.values()) + sum(sizes.values()) + 1) / GIB  # every block resident, just
+    model = base_model(settings(budget_gib))
+    model.model_config.qtype = "qfloat8"
+    plan = mb.before_load(model, PARAMS)
+    assert plan is not None and not plan.streamed()
+    grown = {name: nbytes + 4096 for name, nbytes in sizes.items()}
+    assert mb.after_load(model, transformer(grown, outside), PARAMS, plan) is None
+    out = capsys.readouterr().out
+    assert "4 of 4 loaded blocks differ" in out and "(this run: qtype qfloat8): every block resident" in out
+    assert modules.installed == []
