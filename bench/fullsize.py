@@ -16,7 +16,8 @@ Three steps, each a subcommand:
            transformer (the trainer's Klein4BParams / Klein9BParams, 7.2 / 17 GiB) and its Qwen3-4B /
            Qwen3-8B encoder (7.5 / 15 GiB) in their real shapes instead
   launch   (there) one `launcher run` of a preset with the steps cut short, while the trainer's
-           host memory is sampled every 0.2 s; one JSON object of figures
+           host memory is sampled every 0.2 s; one JSON object of figures. Refused before it
+           starts where a dataset's resolution is above the images `prepare` made (--image-size)
 
     python -m bench.fullsize pack --workdir W --image-freeze FREEZE.txt
     python3 -m bench.fullsize prepare --carry .bench-carry --root R
@@ -312,6 +313,27 @@ def build_assets(trainer: Path, out: Path, model_dir: Path, args) -> None:
         shape = {**QWEN3_SHAPES[args.model], **({"intermediate_size": args.te_mlp} if args.te_mlp else {}), **args.te_shape}
         timed("text encoder", lambda: build_qwen3_encoder(folder, shape))
     tiny_assets.build_dataset(out, seed=0, size=args.image_size, count=args.images)
+    (out / PREPARED).write_text(json.dumps({"image_size": args.image_size}) + "\n", encoding="utf-8")
+
+
+PREPARED = "prepared.json"
+"""What `prepare` made in R/assets, for `launch` to check against: the dataset's image size."""
+
+
+def too_large(assets: Path, process: dict) -> str | None:
+    """Why a launch would not train at its resolution: one above the prepared images' size, which the
+    trainer would train at the images' own size, unlike the plan and the label. None where it can."""
+    try:
+        size = json.loads((assets / PREPARED).read_text(encoding="utf-8"))["image_size"]
+    except FileNotFoundError:
+        return None  # assets of a prepare before this check
+    for dataset in process.get("datasets") or []:
+        value = dataset.get("resolution", 512)
+        largest = max(value if isinstance(value, list) else [value])
+        if largest > size:
+            return (f"resolution {largest} is above the {size} px images `prepare` made in {assets}: "
+                    f"prepare again with --image-size {largest}")
+    return None
 
 
 def build_klein_transformer(args, model_dir: Path) -> None:
@@ -445,6 +467,10 @@ def launch(args) -> int:
         target[last] = yaml.safe_load(value)
     for key, value in (args.launcher_set or []):
         preset.setdefault("launcher", {})[key] = yaml.safe_load(value)
+    why = too_large(root / "assets", process)
+    if why:
+        print(f"bench.fullsize launch {args.label}: {why}", file=sys.stderr)
+        return 2
     short = root / "presets" / f"{args.label}.yaml"
     short.parent.mkdir(parents=True, exist_ok=True)
     short.write_text(yaml.safe_dump(preset, sort_keys=False), encoding="utf-8")
