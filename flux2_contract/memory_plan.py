@@ -325,7 +325,7 @@ def flux2_inputs(shape: Flux2Shape, budget_bytes: int, resolution: int, batch: i
     """Plan inputs from the shapes; `weight_bytes` (name -> bytes, measured on the loaded model)
     and `nonblock_bytes` replace the estimates when given; `math_attention`: only the math
     attention runs (sdpa_kernels: math); `copies`: the qtype multiplies through 8-bit copies of the
-    weights (copies_8bit), which what is left of the budget may hold."""
+    weights (holds_8bit_copies), which what is left of the budget may hold."""
     double, single = block_linears(shape)
     seq = batch * tokens(resolution)
     activation = seq * shape.hidden * ACTIVATION_WIDTHS * BF16

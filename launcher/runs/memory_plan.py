@@ -10,10 +10,11 @@ plan that streams is dropped and every block stays resident, under an allocator 
 budget. So a preset whose plan streams with such a qtype is refused here, not shown as a plan the
 trainer would not carry out.
 
-One launch asks the planner once for each budget and run shape (`Planner`): `qtype: auto`, the
-printed plan and each card's plan of `run --gpus N` share the answer, and the plan goes to the
-trainer with the config (model_kwargs `launch_plan`, with the budget bytes and run shape it was made
-for), which plans again only where it finds others, and says so.
+One launch asks the planner once for each ask (budget, run shape, and whether the qtype's 8-bit
+weight copies may take what is left; `Planner`): `qtype: auto`, the printed plan and each card's
+plan of `run --gpus N` share the answer where the qtype chosen leaves the ask as it was, and the
+plan goes to the trainer with the config (model_kwargs `launch_plan`, with the ask it was made
+for), which plans again only where it finds another, and says so.
 """
 
 import json
