@@ -58,16 +58,21 @@ def streams_on(process: dict, vram_gib: float | None, planner: "Planner | None" 
         return True
 
 
+def resolutions(process: dict) -> list:
+    """Every resolution a process's datasets train at (a dataset's one value or its list; 512 unset)."""
+    found = []
+    for dataset in process.get("datasets") or []:
+        value = dataset.get("resolution", 512)
+        found += value if isinstance(value, list) else [value]
+    return found
+
+
 def plan_inputs(process: dict, budget_gib: float | None = None) -> tuple:
     """What the trainer's planner is asked for one process of a rendered config, from its preset
     budget (or `budget_gib`), run shape, attention kernels and qtype: plan_for_budget's arguments."""
     model = process.get("model") or {}
     kwargs = model.get("model_kwargs") or {}
-    resolutions = []
-    for dataset in process.get("datasets") or []:
-        value = dataset.get("resolution", 512)
-        resolutions += value if isinstance(value, list) else [value]
-    return (budget_gib or float(kwargs["vram_budget_gib"]), max(resolutions, default=1024),
+    return (budget_gib or float(kwargs["vram_budget_gib"]), max(resolutions(process), default=1024),
             (process.get("train") or {}).get("batch_size", 1), (process.get("network") or {}).get("linear", 32),
             2 if kwargs.get("stream_mode") == "overlapped" else 1, kwargs.get("flux2_params") or {},
             float(settings.read(kwargs, "vram_margin_gib")), kwargs.get("sdpa_kernels") == "math",

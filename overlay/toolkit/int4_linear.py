@@ -260,13 +260,13 @@ def eight_bit_linears(module: nn.Module) -> list:
 
 
 def hold_block_copies(block: nn.Module, copies: int) -> int:
-    """A memory plan's 8-bit copies of one block (flux2_contract/memory_plan.py): with `copies` 1
-    its Linears' forward copies, with 2 their input gradient's too. Returns the bytes held."""
+    """A memory plan's 8-bit copies of one block (flux2_contract/memory_plan.py, which plans none for
+    gemm in_register): with `copies` 1 its Linears' forward copies, with 2 their input gradient's
+    too. Returns the bytes held."""
     from toolkit.int4_w4a8 import hold_8bit
 
     return sum(hold_8bit(m.qweight, m.scale, m.zero, m.group_size, m.kernel.activations, transposed)
-               for transposed in (False, True)[:copies] for m in eight_bit_linears(block)
-               if not (m.kernel.gemm == IN_REGISTER and not transposed))
+               for transposed in (False, True)[:copies] for m in eight_bit_linears(block))
 
 
 def hold_8bit_weights(model: nn.Module, budget_bytes: int) -> int:

@@ -253,7 +253,8 @@ def after_load(base_model, transformer, params, plan):
             return None
     mode = stream_mode(kwargs)
     block_streaming.install(transformer, plan, base_model.device_torch, mode)
-    for line in plan.summary() + ([f"  stream mode: {mode}"] if plan.streamed() else []) + hold_copies(transformer, plan):
+    held = hold_copies(transformer, plan)
+    for line in plan.summary() + ([f"  stream mode: {mode}"] if plan.streamed() else []) + held:
         print(line, flush=True)
     trainer_telemetry.record_event("memory_plan", memory_plan={**plan.to_json(), "stream_mode": mode})
     return plan

@@ -140,7 +140,6 @@ def test_a_launch_plan_run_did_not_write_is_named_and_planned_again(modules, cap
     assert out.rstrip().endswith(": planning again")
 
 
-
 class Trainable(torch.nn.Module):
     """An unquantized block: its weights still require grad when the plan measures them."""
 
