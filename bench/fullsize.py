@@ -323,16 +323,18 @@ PREPARED = "prepared.json"
 def too_large(assets: Path, process: dict) -> str | None:
     """Why a launch would not train at its resolution: one above the prepared images' size, which the
     trainer would train at the images' own size, unlike the plan and the label. None where it can."""
+    from launcher.runs.memory_plan import resolutions
+
     try:
         size = json.loads((assets / PREPARED).read_text(encoding="utf-8"))["image_size"]
     except FileNotFoundError:
         return None  # assets of a prepare before this check
-    for dataset in process.get("datasets") or []:
-        value = dataset.get("resolution", 512)
-        largest = max(value if isinstance(value, list) else [value])
-        if largest > size:
-            return (f"resolution {largest} is above the {size} px images `prepare` made in {assets}: "
-                    f"prepare again with --image-size {largest}")
+    except (ValueError, KeyError, TypeError) as error:
+        return f"{assets / PREPARED} is not what `prepare` writes ({error!r}): prepare again"
+    largest = max(resolutions(process), default=0)
+    if largest > size:
+        return (f"resolution {largest} is above the {size} px images `prepare` made in {assets}: "
+                f"prepare again with --image-size {largest}")
     return None
 
 

@@ -31,3 +31,6 @@ def test_resolutions_within_the_prepared_images_and_older_assets_pass(tmp_path):
     assert fullsize.too_large(tmp_path / "older", process) is None  # assets prepared before the check
     assert "resolution 768" in fullsize.too_large(prepared(tmp_path / "512", 512) / "assets", process)
     assert fullsize.too_large(prepared(tmp_path / "768", 768) / "assets", process) is None
+    broken = prepared(tmp_path / "broken", 768) / "assets"
+    (broken / fullsize.PREPARED).write_text("[768]", encoding="utf-8")
+    assert "prepared.json is not what `prepare` writes" in fullsize.too_large(broken, process)
