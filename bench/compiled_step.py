@@ -16,7 +16,7 @@ go, and the 8-bit matmul's parts per FLUX.2 block Linear shape.
   kernels  per block Linear shape at 512 px: bf16 cuBLAS, the 8-bit matmul as the trainer runs it
            (forward and input gradient), its parts (activation quantization, the requantization per
            tile, torch._scaled_mm, with fast accumulation too, and its relative difference), and
-           with the 8-bit weight held (toolkit/int4_w4a8.hold_8bit); summed per step with the
+           with the 8-bit weight held (toolkit/int4_linear.Int4Linear.hold_copy); summed per step with the
            layer counts of the 44 blocks (forward twice: the pass and its recompute).
 
     python3 -m bench.compiled_step steps --trainer T --base-trainer T0 --variants w4a8@base,bf16,w4a8 --out S.jsonl

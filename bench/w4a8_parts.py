@@ -99,11 +99,9 @@ def shape_row(w, qtypes, name, M, N, K, count, device) -> dict:
         ms[f"scaled_mm_{label}"] = bench(lambda: gemm(False))
         ms[f"scaled_mm_fast_{label}"] = bench(lambda: gemm(True))
         row[f"fast_accum_difference_{label}"] = relative(gemm(True), gemm(False))
-    for transposed in (False, True):
-        w.hold_8bit(qweight, scale, zero, 64, fp8, transposed)
-    ms["held_fwd"] = bench(lambda: w.w4a8_matmul(x, qweight, scale, zero, 64, kernel, True, False))
-    ms["held_bwd"] = bench(lambda: w.w4a8_matmul(dy, qweight, scale, zero, 64, kernel, True, True))
-    w.drop_8bit(qweight)
+    copies = [w.eight_bit_copy(qweight, scale, zero, 64, fp8, transposed)[0] for transposed in (False, True)]
+    ms["held_fwd"] = bench(lambda: w.w4a8_matmul(x, qweight, scale, zero, 64, kernel, True, False, copies[0]))
+    ms["held_bwd"] = bench(lambda: w.w4a8_matmul(dy, qweight, scale, zero, 64, kernel, True, True, copies[1]))
     row["tflops_bf16_fwd"] = 2 * M * N * K / ms["bf16_fwd"] / 1e9
     row["tflops_scaled_mm_fwd"] = 2 * M * N * K / ms["scaled_mm_fwd"] / 1e9
     row["requantize_gbps_fwd"] = N * K * 1.5 / ms["requantize_fwd"] / 1e6  # 4-bit read, 8-bit written

@@ -19,7 +19,7 @@ What one step needs on the device (bytes):
   streamed blocks in flight (one computing, the next being copied; one when serialized); the
   streamed blocks of one size are spread among the resident ones, so a copy overlaps more compute;
 - what is left keeps the activations of resident blocks (no recompute), in model order;
-- then, for `int4_w4a8`, 8-bit copies of resident blocks' weights (toolkit/int4_w4a8.hold_8bit), in
+- then, for `int4_w4a8`, 8-bit copies of resident blocks' weights (toolkit/int4_linear.Int4Linear.hold_copy), in
   model order: first each block's forward copy (its forward and its recompute skip requantizing the
   4-bit weight), then its input gradient's. A kept activation saves a block's whole recompute, several
   times what the same bytes of copies save (bench/RESULTS.md), so copies come last; and only where
@@ -293,7 +293,7 @@ def int4_bytes(in_features: int, out_features: int, group_size: int = 64) -> int
 
 
 def copy_bytes(in_features: int, out_features: int) -> int:
-    """One 8-bit copy of a Linear's weight (toolkit/int4_w4a8.hold_8bit): a byte per weight; its
+    """One 8-bit copy of a Linear's weight (toolkit/int4_linear.Int4Linear.hold_copy): a byte per weight; its
     inner width padded to 128 (int4_w4a8.K_ALIGN) adds none at FLUX.2's widths."""
     return in_features * out_features
 

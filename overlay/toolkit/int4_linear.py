@@ -12,7 +12,9 @@ Under torch.compile (toolkit/block_compile.py) the matmul is a PyTorch operator 
 node of known output shape, so a block compiles as one graph around its 4-bit Linears while the
 kernels inside (Triton, torch._scaled_mm, the sliced requantization) run as they do uncompiled.
 Uncompiled, the same kernels run through a plain autograd.Function: the operator's dispatch costs
-more host time per call, and a step makes over a thousand of them.
+more host time per call, and a step makes over a thousand of them. A layer that holds its 8-bit
+copies (a memory plan's, `hold_copy`) and multiplies FP8 through torch._scaled_mm needs neither
+inside a compiled block: its matmul is plain PyTorch the graph traces (CopyMatmulFunction).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from toolkit.int4_kernels import (  # noqa: F401  (GROUP_SIZE, quantize_weight: 
     reference_matmul_bwd,
     reference_matmul_fwd,
 )
+from toolkit import int4_w4a8
 from flux2_contract.qtypes import BF16, IN_REGISTER, QTYPES, Int4Kernel, kernel_for
 
 FORMAT = "int4_fused"
@@ -43,13 +46,12 @@ FORMAT_VERSION = 1
 # --------------------------------------------------------------------------- autograd and the operator
 
 
-def _multiply(a2d, qweight, scale, zero, group_size, activations, gemm, chunk_bytes, use_kernel, transposed):
-    """a2d @ W^T, or a2d @ W (transposed: the input gradient), the way the layer's kernel says."""
+def _multiply(a2d, qweight, scale, zero, copy, group_size, activations, gemm, chunk_bytes, use_kernel, transposed):
+    """a2d @ W^T, or a2d @ W (transposed: the input gradient), the way the layer's kernel says;
+    `copy` is the layer's 8-bit copy of W in this orientation, or None."""
     if activations != BF16:
-        from toolkit.int4_w4a8 import w4a8_matmul
-
         kernel = Int4Kernel(activations, gemm, chunk_bytes, use_kernel)
-        return w4a8_matmul(a2d, qweight, scale, zero, group_size, kernel, use_kernel, transposed)
+        return int4_w4a8.w4a8_matmul(a2d, qweight, scale, zero, group_size, kernel, use_kernel, transposed, copy)
     if use_kernel:
         matmul = int4_matmul_bwd if transposed else int4_matmul_fwd
         return matmul(a2d, qweight, scale, zero, group_size, chunk_bytes)
@@ -58,18 +60,20 @@ def _multiply(a2d, qweight, scale, zero, group_size, activations, gemm, chunk_by
 
 
 @torch.library.custom_op("flux2_24gb::int4_matmul", mutates_args=())
-def int4_matmul(x2d: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int,
+def int4_matmul(x2d: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+                copy: Optional[torch.Tensor], input_grad_copy: Optional[torch.Tensor], group_size: int,
                 activations: str, gemm: str, chunk_bytes: int, use_kernel: bool) -> torch.Tensor:
-    """x2d[M, K] @ W^T -> [M, N] in x2d's dtype, W the frozen 4-bit weight [N, K]."""
-    return _multiply(x2d, qweight, scale, zero, group_size, activations, gemm, chunk_bytes, use_kernel, False)
+    """x2d[M, K] @ W^T -> [M, N] in x2d's dtype, W the frozen 4-bit weight [N, K]; `copy` and
+    `input_grad_copy` the layer's 8-bit copies of W (forward, input gradient) or None."""
+    return _multiply(x2d, qweight, scale, zero, copy, group_size, activations, gemm, chunk_bytes, use_kernel, False)
 
 
 @torch.library.custom_op("flux2_24gb::int4_matmul_input_grad", mutates_args=())
 def int4_matmul_input_grad(dy2d: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
-                           group_size: int, activations: str, gemm: str, chunk_bytes: int,
-                           use_kernel: bool) -> torch.Tensor:
+                           copy: Optional[torch.Tensor], group_size: int, activations: str, gemm: str,
+                           chunk_bytes: int, use_kernel: bool) -> torch.Tensor:
     """dy2d[M, N] @ W -> [M, K] in dy2d's dtype: the input gradient of int4_matmul."""
-    return _multiply(dy2d, qweight, scale, zero, group_size, activations, gemm, chunk_bytes, use_kernel, True)
+    return _multiply(dy2d, qweight, scale, zero, copy, group_size, activations, gemm, chunk_bytes, use_kernel, True)
 
 
 @int4_matmul.register_fake
@@ -83,9 +87,10 @@ def _(dy2d, qweight, *settings):
 
 
 def _keep_for_backward(ctx, inputs, output):
-    """Nothing but the packed weight is kept: no dequantized weight is ever stored."""
-    _, qweight, scale, zero, *settings = inputs
-    ctx.save_for_backward(qweight, scale, zero)
+    """Nothing but the packed weight (and the input gradient's copy, where held) is kept: no
+    dequantized weight is ever stored."""
+    _, qweight, scale, zero, _, input_grad_copy, *settings = inputs
+    ctx.save_for_backward(qweight, scale, zero, input_grad_copy)
     ctx.settings = settings
 
 
@@ -93,7 +98,7 @@ def _backward(ctx, dy2d):
     dx = None
     if ctx.needs_input_grad[0]:
         dx = int4_matmul_input_grad(dy2d, *ctx.saved_tensors, *ctx.settings)
-    return dx, None, None, None, None, None, None, None, None
+    return (dx,) + (None,) * 10
 
 
 int4_matmul.register_autograd(_backward, setup_context=_keep_for_backward)
@@ -103,15 +108,38 @@ class Int4LinearFunction(torch.autograd.Function):
     """int4_matmul's autograd without the operator: what runs uncompiled."""
 
     @staticmethod
-    def forward(ctx, x2d, qweight, scale, zero, *settings):
-        ctx.save_for_backward(qweight, scale, zero)
+    def forward(ctx, x2d, qweight, scale, zero, copy, input_grad_copy, *settings):
+        ctx.save_for_backward(qweight, scale, zero, input_grad_copy)
         ctx.settings = settings
-        return _multiply(x2d, qweight, scale, zero, *settings, False)
+        return _multiply(x2d, qweight, scale, zero, copy, *settings, False)
 
     @staticmethod
     def backward(ctx, dy2d):
         dx = _multiply(dy2d, *ctx.saved_tensors, *ctx.settings, True) if ctx.needs_input_grad[0] else None
-        return dx, None, None, None, None, None, None, None, None
+        return (dx,) + (None,) * 10
+
+
+class CopyMatmulFunction(torch.autograd.Function):
+    """A compiled block's FP8 matmul against the layer's held forward copy (toolkit/int4_w4a8
+    traced_copy_matmul): plain PyTorch that the block's graph traces, so Inductor fuses the
+    activation's quantization into the kernel before it. The input gradient traces the same way
+    against the held input-gradient copy, or is int4_matmul_input_grad's operator without one."""
+
+    @staticmethod
+    def forward(ctx, x2d, copy, column_scale, input_grad_copy, input_grad_scale, qweight, scale, zero, *settings):
+        ctx.save_for_backward(input_grad_copy, input_grad_scale, qweight, scale, zero)
+        ctx.settings = settings
+        return int4_w4a8.traced_copy_matmul(x2d, copy, column_scale)
+
+    @staticmethod
+    def backward(ctx, dy2d):
+        copy, column_scale, qweight, scale, zero = ctx.saved_tensors
+        kernel = Int4Kernel(*ctx.settings[1:])
+        if copy is not None and int4_w4a8.traceable_copy(dy2d, copy, kernel):
+            dx = int4_w4a8.traced_copy_matmul(dy2d, copy, column_scale)
+        else:
+            dx = int4_matmul_input_grad(dy2d, qweight, scale, zero, copy, *ctx.settings)
+        return (dx,) + (None,) * 12
 
 
 # --------------------------------------------------------------------------- module
@@ -145,6 +173,10 @@ class Int4Linear(nn.Module):
             self.bias = None
         # how the matmuls run (flux2_contract/qtypes.py); not stored in the cache: the qtype decides it
         self.kernel = kernel or Int4Kernel()
+        # 8-bit copies of the weight (hold_copy), (codes, output column scales) or None: plain
+        # attributes, so no state dict, checkpoint or move carries them (used where the weight is)
+        self.forward_copy = None
+        self.input_grad_copy = None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = GROUP_SIZE, dtype=None,
@@ -205,15 +237,39 @@ class Int4Linear(nn.Module):
     def dequantize(self, dtype=None) -> torch.Tensor:
         return dequantize_weight(self.qweight, self.scale, self.zero, self.group_size, dtype)
 
+    def hold_copy(self, transposed: bool) -> int:
+        """Hold the weight's 8-bit copy for the forward (or, transposed, the input gradient), so those
+        matmuls skip requantizing the 4-bit weight (toolkit/int4_w4a8.eight_bit_copy); returns the
+        bytes it added."""
+        name = "input_grad_copy" if transposed else "forward_copy"
+        if getattr(self, name) is not None:
+            return 0
+        held = int4_w4a8.eight_bit_copy(self.qweight, self.scale, self.zero, self.group_size, self.kernel.activations,
+                                        transposed)
+        setattr(self, name, held)
+        return held[0].numel() * held[0].element_size()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kernel = self.kernel
         use_kernel = kernel_available(x) if kernel.use_kernel is None else kernel.use_kernel
-        matmul = int4_matmul if torch.compiler.is_compiling() else Int4LinearFunction.apply
-        y = matmul(x.reshape(-1, x.shape[-1]), self.qweight, self.scale, self.zero, self.group_size,
-                   kernel.activations, kernel.gemm, kernel.chunk_bytes, bool(use_kernel))
+        x2d = x.reshape(-1, x.shape[-1])
+        settings = (self.group_size, kernel.activations, kernel.gemm, kernel.chunk_bytes, bool(use_kernel))
+        copy, grad_copy = self._held(self.forward_copy), self._held(self.input_grad_copy)
+        compiling = torch.compiler.is_compiling()
+        if compiling and copy is not None and int4_w4a8.traceable_copy(x2d, copy[0], kernel):
+            y = CopyMatmulFunction.apply(x2d, *copy, *(grad_copy or (None, None)), self.qweight, self.scale,
+                                         self.zero, *settings)
+        else:
+            matmul = int4_matmul if compiling else Int4LinearFunction.apply
+            y = matmul(x2d, self.qweight, self.scale, self.zero, copy[0] if copy else None,
+                       grad_copy[0] if grad_copy else None, *settings)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    def _held(self, copy):
+        """A held copy where the weight is (a model moved elsewhere multiplies without it), else None."""
+        return copy if copy is not None and copy[0].device == self.qweight.device else None
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -254,7 +310,7 @@ def configure_linears(model: nn.Module, qtype: str, model_kwargs=None, device=No
 
 def eight_bit_linears(module: nn.Module) -> list:
     """The Int4Linears of `module` that multiply with 8-bit activations through the GPU kernels:
-    the ones an 8-bit copy of the weight (toolkit/int4_w4a8.hold_8bit) can serve."""
+    the ones an 8-bit copy of the weight (Int4Linear.hold_copy) can serve."""
     return [m for m in module.modules() if isinstance(m, Int4Linear) and m.kernel.activations != BF16
             and m.kernel.use_kernel is not False and kernel_available(m.scale)]
 
@@ -263,29 +319,25 @@ def hold_block_copies(block: nn.Module, copies: int) -> int:
     """A memory plan's 8-bit copies of one block (flux2_contract/memory_plan.py, which plans none for
     gemm in_register): with `copies` 1 its Linears' forward copies, with 2 their input gradient's
     too. Returns the bytes held."""
-    from toolkit.int4_w4a8 import hold_8bit
-
-    return sum(hold_8bit(m.qweight, m.scale, m.zero, m.group_size, m.kernel.activations, transposed)
-               for transposed in (False, True)[:copies] for m in eight_bit_linears(block))
+    return sum(m.hold_copy(transposed) for transposed in (False, True)[:copies] for m in eight_bit_linears(block))
 
 
 def hold_8bit_weights(model: nn.Module, budget_bytes: int) -> int:
     """Where VRAM allows: keep the 8-bit copies of the weights of `model`'s Int4Linears that multiply
-    with 8-bit activations on a GPU (toolkit/int4_w4a8.hold_8bit), up to `budget_bytes` in all:
+    with 8-bit activations on a GPU (Int4Linear.hold_copy), up to `budget_bytes` in all:
     first every layer's forward copy (the forward and its checkpointed recompute use it), then the
     input gradient's. Those matmuls then skip requantizing the 4-bit weight. Each copy costs twice
     its 4-bit weight; a full set of both, four times the 4-bit model. A layer of gemm in_register holds
     no forward copy (its forward reads the 4-bit weight). Returns the bytes held."""
-    from toolkit.int4_w4a8 import hold_8bit, padded
-
     linears = eight_bit_linears(model)
     held = 0
     for transposed in (False, True):
         for m in linears:
             if m.kernel.gemm == IN_REGISTER and not transposed:
                 continue
+            padded = int4_w4a8.padded
             cost = m.in_features * padded(m.out_features) if transposed else m.out_features * padded(m.in_features)
             if held + cost > budget_bytes:
                 return held
-            held += hold_8bit(m.qweight, m.scale, m.zero, m.group_size, m.kernel.activations, transposed)
+            held += m.hold_copy(transposed)
     return held

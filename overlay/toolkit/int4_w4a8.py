@@ -23,9 +23,12 @@ The 4-bit weight is requantized to 8 bits one slice at a time (the kernel's chun
 scales applied in its epilogue (gemm "triton", the portable default) or, for FP8 on
 NVIDIA, by torch._scaled_mm (cuBLASLt, gemm "scaled_mm"); a weight that fits one slice is
 multiplied whole, into the GEMM's own output. Nothing but the packed weight is kept between
-calls, unless hold_8bit keeps a weight's whole 8-bit copy (where VRAM allows: twice the 4-bit
-weight per orientation; the requantization, 59 ms of a 0.41 s compiled 512 px step at 44 blocks
-on an H200 (bench/RESULTS.md), is then skipped). LoRA adapters and every trainable tensor stay in bf16 (this module only
+calls, unless the layer holds a whole 8-bit copy (eight_bit_copy; where VRAM allows: twice the
+4-bit weight per orientation; the requantization, 59 ms of a 0.41 s compiled 512 px step at 44
+blocks on an H200 (bench/RESULTS.md), is then skipped). In a compiled block, FP8 against a held
+copy through torch._scaled_mm is plain PyTorch (traced_copy_matmul): Inductor fuses the
+activation quantization into the kernel that makes the activation and calls cuBLASLt itself,
+with none of the operator's host work per call. LoRA adapters and every trainable tensor stay in bf16 (this module only
 computes the frozen base's matmuls and the input gradient through them).
 
 gemm "in_register" (forward and recompute) writes no 8-bit weight at all: its Triton GEMM reads the
@@ -491,12 +494,12 @@ def _weight_buffer(width: int, inner: int, device, fmt: str) -> torch.Tensor:
 
 
 def _sliced_8bit_matmul(a2d, qweight, scale, zero, scales: WeightScales, kernel: Int4Kernel,
-                        group_size: int, transposed: bool):
+                        group_size: int, transposed: bool, copy=None):
     """a2d @ W^T (forward) or a2d @ W (transposed: the input gradient) in a2d's dtype, through
-    8-bit operands: a2d quantized per row once; the weight's 8-bit copy where one is held
-    (hold_8bit), else the 4-bit weight requantized to 8 bits one slice of output columns at a time
-    into one reused buffer. A weight that fits one slice is multiplied whole, into the GEMM's own
-    output (no copy)."""
+    8-bit operands: a2d quantized per row once; the weight's 8-bit `copy` of this orientation where
+    the layer holds one (eight_bit_copy), else the 4-bit weight requantized to 8 bits one slice of
+    output columns at a time into one reused buffer. A weight that fits one slice is multiplied
+    whole, into the GEMM's own output (no copy)."""
     fmt = kernel.activations
     a2d = a2d.contiguous()
     width, inner, inverse, column_scale = _orientation(qweight, scales, transposed)
@@ -504,7 +507,7 @@ def _sliced_8bit_matmul(a2d, qweight, scale, zero, scales: WeightScales, kernel:
         return torch.empty((0, width), device=a2d.device, dtype=a2d.dtype)
     aq, a_scale = quantize_rows(a2d, fmt)
     step = _slice_width(width, inner, kernel.chunk_bytes)
-    whole = held_8bit(qweight, fmt, transposed)
+    whole = copy
     if whole is None and step >= width:
         whole = requantize_slice(qweight, scale, zero, inverse, _weight_buffer(width, inner, a2d.device, fmt),
                                  fmt, transposed, 0, group_size)
@@ -520,9 +523,10 @@ def _sliced_8bit_matmul(a2d, qweight, scale, zero, scales: WeightScales, kernel:
 
 
 def w4a8_matmul(a2d, qweight, scale, zero, group_size: int, kernel: Int4Kernel, use_kernel: bool,
-                transposed: bool):
+                transposed: bool, copy=None):
     """a2d[M, K] @ W^T -> [M, N] (forward), or a2d[M, N] @ W -> [M, K] (transposed: the input
-    gradient), in a2d's dtype through 8-bit operands: the GPU kernels, or the reference."""
+    gradient), in a2d's dtype through 8-bit operands: the GPU kernels (against `copy`, the layer's
+    8-bit copy of this orientation, where it holds one), or the reference."""
     fmt = kernel.activations
     if kernel.gemm == IN_REGISTER and not transposed:
         if use_kernel:
@@ -530,49 +534,36 @@ def w4a8_matmul(a2d, qweight, scale, zero, group_size: int, kernel: Int4Kernel, 
         return reference_fwd_in_register(a2d, qweight, scale, zero, fmt, group_size)
     scales = weight_scales(qweight, scale, zero, group_size, fmt)
     if use_kernel:
-        return _sliced_8bit_matmul(a2d, qweight, scale, zero, scales, kernel, group_size, transposed)
+        return _sliced_8bit_matmul(a2d, qweight, scale, zero, scales, kernel, group_size, transposed, copy)
     reference = reference_bwd if transposed else reference_fwd
     return reference(a2d, qweight, scale, zero, scales, fmt, group_size)
 
 
-# --------------------------------------------------------------------------- 8-bit copies held
+# --------------------------------------------------------------------------- 8-bit copies
 
 
-def hold_8bit(qweight, scale, zero, group_size: int, fmt: str, transposed: bool) -> int:
-    """Keep the whole weight requantized to 8 bits in one orientation (forward: [N, K] with the
-    per-row scales; transposed, the input gradient's: [K, N] with the per-column scales) beside the
-    4-bit one, on the qweight tensor as its scales are, so the matmuls of that orientation skip
-    the requantization. The codes are the ones each call would requantize. It costs 1 byte per
-    weight (twice the 4-bit weight) for as long as the tensor lives; returns the bytes it added."""
-    held = _held(qweight, create=True)
-    key = (fmt, transposed)
-    if key in held:
-        return 0
+def eight_bit_copy(qweight, scale, zero, group_size: int, fmt: str, transposed: bool):
+    """The whole weight requantized to 8 bits in one orientation, for a layer to hold beside its 4-bit
+    weight (forward: codes [N, K] and the per-row scales; transposed, the input gradient's: [K, N] and
+    the per-column scales): (codes, the scale of each output column). The codes are the ones each call
+    would requantize; they cost 1 byte per weight (twice the 4-bit weight) for as long as they are held."""
     scales = weight_scales(qweight, scale, zero, group_size, fmt)
-    width, inner, inverse, _ = _orientation(qweight, scales, transposed)
+    width, inner, inverse, column_scale = _orientation(qweight, scales, transposed)
     buf = _weight_buffer(width, inner, qweight.device, fmt)
-    held[key] = requantize_slice(qweight, scale, zero, inverse, buf, fmt, transposed, 0, group_size)
-    return buf.numel() * buf.element_size()
+    return requantize_slice(qweight, scale, zero, inverse, buf, fmt, transposed, 0, group_size), column_scale
 
 
-def held_8bit(qweight, fmt: str, transposed: bool):
-    """The 8-bit copy hold_8bit keeps for this orientation, or None."""
-    held = _held(qweight, create=False)
-    return None if held is None else held.get((fmt, transposed))
+def traceable_copy(a2d: torch.Tensor, codes: torch.Tensor, kernel: Int4Kernel) -> bool:
+    """Whether traced_copy_matmul multiplies a2d against `codes`: FP8 through torch._scaled_mm, no
+    padding columns, and the row counts cuBLASLt's FP8 GEMM takes (scaled_gemm's rule)."""
+    return (kernel.activations == FP8 and kernel.gemm == "scaled_mm" and codes.shape[1] == a2d.shape[1]
+            and not a2d.shape[0] % 16 and not codes.shape[0] % 16)
 
 
-def drop_8bit(qweight) -> None:
-    """Free the 8-bit copies held for this weight."""
-    qweight.__dict__.pop("_w4a8_held", None)
-
-
-def _held(qweight, create: bool):
-    """The copies held for qweight's current storage (a tensor whose storage was swapped, or that
-    moved, holds none)."""
-    address = (qweight.data_ptr(), qweight.device)
-    entry = qweight.__dict__.get("_w4a8_held")
-    if entry is None or entry[0] != address:
-        if not create:
-            return None
-        entry = qweight.__dict__["_w4a8_held"] = (address, {})
-    return entry[1]
+def traced_copy_matmul(a2d: torch.Tensor, codes: torch.Tensor, column_scale: torch.Tensor) -> torch.Tensor:
+    """a2d @ codes^T scaled, in a2d's dtype: what _sliced_8bit_matmul computes against a held FP8 copy,
+    written as PyTorch operations for a compiled block to trace (the activation quantized as
+    quantize_rows_reference does, which the Triton kernel matches code for code)."""
+    values, a_scale = quantize_rows_reference(a2d, FP8)
+    return torch._scaled_mm(values.to(torch_dtype(FP8)), codes.t(), scale_a=a_scale[:, None],
+                            scale_b=column_scale[None, :], out_dtype=a2d.dtype)

@@ -255,17 +255,17 @@ INTERPRETED = textwrap.dedent(
             whole = Int4Kernel(fmt, "triton")
             y_whole = w.w4a8_matmul(x, q, s, z, 64, whole, True, transposed=False)
             dx_whole = w.w4a8_matmul(dy, q, s, z, 64, whole, True, transposed=True)
-            # each 8-bit copy held is the codes a call requantizes
-            held_equal = True
+            # each 8-bit copy is the codes a call requantizes, with its orientation's column scales
+            held_equal, copies = True, {}
             for transposed in (False, True):
-                width, inner, inverse, _ = w._orientation(q, scales, transposed)
+                width, inner, inverse, column_scale = w._orientation(q, scales, transposed)
                 codes = w.requantize_slice(q, s, z, inverse, w._weight_buffer(width, inner, "cpu", fmt), fmt,
                                            transposed, 0)
-                w.hold_8bit(q, s, z, 64, fmt, transposed)
-                held_equal &= torch.equal(w.held_8bit(q, fmt, transposed).view(torch.uint8), codes.view(torch.uint8))
-            y_held = w.w4a8_matmul(x, q, s, z, 64, kernel, True, transposed=False)
-            dx_held = w.w4a8_matmul(dy, q, s, z, 64, kernel, True, transposed=True)
-            w.drop_8bit(q)
+                copies[transposed], copy_scale = w.eight_bit_copy(q, s, z, 64, fmt, transposed)
+                held_equal &= torch.equal(copies[transposed].view(torch.uint8), codes.view(torch.uint8))
+                held_equal &= torch.equal(copy_scale, column_scale)
+            y_held = w.w4a8_matmul(x, q, s, z, 64, kernel, True, False, copies[False])
+            dx_held = w.w4a8_matmul(dy, q, s, z, 64, kernel, True, True, copies[True])
             res.append([fmt, M, N, K, codes_equal and held_equal, pads_zero, rel(y, y_ref), rel(dx, dx_ref),
                         rel(y_whole, y_ref), rel(dx_whole, dx_ref), rel(y_held, y_ref), rel(dx_held, dx_ref)])
     print(json.dumps(res))
@@ -387,7 +387,7 @@ HOLD = textwrap.dedent(
     forward = sum(m.out_features * w.padded(m.in_features) for m in layers)
     first_gradient = layers[0].in_features * w.padded(layers[0].out_features)
     held = il.hold_8bit_weights(model, forward + first_gradient)
-    where = [[w.held_8bit(m.qweight, "int8", t) is not None for t in (False, True)] for m in layers + [plain]]
+    where = [[c is not None for c in (m.forward_copy, m.input_grad_copy)] for m in layers + [plain]]
     print(json.dumps({"held": held, "budget": forward + first_gradient, "where": where}))
     """
 )
@@ -427,8 +427,8 @@ PLANNED_COPIES = textwrap.dedent(
     plan = MemoryPlan(budget_bytes=0, blocks=[BlockPlan(n, "resident", "kept", 0, c) for n, c in zip(names, counts)],
                       copy_bytes=int(sys.argv[3]))
     lines = memory_budget.hold_copies(model, plan)
-    where = {n: [[w.held_8bit(m.qweight, "int8", t) is not None for t in (False, True)]
-                 for m in model.get_submodule(n)] for n in names}
+    where = {n: [[c is not None for c in (m.forward_copy, m.input_grad_copy)] for m in model.get_submodule(n)]
+             for n in names}
     print(json.dumps({"lines": lines, "where": where}))
     """
 )
@@ -464,3 +464,94 @@ def test_without_an_8bit_gpu_kernel_the_planned_copies_are_none_and_said(mods):
     assert memory_budget.hold_copies(model, plan) == [
         "  8-bit weight copies: none held (no 8-bit GPU kernel runs here: the matmuls requantize)"]
     assert memory_budget.hold_copies(model, MemoryPlan(budget_bytes=0, blocks=[])) == []
+
+
+def fp8_copies(w, q, s, z):
+    """The layer's two FP8 copies as eight_bit_copy makes them, from the reference's codes (CPU)."""
+    scales = w.WeightScales(q, s, z, 64, "fp8")
+    forward = w.requantized_weight_reference(q, s, z, scales.row_inv, False, "fp8")
+    input_grad = w.requantized_weight_reference(q, s, z, scales.col_inv, True, "fp8").t().contiguous()
+    return (forward.to(torch.float8_e4m3fn), scales.row), (input_grad.to(torch.float8_e4m3fn), scales.col)
+
+
+def scaled_mm_in_fp32(a, b, scale_a, scale_b, out_dtype):
+    """torch._scaled_mm's row- and column-scaled product, which the CPU build does not have."""
+    return ((a.float() @ b.float()) * scale_a * scale_b).to(out_dtype)
+
+
+def test_the_traced_copy_matmul_computes_what_the_sliced_path_does(mods, monkeypatch):
+    """traced_copy_matmul, a compiled block's FP8 matmul against a held copy, gives the reference's
+    forward and input gradient: the same codes, the same scales, each orientation the right way round."""
+    _, w = mods
+    monkeypatch.setattr(torch, "_scaled_mm", scaled_mm_in_fp32)
+    g = torch.Generator().manual_seed(3)
+    il, _ = mods
+    q, s, z = il.quantize_weight((torch.randn(96, 256, generator=g) * 0.02).bfloat16())
+    x, dy = torch.randn(32, 256, generator=g).bfloat16(), torch.randn(32, 96, generator=g).bfloat16()
+    forward, input_grad = fp8_copies(w, q, s, z)
+    scales = w.WeightScales(q, s, z, 64, "fp8")
+    torch.testing.assert_close(w.traced_copy_matmul(x, *forward), w.reference_fwd(x, q, s, z, scales, "fp8"),
+                               rtol=1e-2, atol=1e-3)
+    torch.testing.assert_close(w.traced_copy_matmul(dy, *input_grad), w.reference_bwd(dy, q, s, z, scales, "fp8"),
+                               rtol=1e-2, atol=1e-3)
+
+
+def compiled_graphs(module, x):
+    """The forward and backward graphs a compiled `module` runs for x (meta tensors: nothing is
+    computed), with no graph break allowed."""
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    graphs = []
+
+    def capture(graph, _):
+        graphs.append(graph.code)
+        return make_boxed_func(graph.forward)
+
+    def backend(graph, inputs):
+        return aot_module_simplified(graph, inputs, fw_compiler=capture, bw_compiler=capture)
+
+    torch._dynamo.reset()
+    torch.compile(module, backend=backend, fullgraph=True)(x).sum().backward()
+    return graphs
+
+
+@pytest.mark.parametrize("rows, held, forward_op, backward_op", [
+    (32, "both", False, False),  # both traced: no operator left
+    (32, "forward", False, True),  # the input gradient requantizes: its operator
+    (32, "none", True, True),
+    (24, "both", True, True),  # rows cuBLASLt's FP8 GEMM does not take: the operators, with the copies
+])
+def test_a_compiled_block_traces_the_fp8_matmul_against_its_copies(mods, rows, held, forward_op, backward_op):
+    """In a compiled block, a layer holding its FP8 copies multiplies in plain PyTorch (quantization
+    and torch._scaled_mm in the graph, no 4-bit operator) and without them through the operators."""
+    il, _ = mods
+    from flux2_contract.qtypes import Int4Kernel
+
+    layer = il.Int4Linear(128, 64, device="meta")
+    layer.kernel = Int4Kernel("fp8", "scaled_mm", use_kernel=True)
+    fp8 = torch.float8_e4m3fn
+    if held != "none":
+        layer.forward_copy = (torch.empty(64, 128, dtype=fp8, device="meta"), torch.empty(64, device="meta"))
+    if held == "both":
+        layer.input_grad_copy = (torch.empty(128, 64, dtype=fp8, device="meta"), torch.empty(128, device="meta"))
+    x = torch.empty(rows, 128, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    forward, backward = compiled_graphs(layer, x)
+    assert ("flux2_24gb.int4_matmul.default" in forward) == forward_op
+    assert ("flux2_24gb.int4_matmul_input_grad.default" in backward) == backward_op
+    assert ("aten._scaled_mm" in forward) != forward_op and ("aten._scaled_mm" in backward) != backward_op
+
+
+def test_a_copy_left_on_another_device_is_not_used(mods):
+    """A layer moved away from its copies (they are plain attributes, not buffers) multiplies
+    without them, as one that never held any."""
+    il, _ = mods
+    layer_ = layer(il, 64, 128, fmt="fp8")
+    layer_.kernel = il.Int4Kernel("fp8", "scaled_mm", use_kernel=False)
+    x = torch.randn(16, 128).bfloat16()
+    want = layer_(x)
+    layer_.forward_copy = (torch.empty(64, 128, dtype=torch.float8_e4m3fn, device="meta"), torch.empty(64, device="meta"))
+    layer_.input_grad_copy = (torch.empty(128, 64, dtype=torch.float8_e4m3fn, device="meta"),
+                              torch.empty(128, device="meta"))
+    assert torch.equal(layer_(x), want)
+    assert torch.equal(torch.compile(layer_, backend="aot_eager", fullgraph=True)(x), want)
