@@ -165,6 +165,7 @@ ELSEWHERE = {
     "stream_pace": ("`bash bench/same_call.sh stream` on the GPU machine after `prepare`, then the 12 and 8 GB "
                     "launches again with SUFFIX=_tail and the previous memory plan (RESULTS.md)"),
     "held_copies": "`bash bench/same_call.sh held` on the GPU machine after `prepare` (RESULTS.md)",
+    "traced_copy": "`python3 -m bench.traced_copy` on the GPU machine, one process a row (RESULTS.md)",
     "baseline": "a side script before this harness (not the trainer)",
     "lora_matmuls": "`python3 -m bench.compiled_step steps --save-lora LORAS` with the LoRA-precision variants, then "
                     "`python3 -m bench.compiled_step lora-compare LORAS` (both lines in RESULTS.md)",
