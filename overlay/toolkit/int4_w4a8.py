@@ -431,13 +431,18 @@ def requantize_slice(qweight, scale, zero, inverse, out, fmt: str, per_column: b
     return out
 
 
+def cublaslt_takes(rows: int, columns: int) -> bool:
+    """Whether torch._scaled_mm (cuBLASLt's FP8 GEMM) multiplies a result of this shape: multiples of 16."""
+    return not (rows % 16 or columns % 16)
+
+
 def scaled_gemm(a, a_scale, b_rows, b_scale, out, fmt: str, gemm: str, dtype=None):
     """out[M, N] = (a[M, K] @ b_rows[N, K]^T) * a_scale[:, None] * b_scale[None, :]; out may be a
     column slice of a larger tensor, or None: a new tensor of `dtype` (torch._scaled_mm's own
     result, no copy); K is a multiple of K_ALIGN."""
     M, K = a.shape
     N = b_rows.shape[0]
-    if gemm == "scaled_mm" and not (M % 16 or N % 16):  # cuBLASLt's FP8 GEMM wants multiples of 16
+    if gemm == "scaled_mm" and cublaslt_takes(M, N):
         product = torch._scaled_mm(a, b_rows.t(), scale_a=a_scale[:, None], scale_b=b_scale[None, :].contiguous(),
                                    out_dtype=dtype if out is None else out.dtype)
         return product if out is None else out.copy_(product)
@@ -555,9 +560,9 @@ def eight_bit_copy(qweight, scale, zero, group_size: int, fmt: str, transposed: 
 
 def traceable_copy(a2d: torch.Tensor, codes: torch.Tensor, kernel: Int4Kernel) -> bool:
     """Whether traced_copy_matmul multiplies a2d against `codes`: FP8 through torch._scaled_mm, no
-    padding columns, and the row counts cuBLASLt's FP8 GEMM takes (scaled_gemm's rule)."""
+    padding columns, and a result shape cuBLASLt's FP8 GEMM takes (scaled_gemm's rule)."""
     return (kernel.activations == FP8 and kernel.gemm == "scaled_mm" and codes.shape[1] == a2d.shape[1]
-            and not a2d.shape[0] % 16 and not codes.shape[0] % 16)
+            and cublaslt_takes(a2d.shape[0], codes.shape[0]))
 
 
 def traced_copy_matmul(a2d: torch.Tensor, codes: torch.Tensor, column_scale: torch.Tensor) -> torch.Tensor:
