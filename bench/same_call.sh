@@ -43,8 +43,9 @@
 #            plan (memory_plan auto: every block resident, activations kept, then int4_w4a8's 8-bit
 #            weight copies held with what is left), int4_w4a8 through torch._scaled_mm: a first launch
 #            (eager, plan off: quantizes and writes the cache), then compiled at 512 px with the copies,
-#            bf16 compiled, the copies off (hold_8bit_copies false), then both uncompiled, then both
-#            compiled again with 3 profiled steps (their breakdown.json)
+#            bf16 compiled, the copies off (hold_8bit_copies false), then both uncompiled, both
+#            compiled at 1024 px (prepare with 1024 px images: the prepare stage's), then both
+#            compiled again at 512 px with 3 profiled steps (their breakdown.json)
 #   R=RAMDISK/R M=DISK/m OUT=OUT bash bench/same_call.sh prepare   (then 512, then 1024)
 # Labels after the stage run only those launches of it, e.g. `... 1024 w4a8_scaled_mm_compiled_1024`;
 # `prepare none` prepares without its launch, and the 512 stage's first launch then quantizes and
@@ -175,6 +176,8 @@ held)
   launch held_w4a8_nocopies_512 512 12 170 "${PICK[@]}" --set $KW.hold_8bit_copies false "${COMPILED[@]}"
   launch held_w4a8_eager_512 512 8 150 "${PICK[@]}" "${EAGER[@]}"
   launch held_bf16_eager_512 512 8 240 --cap-gib 0 "${BF16[@]}" "${EAGER[@]}"
+  launch held_w4a8_1024 1024 8 200 "${PICK[@]}" "${COMPILED[@]}"
+  launch held_bf16_1024 1024 7 260 --cap-gib 0 "${BF16[@]}" "${COMPILED[@]}"
   launch held_w4a8_profile_512 512 8 200 "${PICK[@]}" "${COMPILED[@]}" --profile 3
   launch held_bf16_profile_512 512 8 260 --cap-gib 0 "${BF16[@]}" "${COMPILED[@]}" --profile 3 ;;
 fidelity)
