@@ -166,6 +166,8 @@ ELSEWHERE = {
                     "launches again with SUFFIX=_tail and the previous memory plan (RESULTS.md)"),
     "held_copies": "`bash bench/same_call.sh held` on the GPU machine after `prepare` (RESULTS.md)",
     "traced_copy": "`python3 -m bench.traced_copy` on the GPU machine, one process a row (RESULTS.md)",
+    "stream_pinned": ("`bash bench/same_call.sh stream stream_8_512` on the GPU machine after `prepare`, then again "
+                      "with SUFFIX=_old and the previous block_streaming.py (RESULTS.md)"),
     "baseline": "a side script before this harness (not the trainer)",
     "lora_matmuls": "`python3 -m bench.compiled_step steps --save-lora LORAS` with the LoRA-precision variants, then "
                     "`python3 -m bench.compiled_step lora-compare LORAS` (both lines in RESULTS.md)",

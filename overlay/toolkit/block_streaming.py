@@ -3,6 +3,13 @@ on the device; streamed blocks keep their frozen (already quantized, never bf16)
 host memory (plain memory where pinning is impossible) and are copied onto the device only while
 they compute, in the order the step needs them: forward, then recompute + backward in reverse.
 
+The host copies are packed, in block order, into chunks whose sizes are powers of two
+(chunk_layout): PyTorch's pinned allocator rounds every request up to a power of two, which cost a
+tensor at a time 51-59 % more pinned memory than the streamed bytes (bench/RESULTS.md). On the
+device each tensor is still an allocation of its own, copied on its own: a compiled block handed
+views into one block-sized buffer sees a new view object at every call (wall 11: `int4_w4a8`
+derived its 8-bit weight scales again each time), which made an 8 GB card's step 2.4x slower.
+
 Two modes. `serialized`: synchronize, copy, synchronize, compute: no copy is ever in flight during
 a kernel (block swap with overlapping copies deadlocked the HIP driver on Windows: wall 5).
 `overlapped`: the next block's copy runs on a side stream while the current block computes, and
@@ -67,15 +74,37 @@ class StreamStats:
     record: bool = False
 
 
-def to_host(tensor: torch.Tensor) -> torch.Tensor:
-    """A host copy, pinned where the platform allows (a CPU-only torch cannot pin)."""
-    host = tensor.detach().to("cpu", copy=True)
+ALIGN = 512  # where each host copy starts: a view of any dtype, aligned for the copy engine as an allocation is
+CHUNK = 1 << 30  # four FLUX.2 [dev] single blocks or two double blocks (each just under 256 / 512 MiB)
+
+
+def chunk_layout(sizes: list, largest: int) -> tuple[list, list]:
+    """(chunk sizes, (chunk, offset) of each tensor) for tensors of `sizes` bytes placed in order,
+    each at an ALIGN multiple, in the open chunk while they fit. Every chunk is a power of two, so
+    the pinned allocator's rounding adds nothing: `largest` while that much is left to place, then
+    the largest power of two the rest fills, so the last chunks shrink with it."""
+    chunks, places, used = [], [], 0
+    remaining = sum(-(-size // ALIGN) * ALIGN for size in sizes)
+    for size in sizes:
+        size = -(-size // ALIGN) * ALIGN
+        if not chunks or used + size > chunks[-1]:
+            fill = 1 << (max(remaining, 1).bit_length() - 1)  # the largest power of two <= remaining
+            chunks.append(max(min(largest, fill), 1 << (max(size, 1) - 1).bit_length()))
+            used = 0
+        places.append((len(chunks) - 1, used))
+        used += size
+        remaining -= size
+    return chunks, places
+
+
+def host_chunk(size: int) -> torch.Tensor:
+    """`size` bytes of host memory, pinned where the platform allows (a CPU-only torch cannot pin)."""
     if torch.cuda.is_available():
         try:
-            return host.pin_memory()
+            return torch.empty(size, dtype=torch.uint8, pin_memory=True)
         except RuntimeError:
             pass
-    return host
+    return torch.empty(size, dtype=torch.uint8)
 
 
 class BlockStreamer:
@@ -90,16 +119,21 @@ class BlockStreamer:
         self.mode = mode  # on the CPU both modes copy at once; overlapped still copies one block ahead
         self.stats = StreamStats(record=record)
         self.slots: dict[str, list[HostSlot]] = {}
+        self.chunks: list[torch.Tensor] = []
         self.held: dict[str, Held] = {}
         streamed = [b.name for b in plan.blocks if b.weights == STREAMED]
         # the order one step needs them: forward, then recompute + backward in reverse
         self.schedule = streamed + streamed[::-1]
         self.position = -1
         self.side = torch.cuda.Stream(self.device) if self.accelerated and mode == OVERLAPPED else None
+        sizes = [tensor.numel() * tensor.element_size() for name in streamed
+                 for *_, tensor in frozen_tensors(name, transformer.get_submodule(name))]  # all checked first
+        chunk_sizes, places = chunk_layout(sizes, CHUNK)
+        places = iter(places)
         for block_plan in plan.blocks:
             block = transformer.get_submodule(block_plan.name)
             if block_plan.weights == STREAMED:
-                self._stream(block_plan.name, block)
+                self._stream(block_plan.name, block, chunk_sizes, places)
                 # the copy it was loaded into (plain host memory) is freed: its heap pages go back
                 # now, so the host holds the streamed blocks once, not once plain and once pinned
                 release_freed_memory(collect=False)
@@ -113,18 +147,20 @@ class BlockStreamer:
 
     # ---- setting up
 
-    def _stream(self, name: str, block: torch.nn.Module) -> None:
-        frozen = [(module, kind, key, tensor) for module in block.modules() for kind in ("_parameters", "_buffers")
-                  for key, tensor in getattr(module, kind).items()
-                  if tensor is not None and not tensor.requires_grad]  # trainable tensors stay where they are
-        for module, _, key, tensor in frozen:  # all checked before any moves
-            if type(tensor.data) is not torch.Tensor:
-                raise ValueError(
-                    f"{name}: {type(module).__name__}.{key} is a {type(tensor.data).__name__}; streaming "
-                    f"carries the plain tensors of qtype int4_fused / int4_w4a8 blocks only. Set qtype "
-                    f"int4_fused in the preset, or a VRAM budget that keeps every block resident.")
-        self.slots[name] = [HostSlot(module, kind, key, to_host(tensor)) for module, kind, key, tensor in frozen]
-        for slot in self.slots[name]:
+    def _stream(self, name: str, block: torch.nn.Module, chunk_sizes: list, places) -> None:
+        """Copy the block's frozen tensors into their places in the chunks (chunk_layout) and point
+        its modules at those copies."""
+        slots = []
+        for module, kind, key, tensor in frozen_tensors(name, block):
+            chunk, offset = next(places)
+            while len(self.chunks) <= chunk:
+                self.chunks.append(host_chunk(chunk_sizes[len(self.chunks)]))
+            size = tensor.numel() * tensor.element_size()
+            host = self.chunks[chunk][offset:offset + size].view(tensor.dtype).view(tensor.shape)
+            host.copy_(tensor)
+            slots.append(HostSlot(module, kind, key, host))
+        self.slots[name] = slots
+        for slot in slots:
             slot.put(slot.host)
         block.checkpointed = True
 
@@ -171,6 +207,8 @@ class BlockStreamer:
         return FORWARD if expected < len(self.schedule) // 2 else RECOMPUTE
 
     def _fetch(self, name: str) -> Held:
+        """The block's tensors copied onto the device, each into an allocation of its own (module
+        docstring)."""
         self._note(FETCH, name)
         hosts = [slot.host for slot in self.slots[name]]
         size = sum(t.numel() * t.element_size() for t in hosts)
@@ -204,6 +242,21 @@ class BlockStreamer:
         first = output[0] if isinstance(output, (tuple, list)) else output
         if isinstance(first, torch.Tensor) and first.requires_grad:
             first.register_hook(lambda grad: self._note(BACKWARD, name))
+
+
+def frozen_tensors(name: str, block: torch.nn.Module) -> list:
+    """(module, kind, key, tensor) of every frozen tensor of a block to stream; trainable tensors stay
+    where they are. A quantized tensor subclass is refused by name."""
+    frozen = [(module, kind, key, tensor) for module in block.modules() for kind in ("_parameters", "_buffers")
+              for key, tensor in getattr(module, kind).items()
+              if tensor is not None and not tensor.requires_grad]
+    for module, _, key, tensor in frozen:
+        if type(tensor.data) is not torch.Tensor:
+            raise ValueError(
+                f"{name}: {type(module).__name__}.{key} is a {type(tensor.data).__name__}; streaming "
+                f"carries the plain tensors of qtype int4_fused / int4_w4a8 blocks only. Set qtype "
+                f"int4_fused in the preset, or a VRAM budget that keeps every block resident.")
+    return frozen
 
 
 class StreamedBlock:

@@ -15,6 +15,7 @@ FLUX.2-shaped checkpoint, and reports:
              once (quantized tensor subclasses through their inner tensors): exact, no
              allocator noise
   streamed_gib  bytes of the blocks a memory plan streams from host memory (0 without one)
+  streamed_host_gib  bytes of the host chunks the streamer packs them into
 
 Modes, each at every size given:
   first   no cache yet: streamed read + quantize per block (+ the cache written)
@@ -179,6 +180,7 @@ def child(args) -> dict:
 
     streamer = block_streaming._active
     figures["streamed_gib"] = (streamer.streamed_bytes() if streamer is not None else 0) / GIB
+    figures["streamed_host_gib"] = sum(chunk.nbytes for chunk in streamer.chunks) / GIB if streamer else 0
     loaded.pop().to("meta")
     gc.collect()
     figures["moved_gib"] = (proc_status("VmRSS") - baseline) / GIB

@@ -113,7 +113,9 @@ def test_under_a_plan_the_host_holds_only_the_streamed_blocks(rows, probe):
     planned = probe([size], "plan")  # the cache written by `rows`' parked first launch
     for mode in ("first", "cache"):
         row, placed = planned[(size, mode, "plan")], rows[(size, mode, "offhost")]
-        assert 0 < row["streamed_gib"] == row["host_tensor_gib"], row
+        # the host holds the streamer's chunks and nothing else; they take at most 2 % more than the blocks
+        assert 0 < row["streamed_gib"] <= row["host_tensor_gib"] == row["streamed_host_gib"], row
+        assert row["streamed_host_gib"] <= 1.02 * row["streamed_gib"], row
         extra = row["peak_gib"] - placed["peak_gib"]
         assert extra < 1.5 * row["streamed_gib"], (
             f"{mode}: the peak host RSS is {extra / MIB:.1f} MiB above the placed load's with "
