@@ -128,8 +128,8 @@ def block_tensor_bytes(memory_plan, shape, double: bool) -> list:
 def test_streamed_blocks_pack_into_power_of_two_chunks_with_little_left_over(toolkit, arch):
     """PyTorch's pinned allocator rounds a request up to a power of two; one request per tensor cost
     51-59 % more pinned memory than the streamed bytes at the 12 and 8 GB caps. Packed in order into
-    power-of-two chunks, an 8 GB card's streamed blocks (a seventh of the double blocks and all the
-    single ones) and every block of the model take at most 2 % more (a last chunk rounds up)."""
+    power-of-two chunks, the blocks an 8 GB card streams (every double block but one, every single
+    one) and every block of the model take at most 2 % more (a last chunk rounds up)."""
     from flux2_contract.families import FAMILIES
 
     block_streaming, _, memory_plan = toolkit
