@@ -1,8 +1,8 @@
 """Streamed blocks' host copies packed into power-of-two chunks (toolkit/block_streaming.py) against
 one pinned tensor per frozen tensor (the layout before), one GPU.
 
-`--blocks` FLUX.2 4-bit blocks of `--arch`'s shape (codes, scales, zeros and q/k norms as the
-quantized blocks hold them, random values), half double and half single, streamed by the
+`--blocks` FLUX.2 4-bit blocks of `--arch`'s shape (each Linear's Int4Linear buffers, random codes,
+and the q/k norms), half double and half single, streamed by the
 streamer itself: the pinned host memory each layout costs (the process's shared-memory RSS, where
 CUDA's pinned pages show, and torch's pinned-allocator count), and the milliseconds of a forward
 pass over every block, serialized and overlapped, each block's compute a GPU sleep of `--compute-ms`
@@ -37,15 +37,14 @@ def pinned_count() -> int:
     return stats.get("allocated_bytes.current", 0)
 
 
-def block_tensors(memory_plan, shape, double: bool) -> list:
-    """One 4-bit block's frozen tensors in module order: per Linear its uint8 codes, bf16 scales and
-    uint8 zeros (group 64), then the bf16 q/k norms."""
-    linears = memory_plan.block_linears(shape)[0 if double else 1]
+def block_tensors(int4_linear, memory_plan, shape, double: bool) -> list:
+    """One 4-bit block's frozen tensors in module order: each Linear's buffers (an Int4Linear's, its
+    codes random), then the bf16 q/k norms."""
     tensors = []
-    for inputs, outputs in linears:
-        tensors += [torch.randint(0, 255, (outputs, inputs // 2), dtype=torch.uint8),
-                    torch.randn(outputs, inputs // 64).to(torch.bfloat16),
-                    torch.randint(0, 15, (outputs, inputs // 64), dtype=torch.uint8)]
+    for inputs, outputs in memory_plan.block_linears(shape)[0 if double else 1]:
+        linear = int4_linear.Int4Linear(inputs, outputs)
+        linear.qweight.random_(0, 256)
+        tensors += list(linear.buffers())
     return tensors + [torch.ones(shape.hidden // shape.heads, dtype=torch.bfloat16)] * (4 if double else 2)
 
 
@@ -79,7 +78,7 @@ def main(argv=None) -> int:
     parser.add_argument("--compute-ms", type=float, default=8.0)
     args = parser.parse_args(argv)
     sys.path[:0] = [str(REPO / "overlay"), str(REPO)]
-    from toolkit import block_streaming
+    from toolkit import block_streaming, int4_linear
     from flux2_contract import memory_plan
     from flux2_contract.families import FAMILIES
 
@@ -91,18 +90,23 @@ def main(argv=None) -> int:
            "compute_ms": args.compute_ms}
     for mode in (block_streaming.SERIALIZED, block_streaming.OVERLAPPED):
         model = torch.nn.Module()
-        model.blocks = torch.nn.ModuleList(Block(block_tensors(memory_plan, shape, i < args.blocks // 2), cycles)
-                                           for i in range(args.blocks))
+        model.blocks = torch.nn.ModuleList(
+            Block(block_tensors(int4_linear, memory_plan, shape, i < args.blocks // 2), cycles)
+            for i in range(args.blocks))
         payload = sum(t.numel() * t.element_size() for t in model.buffers())
         row["streamed_gib"] = round(payload / 2**30, 3)
         plan = memory_plan.MemoryPlan(budget_bytes=0, blocks=[
             memory_plan.BlockPlan(f"blocks.{i}", memory_plan.STREAMED, memory_plan.RECOMPUTED)
             for i in range(args.blocks)])
+        # pinned memory is measured in the first mode only: the second reuses the pages the allocator
+        # cached from the first, and would show none
+        first = mode == block_streaming.SERIALIZED
         shm, counted = shared_rss_bytes(), pinned_count()
         streamer = block_streaming.BlockStreamer(model, plan, "cuda", mode)
-        row["packed_pinned_rss_gib"] = round((shared_rss_bytes() - shm) / 2**30, 3)
-        row["packed_pinned_counted_gib"] = round((pinned_count() - counted) / 2**30, 3)
-        row["chunks_mib"] = [chunk.numel() >> 20 for chunk in streamer.chunks]
+        if first:
+            row["packed_pinned_rss_gib"] = round((shared_rss_bytes() - shm) / 2**30, 3)
+            row["packed_pinned_counted_gib"] = round((pinned_count() - counted) / 2**30, 3)
+            row["chunks_mib"] = [chunk.numel() >> 20 for chunk in streamer.chunks]
         for layout in ("packed", "per_tensor"):
             if layout == "per_tensor":  # the layout before: a pinned tensor per slot
                 shm, counted = shared_rss_bytes(), pinned_count()
@@ -110,8 +114,9 @@ def main(argv=None) -> int:
                     for slot in slots:
                         slot.host = slot.host.clone().pin_memory()
                         slot.put(slot.host)
-                row["per_tensor_pinned_rss_gib"] = round((shared_rss_bytes() - shm) / 2**30, 3)
-                row["per_tensor_pinned_counted_gib"] = round((pinned_count() - counted) / 2**30, 3)
+                if first:
+                    row["per_tensor_pinned_rss_gib"] = round((shared_rss_bytes() - shm) / 2**30, 3)
+                    row["per_tensor_pinned_counted_gib"] = round((pinned_count() - counted) / 2**30, 3)
             with torch.no_grad():
                 passes = []
                 for _ in range(6):

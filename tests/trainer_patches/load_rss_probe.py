@@ -180,7 +180,7 @@ def child(args) -> dict:
 
     streamer = block_streaming._active
     figures["streamed_gib"] = (streamer.streamed_bytes() if streamer is not None else 0) / GIB
-    figures["streamed_host_gib"] = sum(chunk.nbytes for chunk in streamer.chunks) / GIB if streamer else 0
+    figures["streamed_host_gib"] = sum(chunk.nbytes for chunk in streamer.chunks) / GIB if streamer is not None else 0
     loaded.pop().to("meta")
     gc.collect()
     figures["moved_gib"] = (proc_status("VmRSS") - baseline) / GIB

@@ -115,12 +115,13 @@ def test_a_quantized_tensor_subclass_is_refused_by_name(toolkit):
         block_streaming.BlockStreamer(model, plan, "cpu")
 
 
-def block_tensor_bytes(memory_plan, shape, double: bool) -> list:
-    """The frozen tensors of one 4-bit FLUX.2 block in module order: per Linear its codes, bf16 scales
-    and uint8 zeros (group 64), then the bf16 q/k norms (two per stream)."""
+def block_tensor_bytes(int4_linear, memory_plan, shape, double: bool) -> list:
+    """The frozen tensors of one 4-bit FLUX.2 block in module order: each Linear's buffers (an
+    Int4Linear on the meta device), then the bf16 q/k norms (two per stream)."""
     linears = memory_plan.block_linears(shape)[0 if double else 1]
     head = shape.hidden // shape.heads
-    return ([size for i, o in linears for size in (o * i // 2, o * (i // 64) * 2, o * (i // 64))]
+    return ([t.numel() * t.element_size() for i, o in linears
+             for t in int4_linear.Int4Linear(i, o, device="meta").buffers()]
             + [head * 2] * (4 if double else 2))
 
 
@@ -132,9 +133,9 @@ def test_streamed_blocks_pack_into_power_of_two_chunks_with_little_left_over(too
     one) and every block of the model take at most 2 % more (a last chunk rounds up)."""
     from flux2_contract.families import FAMILIES
 
-    block_streaming, _, memory_plan = toolkit
+    block_streaming, int4_linear, memory_plan = toolkit
     shape = memory_plan.Flux2Shape.from_params(FAMILIES[arch].shape)
-    double, single = (block_tensor_bytes(memory_plan, shape, kind) for kind in (True, False))
+    double, single = (block_tensor_bytes(int4_linear, memory_plan, shape, kind) for kind in (True, False))
     for doubles in (max(1, shape.depth - 1), shape.depth):
         sizes = double * doubles + single * shape.depth_single
         chunks, places = block_streaming.chunk_layout(sizes, block_streaming.CHUNK)
