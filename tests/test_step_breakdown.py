@@ -97,3 +97,14 @@ def test_the_table_names_every_category(step_breakdown):
     table = step_breakdown.format_table(step_breakdown.breakdown(synthetic_step(), 0.010, 1))
     assert all(name in table for name in step_breakdown.CATEGORIES)
     assert "GPU idle" in table and "data loader" in table
+
+
+def test_the_summary_line_reads_busy_time_from_the_breakdown(step_breakdown):
+    """The printed summary and breakdown.json give one GPU busy time: the kernels' union (the
+    profiler's per-operator totals had read 251 % busy for a compiled H100 step)."""
+    two = synthetic_step() + [dict(e, ts=e["ts"] + 10000) for e in synthetic_step()]
+    result = step_breakdown.breakdown(two, wall_s=0.020, steps=2)
+    assert step_breakdown.format_summary(result, gpu=True) == (
+        "2 steps in 0.020 s wall (0.010 s/step), GPU busy 0.011 s (57 %), "
+        "not busy 0.009 s: host work, syncs and data loading")
+    assert step_breakdown.format_summary(result, gpu=False) == "2 steps in 0.020 s wall (0.010 s/step)"

@@ -125,6 +125,19 @@ def _union_length(intervals: list) -> float:
     return total
 
 
+def format_summary(result: dict, gpu: bool) -> str:
+    """One line: the window's wall time and, with a GPU, how much of it the GPU was busy. Busy is
+    the union of the kernels' intervals, as in the breakdown: the profiler's per-operator device
+    totals count a compiled region's kernels more than once (an H100 step read 251 % busy)."""
+    wall_ms = result["step_ms"] * result["steps"]
+    line = f"{result['steps']} steps in {wall_ms / 1e3:.3f} s wall ({result['step_ms'] / 1e3:.3f} s/step)"
+    if gpu:
+        busy_ms = result["gpu_busy_ms"] * result["steps"]
+        line += (f", GPU busy {busy_ms / 1e3:.3f} s ({100 * busy_ms / max(wall_ms, 1e-9):.0f} %), "
+                 f"not busy {(wall_ms - busy_ms) / 1e3:.3f} s: host work, syncs and data loading")
+    return line
+
+
 def format_table(result: dict) -> str:
     lines = [f"step breakdown, ms per step ({result['steps']} steps, {result['step_ms']} ms/step wall)"]
     for name, value in result["category_ms"].items():

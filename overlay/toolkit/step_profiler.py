@@ -17,12 +17,13 @@ and prints the summary. With profile_steps 0 (the default) each call returns at 
 profile or to write is reported and never stops the training.
 """
 
+import json
 import os
 import time
 
 from flux2_contract.files import PROFILE_BREAKDOWN, PROFILE_DIR, PROFILE_TABLE, PROFILE_TRACE
 from flux2_contract.settings import read
-
+from toolkit import step_breakdown
 
 
 class StepProfiler:
@@ -66,47 +67,39 @@ class StepProfiler:
         import torch
 
         self.done = True
-        if torch.cuda.is_available():
+        gpu = torch.cuda.is_available()
+        if gpu:
             torch.cuda.synchronize()
         wall = time.perf_counter() - self.started
         try:
             self.profile.stop()
             os.makedirs(self.folder, exist_ok=True)
-            self.profile.export_chrome_trace(os.path.join(self.folder, PROFILE_TRACE))
+            trace = os.path.join(self.folder, PROFILE_TRACE)
+            self.profile.export_chrome_trace(trace)
             steps = self.seen - self.skip
-            summary = write_tables(self.profile, wall, steps,
-                                   os.path.join(self.folder, PROFILE_TABLE), torch.cuda.is_available())
+            result = step_breakdown.breakdown(step_breakdown.load_trace(trace), wall, steps)
+            summary = step_breakdown.format_summary(result, gpu)
+            write_tables(self.profile, summary, os.path.join(self.folder, PROFILE_TABLE), gpu)
             print(f"[profile] {summary}; wrote {PROFILE_TRACE} and {PROFILE_TABLE} to {self.folder}", flush=True)
-            print(write_breakdown(self.folder, wall, steps), flush=True)
+            print(write_breakdown(self.folder, result), flush=True)
         except Exception as error:
             print(f"[profile] could not write the profile to {self.folder}: {error}", flush=True)
 
 
-def write_tables(profile, wall: float, steps: int, path: str, gpu: bool) -> str:
-    """The two top-20 tables and the one-line summary; returns the summary."""
+def write_tables(profile, summary: str, path: str, gpu: bool) -> None:
+    """The summary line, then the two top-20 tables."""
     averages = profile.key_averages()
     device_key = "self_device_time_total" if gpu else "self_cpu_time_total"
-    busy = sum(getattr(e, "self_device_time_total", 0) for e in averages) / 1e6 if gpu else None
-    summary = f"{steps} steps in {wall:.3f} s wall ({wall / max(steps, 1):.3f} s/step)"
-    if busy is not None:
-        summary += (f", GPU busy {busy:.3f} s ({100 * busy / wall:.0f} %), "
-                    f"not busy {wall - busy:.3f} s: host work, syncs and data loading")
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(summary + "\n\n")
         handle.write(f"top 20 by self {'GPU' if gpu else 'CPU'} time\n")
         handle.write(averages.table(sort_by=device_key, row_limit=20) + "\n")
         handle.write("top 20 by CPU time (operator and everything it calls)\n")
         handle.write(averages.table(sort_by="cpu_time_total", row_limit=20) + "\n")
-    return summary
 
 
-def write_breakdown(folder: str, wall: float, steps: int) -> str:
-    """breakdown.json from the trace just written, its table appended to top20.txt; returns the table."""
-    import json
-
-    from toolkit import step_breakdown
-
-    result = step_breakdown.breakdown(step_breakdown.load_trace(os.path.join(folder, PROFILE_TRACE)), wall, steps)
+def write_breakdown(folder: str, result: dict) -> str:
+    """breakdown.json, its table appended to top20.txt; returns the table."""
     with open(os.path.join(folder, PROFILE_BREAKDOWN), "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=2)
     table = step_breakdown.format_table(result)
