@@ -8,9 +8,10 @@ CUDA's pinned pages show, and torch's pinned-allocator count), and the milliseco
 pass over every block, serialized and overlapped, each block's compute a GPU sleep of `--compute-ms`
 (so overlapped, a pass takes the longer of copies and compute; serialized, their sum). The layout
 before is the same streamer with each slot's host copy swapped for a pinned tensor of its own.
-5 passes after one. One JSON line on stdout.
+5 passes after one. `--align` and `--chunk-mib` change the packed layout's alignment and largest
+chunk (what the streamer's ALIGN and CHUNK were chosen against). One JSON line on stdout.
 
-  python3 -m bench.stream_chunks [--arch flux2] [--blocks 8] [--compute-ms 8]      # GPU machine
+  python3 -m bench.stream_chunks [--arch flux2] [--blocks 8] [--compute-ms 8] [--align 512] [--chunk-mib 1024]
 """
 
 import argparse
@@ -76,9 +77,14 @@ def main(argv=None) -> int:
     parser.add_argument("--arch", default="flux2")
     parser.add_argument("--blocks", type=int, default=8)
     parser.add_argument("--compute-ms", type=float, default=8.0)
+    parser.add_argument("--align", type=int, help="bytes each packed host copy starts at a multiple of "
+                        "(default: the streamer's ALIGN)")
+    parser.add_argument("--chunk-mib", type=int, help="the largest chunk (default: the streamer's CHUNK)")
     args = parser.parse_args(argv)
     sys.path[:0] = [str(REPO / "overlay"), str(REPO)]
     from toolkit import block_streaming, int4_linear
+    block_streaming.ALIGN = args.align or block_streaming.ALIGN
+    block_streaming.CHUNK = (args.chunk_mib << 20) if args.chunk_mib else block_streaming.CHUNK
     from flux2_contract import memory_plan
     from flux2_contract.families import FAMILIES
 
@@ -87,7 +93,8 @@ def main(argv=None) -> int:
     cycles = sleep_cycles(args.compute_ms)
     x = torch.zeros(1, device="cuda")
     row = {"device": torch.cuda.get_device_name(), "arch": args.arch, "blocks": args.blocks,
-           "compute_ms": args.compute_ms}
+           "compute_ms": args.compute_ms, "align": block_streaming.ALIGN,
+           "chunk_mib": block_streaming.CHUNK >> 20}
     for mode in (block_streaming.SERIALIZED, block_streaming.OVERLAPPED):
         model = torch.nn.Module()
         model.blocks = torch.nn.ModuleList(
