@@ -560,20 +560,25 @@ def rss_parts(pid: int) -> dict:
 
 def telemetry_figures(output: Path, started: float, skip: int = 2) -> dict:
     """Seconds to the first training row, mean s/it after the first `skip` steps (warm-up, and
-    the profiled ones and the one that writes their trace), peak VRAM."""
+    the profiled ones and the one that writes their trace), peak VRAM, the allocator's retries in
+    all and within those timed steps (a retry synchronises the device and empties its cache)."""
     rows = []
     for path in output.glob("*/trainer-telemetry.jsonl"):
         rows += [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     start = next((row["time"] for row in rows if row.get("event") == "start"), None)
     speeds = [row["s_per_it"] for row in rows if row.get("s_per_it") and row.get("step", 0) > skip]
     peaks = [row["vram_max_allocated_gib"] for row in rows if row.get("vram_max_allocated_gib")]
-    retries = [row["vram_alloc_retries"] for row in rows if row.get("vram_alloc_retries") is not None]
+    retries = [(row.get("step", 0), row["vram_alloc_retries"]) for row in rows
+               if row.get("vram_alloc_retries") is not None]
+    timed_retries = [count for step, count in retries if step > skip]
     pinned = [row["host_pinned_gib"] for row in rows if row.get("host_pinned_gib") is not None]
     return {"to_first_step_s": round(start - started, 1) if start else None,
             "s_per_it": round(sum(speeds) / len(speeds), 3) if speeds else None,
             "s_per_it_median": round(sorted(speeds)[len(speeds) // 2], 3) if speeds else None,
             "vram_peak_allocated_gib": max(peaks) if peaks else None,
-            "vram_alloc_retries": max(retries) if retries else None,
+            "vram_alloc_retries": max(count for _, count in retries) if retries else None,
+            "vram_alloc_retries_timed": (max(timed_retries) - max((count for step, count in retries if step <= skip),
+                                                                  default=0)) if timed_retries else None,
             "host_pinned_peak_gib": max(pinned) if pinned else None,
             "telemetry_rows": len(rows)}
 

@@ -34,3 +34,21 @@ def test_resolutions_within_the_prepared_images_and_older_assets_pass(tmp_path):
     broken = prepared(tmp_path / "broken", 768) / "assets"
     (broken / fullsize.PREPARED).write_text("[768]", encoding="utf-8")
     assert "prepared.json is not what `prepare` writes" in fullsize.too_large(broken, process)
+
+
+def test_the_allocator_retries_within_the_timed_steps_are_counted_apart(tmp_path):
+    """A launch's telemetry: retries while loading and in the 2 warm-up steps, then within the timed
+    steps; the latter are what a streamed step pays (each a device-wide synchronisation)."""
+    rows = [{"time": 100.0, "event": "start"}, {"time": 101.0, "event": "load", "vram_alloc_retries": 4}]
+    rows += [{"time": 102.0 + step, "step": step, "s_per_it": 0.5, "vram_alloc_retries": count}
+             for step, count in [(1, 6), (2, 9), (3, 9), (4, 11), (5, 14)]]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "trainer-telemetry.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    figures = fullsize.telemetry_figures(tmp_path, started=90.0, skip=2)
+    assert figures["vram_alloc_retries"] == 14 and figures["vram_alloc_retries_timed"] == 5
+    assert figures["s_per_it_median"] == 0.5 and figures["to_first_step_s"] == 10.0
+    for row in rows:
+        row.pop("vram_alloc_retries", None)
+    (run / "trainer-telemetry.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    assert fullsize.telemetry_figures(tmp_path, started=90.0)["vram_alloc_retries_timed"] is None
