@@ -147,7 +147,7 @@ def compile_blocks(process: dict, verdicts: Verdicts) -> Resolved:
         return (with_settings(process, {"compile_blocks": compiled}),
                 f"compile_blocks auto -> {str(compiled).lower()}: {why}")
     if not compiled:
-        return process, (f"warning: compile_blocks: true, but the self-test's compile check did not pass here ({why}); "
+        return process, (f"warning: compile_blocks: true, but the self-test's compile check has not passed here ({why}); "
                          "a compile failure on the first step falls back to uncompiled blocks")
     return process, None
 

@@ -102,7 +102,7 @@ def test_without_a_valid_selftest_the_blocks_stay_uncompiled_and_a_named_setting
     config = with_compile({"compile_blocks": True})  # named: it runs, with one warning line
     line = resolved(config, workdir)
     assert setting(config) is True
-    assert line.startswith("warning: compile_blocks: true, but the self-test's compile check did not pass here")
+    assert line.startswith("warning: compile_blocks: true, but the self-test's compile check has not passed here")
     assert "stale" in line and "falls back to uncompiled blocks" in line
     passed = workdir_with(tmp_path / "passed", {**GPU_RESULT, "compile": {**CHILD, "passed": True}})
     assert resolved(with_compile({"compile_blocks": True}), passed) is None
