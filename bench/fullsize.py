@@ -571,14 +571,14 @@ def telemetry_figures(output: Path, started: float, skip: int = 2) -> dict:
     retries = [(row.get("step", 0), row["vram_alloc_retries"]) for row in rows
                if row.get("vram_alloc_retries") is not None]
     timed_retries = [count for step, count in retries if step > skip]
+    earlier_retries = [count for step, count in retries if step <= skip]
     pinned = [row["host_pinned_gib"] for row in rows if row.get("host_pinned_gib") is not None]
     return {"to_first_step_s": round(start - started, 1) if start else None,
             "s_per_it": round(sum(speeds) / len(speeds), 3) if speeds else None,
             "s_per_it_median": round(sorted(speeds)[len(speeds) // 2], 3) if speeds else None,
             "vram_peak_allocated_gib": max(peaks) if peaks else None,
             "vram_alloc_retries": max(count for _, count in retries) if retries else None,
-            "vram_alloc_retries_timed": (max(timed_retries) - max((count for step, count in retries if step <= skip),
-                                                                  default=0)) if timed_retries else None,
+            "vram_alloc_retries_timed": max(timed_retries) - max(earlier_retries, default=0) if timed_retries else None,
             "host_pinned_peak_gib": max(pinned) if pinned else None,
             "telemetry_rows": len(rows)}
 
