@@ -129,14 +129,14 @@ class CopyMatmulFunction(torch.autograd.Function):
     def forward(ctx, x2d, copy, column_scale, input_grad_copy, input_grad_scale, qweight, scale, zero, *settings):
         ctx.save_for_backward(input_grad_copy, input_grad_scale, qweight, scale, zero)
         ctx.settings = settings
-        return int4_w4a8.traced_copy_matmul(x2d, copy, column_scale)
+        return int4_w4a8.traced_copy_matmul(x2d, copy, column_scale, input_grad=False)
 
     @staticmethod
     def backward(ctx, dy2d):
         copy, column_scale, qweight, scale, zero = ctx.saved_tensors
         kernel = Int4Kernel(*ctx.settings[1:])
         if copy is not None and int4_w4a8.traceable_copy(dy2d, copy, kernel):
-            dx = int4_w4a8.traced_copy_matmul(dy2d, copy, column_scale)
+            dx = int4_w4a8.traced_copy_matmul(dy2d, copy, column_scale, input_grad=True)
         else:
             dx = int4_matmul_input_grad(dy2d, qweight, scale, zero, copy, *ctx.settings)
         return (dx,) + (None,) * 12

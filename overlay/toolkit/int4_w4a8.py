@@ -21,9 +21,9 @@ RDNA3's int8 WMMA path):
 The 4-bit weight is requantized to 8 bits one slice at a time (the kernel's chunk_bytes,
 256 MiB of 8-bit weight by default) by a Triton kernel, then multiplied by a Triton 8-bit GEMM with the two
 scales applied in its epilogue (gemm "triton", the portable default) or, for FP8 on
-NVIDIA, by torch._scaled_mm (cuBLASLt, gemm "scaled_mm"); a weight that fits one slice is
-multiplied whole, into the GEMM's own output. Nothing but the packed weight is kept between
-calls, unless the layer holds a whole 8-bit copy (eight_bit_copy; where VRAM allows: twice the
+NVIDIA, by torch._scaled_mm (cuBLASLt, gemm "scaled_mm"; fast accumulation in the forward only:
+fast_accumulation); a weight that fits one slice is multiplied whole, into the GEMM's own output.
+Nothing but the packed weight is kept between calls, unless the layer holds a whole 8-bit copy (eight_bit_copy; where VRAM allows: twice the
 4-bit weight per orientation; the requantization, 59 ms of a 0.41 s compiled 512 px step at 44
 blocks on an H200 (bench/RESULTS.md), is then skipped). In a compiled block, FP8 against a held
 copy through torch._scaled_mm is plain PyTorch (traced_copy_matmul): Inductor fuses the
@@ -431,20 +431,33 @@ def requantize_slice(qweight, scale, zero, inverse, out, fmt: str, per_column: b
     return out
 
 
+def fast_accumulation(input_grad: bool) -> bool:
+    """Whether torch._scaled_mm sums the FP8 products in the tensor cores' own accumulator, without
+    cuBLASLt's periodic promotion to fp32: for the forward and the recompute, not for the input
+    gradient. torchao's float8 training splits it the same way (Float8LinearConfig: the output GEMM
+    fast, grad_input's not); the input gradient sums over the layer's output width (up to 55296 here),
+    where that accumulator's error grows. At FLUX.2's block shapes it took 8-14 % off the forward
+    GEMMs' time on an H100 (1024 and 512 px; 2 % on an H200) and moved their result by 0.25-0.43 % of
+    its norm, against the 3.8 % the 8-bit activations move it (bench/RESULTS.md)."""
+    return not input_grad
+
+
 def cublaslt_takes(rows: int, columns: int) -> bool:
     """Whether torch._scaled_mm (cuBLASLt's FP8 GEMM) multiplies a result of this shape: multiples of 16."""
     return not (rows % 16 or columns % 16)
 
 
-def scaled_gemm(a, a_scale, b_rows, b_scale, out, fmt: str, gemm: str, dtype=None):
+def scaled_gemm(a, a_scale, b_rows, b_scale, out, fmt: str, gemm: str, input_grad: bool, dtype=None):
     """out[M, N] = (a[M, K] @ b_rows[N, K]^T) * a_scale[:, None] * b_scale[None, :]; out may be a
     column slice of a larger tensor, or None: a new tensor of `dtype` (torch._scaled_mm's own
-    result, no copy); K is a multiple of K_ALIGN."""
+    result, no copy); K is a multiple of K_ALIGN. `input_grad`: this product is an input gradient
+    (fast_accumulation)."""
     M, K = a.shape
     N = b_rows.shape[0]
     if gemm == "scaled_mm" and cublaslt_takes(M, N):
         product = torch._scaled_mm(a, b_rows.t(), scale_a=a_scale[:, None], scale_b=b_scale[None, :].contiguous(),
-                                   out_dtype=dtype if out is None else out.dtype)
+                                   out_dtype=dtype if out is None else out.dtype,
+                                   use_fast_accum=fast_accumulation(input_grad))
         return product if out is None else out.copy_(product)
     if out is None:
         out = torch.empty((M, N), device=a.device, dtype=dtype)
@@ -517,13 +530,13 @@ def _sliced_8bit_matmul(a2d, qweight, scale, zero, scales: WeightScales, kernel:
         whole = requantize_slice(qweight, scale, zero, inverse, _weight_buffer(width, inner, a2d.device, fmt),
                                  fmt, transposed, 0, group_size)
     if whole is not None:
-        return scaled_gemm(aq, a_scale, whole, column_scale, None, fmt, kernel.gemm, a2d.dtype)
+        return scaled_gemm(aq, a_scale, whole, column_scale, None, fmt, kernel.gemm, transposed, a2d.dtype)
     out = torch.empty((a2d.shape[0], width), device=a2d.device, dtype=a2d.dtype)
     buf = _weight_buffer(step, inner, a2d.device, fmt)
     for first in range(0, width, step):
         last = min(width, first + step)
         w8 = requantize_slice(qweight, scale, zero, inverse, buf[: last - first], fmt, transposed, first, group_size)
-        scaled_gemm(aq, a_scale, w8, column_scale[first:last], out[:, first:last], fmt, kernel.gemm)
+        scaled_gemm(aq, a_scale, w8, column_scale[first:last], out[:, first:last], fmt, kernel.gemm, transposed)
     return out
 
 
@@ -565,10 +578,13 @@ def traceable_copy(a2d: torch.Tensor, codes: torch.Tensor, kernel: Int4Kernel) -
             and cublaslt_takes(a2d.shape[0], codes.shape[0]))
 
 
-def traced_copy_matmul(a2d: torch.Tensor, codes: torch.Tensor, column_scale: torch.Tensor) -> torch.Tensor:
-    """a2d @ codes^T scaled, in a2d's dtype: what _sliced_8bit_matmul computes against a held FP8 copy,
-    written as PyTorch operations for a compiled block to trace (the activation quantized as
-    quantize_rows_reference does, which the Triton kernel matches code for code)."""
+def traced_copy_matmul(a2d: torch.Tensor, codes: torch.Tensor, column_scale: torch.Tensor,
+                       input_grad: bool) -> torch.Tensor:
+    """a2d @ codes^T scaled, in a2d's dtype: what _sliced_8bit_matmul computes against a held FP8 copy
+    (the forward's, or with `input_grad` the input gradient's), written as PyTorch operations for a
+    compiled block to trace (the activation quantized as quantize_rows_reference does, which the
+    Triton kernel matches code for code)."""
     values, a_scale = quantize_rows_reference(a2d, FP8)
     return torch._scaled_mm(values.to(torch_dtype(FP8)), codes.t(), scale_a=a_scale[:, None],
-                            scale_b=column_scale[None, :], out_dtype=a2d.dtype)
+                            scale_b=column_scale[None, :], out_dtype=a2d.dtype,
+                            use_fast_accum=fast_accumulation(input_grad))

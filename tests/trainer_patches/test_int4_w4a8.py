@@ -474,9 +474,39 @@ def fp8_copies(w, q, s, z):
     return (forward.to(torch.float8_e4m3fn), scales.row), (input_grad.to(torch.float8_e4m3fn), scales.col)
 
 
-def scaled_mm_in_fp32(a, b, scale_a, scale_b, out_dtype):
+def scaled_mm_in_fp32(a, b, scale_a, scale_b, out_dtype, use_fast_accum=False):
     """torch._scaled_mm's row- and column-scaled product, which the CPU build does not have."""
     return ((a.float() @ b.float()) * scale_a * scale_b).to(out_dtype)
+
+
+def test_fp8_products_accumulate_fast_in_the_forward_only(mods, monkeypatch):
+    """Through the operator (a held copy per orientation, so torch._scaled_mm multiplies it whole), the
+    forward asks cuBLASLt for fast accumulation and the input gradient does not (fast_accumulation),
+    and each still computes the reference's product."""
+    il, w = mods
+    asked = []
+
+    def recording(a, b, scale_a, scale_b, out_dtype, use_fast_accum=False):
+        asked.append(use_fast_accum)
+        return scaled_mm_in_fp32(a, b, scale_a, scale_b, out_dtype)
+
+    def rows_on_cpu(x2d, fmt):  # quantize_rows' codes and scales without Triton (K is a multiple of K_ALIGN)
+        codes, scale = w.quantize_rows_reference(x2d, fmt)
+        return codes.to(w.torch_dtype(fmt)), scale
+
+    monkeypatch.setattr(torch, "_scaled_mm", recording)
+    monkeypatch.setattr(w, "quantize_rows", rows_on_cpu)
+    g = torch.Generator().manual_seed(5)
+    q, s, z = il.quantize_weight((torch.randn(128, 256, generator=g) * 0.02).bfloat16())
+    x, dy = torch.randn(32, 256, generator=g).bfloat16(), torch.randn(32, 128, generator=g).bfloat16()
+    forward, input_grad = fp8_copies(w, q, s, z)
+    scales = w.WeightScales(q, s, z, 64, "fp8")
+    kernel = il.Int4Kernel("fp8", "scaled_mm", use_kernel=True)
+    y = w.w4a8_matmul(x, q, s, z, 64, kernel, True, False, forward[0])
+    dx = w.w4a8_matmul(dy, q, s, z, 64, kernel, True, True, input_grad[0])
+    assert asked == [True, False]
+    torch.testing.assert_close(y, w.reference_fwd(x, q, s, z, scales, "fp8"), rtol=1e-2, atol=1e-3)
+    torch.testing.assert_close(dx, w.reference_bwd(dy, q, s, z, scales, "fp8"), rtol=1e-2, atol=1e-3)
 
 
 def test_the_traced_copy_matmul_computes_what_the_sliced_path_does(mods, monkeypatch):
@@ -490,10 +520,10 @@ def test_the_traced_copy_matmul_computes_what_the_sliced_path_does(mods, monkeyp
     x, dy = torch.randn(32, 256, generator=g).bfloat16(), torch.randn(32, 96, generator=g).bfloat16()
     forward, input_grad = fp8_copies(w, q, s, z)
     scales = w.WeightScales(q, s, z, 64, "fp8")
-    torch.testing.assert_close(w.traced_copy_matmul(x, *forward), w.reference_fwd(x, q, s, z, scales, "fp8"),
-                               rtol=1e-2, atol=1e-3)
-    torch.testing.assert_close(w.traced_copy_matmul(dy, *input_grad), w.reference_bwd(dy, q, s, z, scales, "fp8"),
-                               rtol=1e-2, atol=1e-3)
+    torch.testing.assert_close(w.traced_copy_matmul(x, *forward, input_grad=False),
+                               w.reference_fwd(x, q, s, z, scales, "fp8"), rtol=1e-2, atol=1e-3)
+    torch.testing.assert_close(w.traced_copy_matmul(dy, *input_grad, input_grad=True),
+                               w.reference_bwd(dy, q, s, z, scales, "fp8"), rtol=1e-2, atol=1e-3)
 
 
 def compiled_graphs(module, x):
@@ -505,7 +535,7 @@ def compiled_graphs(module, x):
     graphs = []
 
     def capture(graph, _):
-        graphs.append(graph.code)
+        graphs.append(graph)
         return make_boxed_func(graph.forward)
 
     def backend(graph, inputs):
@@ -537,9 +567,18 @@ def test_a_compiled_block_traces_the_fp8_matmul_against_its_copies(mods, rows, h
         layer.input_grad_copy = (torch.empty(128, 64, dtype=fp8, device="meta"), torch.empty(128, device="meta"))
     x = torch.empty(rows, 128, dtype=torch.bfloat16, device="meta", requires_grad=True)
     forward, backward = compiled_graphs(layer, x)
-    assert ("flux2_24gb.int4_matmul.default" in forward) == forward_op
-    assert ("flux2_24gb.int4_matmul_input_grad.default" in backward) == backward_op
-    assert ("aten._scaled_mm" in forward) != forward_op and ("aten._scaled_mm" in backward) != backward_op
+    assert ("flux2_24gb.int4_matmul.default" in forward.code) == forward_op
+    assert ("flux2_24gb.int4_matmul_input_grad.default" in backward.code) == backward_op
+    # each traced product asks for fast accumulation in the forward only (fast_accumulation)
+    assert fast_accum_asked(forward) == ([] if forward_op else [True])
+    assert fast_accum_asked(backward) == ([] if backward_op else [False])
+
+
+def fast_accum_asked(graph) -> list:
+    """use_fast_accum of each torch._scaled_mm call in a captured graph, as its schema reads it."""
+    calls = [node for node in graph.graph.nodes if node.target is torch.ops.aten._scaled_mm.default]
+    return [node.normalized_arguments(graph, normalize_to_only_use_kwargs=True).kwargs["use_fast_accum"]
+            for node in calls]
 
 
 def test_a_copy_left_on_another_device_is_not_used(mods):
