@@ -175,8 +175,9 @@ CATALOGUE: Dict[str, Setting] = _settings(
     _kw("w4a8_activations", "choice", None, "int4_w4a8's 8-bit activations; unset: fp8 where the GPU has FP8 "
         "matrix units (NVIDIA sm_89+, AMD gfx12), else int8", choices=("fp8", "int8"), auto=RUN),
     _kw("w4a8_gemm", "choice", "triton", "int4_w4a8's GEMM: Triton, or torch._scaled_mm (FP8 on NVIDIA; fast "
-        "accumulation in the forward, not in the input gradient), each on 8-bit weight slices; or in_register: a Triton GEMM that reads the 4-bit weight itself (forward and "
-        "recompute; the input gradient through Triton's sliced path)", choices=("triton", "scaled_mm", "in_register"),
+        "accumulation in the forward, not in the input gradient), each on 8-bit weight slices; or in_register: a "
+        "Triton GEMM that reads the 4-bit weight itself (forward and recompute; the input gradient through "
+        "Triton's sliced path)", choices=("triton", "scaled_mm", "in_register"),
         auto=RUN),
     _kw("int4_chunk_mib", "int", None, "MiB of weight one sliced 4-bit matmul dequantizes at a time; unset: "
         "the qtype's own (64 int4_fused, 256 int4_w4a8)", minimum=1, maximum=65536),
