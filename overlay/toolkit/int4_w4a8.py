@@ -16,16 +16,17 @@ RDNA3's int8 WMMA path):
                units (NVIDIA compute capability 8.9 and newer, AMD gfx12), int8 (QMAX 127, round
                half up) elsewhere (flux2_contract/qtypes.py decides once at load time; INT4_W4A8_ACT overrides).
   result       y[r, n] = sum_k code_x[r, k] * code_w[n, k] * (amax_r / QMAX) * (amax_n / QMAX),
-               accumulated in int32 (int8) or fp32 (fp8), written in the input's dtype.
+               accumulated in int32 (int8) or fp32 (fp8; torch._scaled_mm's forward in the tensor
+               cores' own accumulator: fast_accumulation), written in the input's dtype.
 
 The 4-bit weight is requantized to 8 bits one slice at a time (the kernel's chunk_bytes,
 256 MiB of 8-bit weight by default) by a Triton kernel, then multiplied by a Triton 8-bit GEMM with the two
 scales applied in its epilogue (gemm "triton", the portable default) or, for FP8 on
 NVIDIA, by torch._scaled_mm (cuBLASLt, gemm "scaled_mm"; fast accumulation in the forward only:
 fast_accumulation); a weight that fits one slice is multiplied whole, into the GEMM's own output.
-Nothing but the packed weight is kept between calls, unless the layer holds a whole 8-bit copy (eight_bit_copy; where VRAM allows: twice the
-4-bit weight per orientation; the requantization, 59 ms of a 0.41 s compiled 512 px step at 44
-blocks on an H200 (bench/RESULTS.md), is then skipped). In a compiled block, FP8 against a held
+Nothing but the packed weight is kept between calls, unless the layer holds a whole 8-bit copy
+(eight_bit_copy; where VRAM allows: twice the 4-bit weight per orientation; the requantization,
+59 ms of a 0.41 s compiled 512 px step at 44 blocks on an H200 (bench/RESULTS.md), is then skipped). In a compiled block, FP8 against a held
 copy through torch._scaled_mm is plain PyTorch (traced_copy_matmul): Inductor fuses the
 activation quantization into the kernel that makes the activation and calls cuBLASLt itself,
 with none of the operator's host work per call. LoRA adapters and every trainable tensor stay in bf16 (this module only
