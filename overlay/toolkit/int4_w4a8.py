@@ -448,6 +448,14 @@ def cublaslt_takes(rows: int, columns: int) -> bool:
     return not (rows % 16 or columns % 16)
 
 
+def fp8_product(a, b_rows, a_scale, b_scale, out_dtype, input_grad: bool) -> torch.Tensor:
+    """(a[M, K] @ b_rows[N, K]^T) * a_scale[:, None] * b_scale[None, :] in out_dtype, both operands FP8:
+    the one call of torch._scaled_mm (cuBLASLt), for the operator and for a compiled block's traced
+    matmul alike, accumulating as fast_accumulation says for this product."""
+    return torch._scaled_mm(a, b_rows.t(), scale_a=a_scale[:, None], scale_b=b_scale[None, :].contiguous(),
+                            out_dtype=out_dtype, use_fast_accum=fast_accumulation(input_grad))
+
+
 def scaled_gemm(a, a_scale, b_rows, b_scale, out, fmt: str, gemm: str, input_grad: bool, dtype=None):
     """out[M, N] = (a[M, K] @ b_rows[N, K]^T) * a_scale[:, None] * b_scale[None, :]; out may be a
     column slice of a larger tensor, or None: a new tensor of `dtype` (torch._scaled_mm's own
@@ -456,9 +464,7 @@ def scaled_gemm(a, a_scale, b_rows, b_scale, out, fmt: str, gemm: str, input_gra
     M, K = a.shape
     N = b_rows.shape[0]
     if gemm == "scaled_mm" and cublaslt_takes(M, N):
-        product = torch._scaled_mm(a, b_rows.t(), scale_a=a_scale[:, None], scale_b=b_scale[None, :].contiguous(),
-                                   out_dtype=dtype if out is None else out.dtype,
-                                   use_fast_accum=fast_accumulation(input_grad))
+        product = fp8_product(a, b_rows, a_scale, b_scale, dtype if out is None else out.dtype, input_grad)
         return product if out is None else out.copy_(product)
     if out is None:
         out = torch.empty((M, N), device=a.device, dtype=dtype)
@@ -586,6 +592,4 @@ def traced_copy_matmul(a2d: torch.Tensor, codes: torch.Tensor, column_scale: tor
     compiled block to trace (the activation quantized as quantize_rows_reference does, which the
     Triton kernel matches code for code)."""
     values, a_scale = quantize_rows_reference(a2d, FP8)
-    return torch._scaled_mm(values.to(torch_dtype(FP8)), codes.t(), scale_a=a_scale[:, None],
-                            scale_b=column_scale[None, :], out_dtype=a2d.dtype,
-                            use_fast_accum=fast_accumulation(input_grad))
+    return fp8_product(values.to(torch_dtype(FP8)), codes, a_scale, column_scale, a2d.dtype, input_grad)
