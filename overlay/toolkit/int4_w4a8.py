@@ -26,11 +26,12 @@ NVIDIA, by torch._scaled_mm (cuBLASLt, gemm "scaled_mm"; fast accumulation in th
 fast_accumulation); a weight that fits one slice is multiplied whole, into the GEMM's own output.
 Nothing but the packed weight is kept between calls, unless the layer holds a whole 8-bit copy
 (eight_bit_copy; where VRAM allows: twice the 4-bit weight per orientation; the requantization,
-59 ms of a 0.41 s compiled 512 px step at 44 blocks on an H200 (bench/RESULTS.md), is then skipped). In a compiled block, FP8 against a held
-copy through torch._scaled_mm is plain PyTorch (traced_copy_matmul): Inductor fuses the
-activation quantization into the kernel that makes the activation and calls cuBLASLt itself,
-with none of the operator's host work per call. LoRA adapters and every trainable tensor stay in bf16 (this module only
-computes the frozen base's matmuls and the input gradient through them).
+59 ms of a 0.41 s compiled 512 px step at 44 blocks on an H200 (bench/RESULTS.md), is then skipped).
+In a compiled block, FP8 against a held copy through torch._scaled_mm is plain PyTorch
+(traced_copy_matmul): Inductor fuses the activation quantization into the kernel that makes the
+activation and calls cuBLASLt itself, with none of the operator's host work per call. LoRA adapters
+and every trainable tensor stay in bf16 (this module only computes the frozen base's matmuls and the
+input gradient through them).
 
 gemm "in_register" (forward and recompute) writes no 8-bit weight at all: its Triton GEMM reads the
 packed 4-bit tile and feeds the MMA the exact integers q - zero (-15..15, exact in int8 and e4m3:
