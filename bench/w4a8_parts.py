@@ -99,7 +99,7 @@ def shape_row(w, qtypes, name, M, N, K, count, device) -> dict:
         ms[f"scaled_mm_{label}"] = bench(lambda: gemm(False))
         ms[f"scaled_mm_fast_{label}"] = bench(lambda: gemm(True))
         row[f"fast_accum_difference_{label}"] = relative(gemm(True), gemm(False))
-    copies = [w.eight_bit_copy(qweight, scale, zero, 64, fp8, transposed)[0] for transposed in (False, True)]
+    copies = [w.eight_bit_copy(qweight, scale, zero, 64, fp8, transposed) for transposed in (False, True)]
     ms["held_fwd"] = bench(lambda: w.w4a8_matmul(x, qweight, scale, zero, 64, kernel, True, False, copies[0]))
     ms["held_bwd"] = bench(lambda: w.w4a8_matmul(dy, qweight, scale, zero, 64, kernel, True, True, copies[1]))
     row["tflops_bf16_fwd"] = 2 * M * N * K / ms["bf16_fwd"] / 1e9

@@ -24,6 +24,9 @@ What one step needs on the device (bytes):
   4-bit weight), then its input gradient's. A kept activation saves a block's whole recompute, several
   times what the same bytes of copies save (bench/RESULTS.md), so copies come last; and only where
   no block streams (a streamed step waits on the host link, and the cap's slack is the buffers').
+  A block that holds both copies multiplies through them alone, so its 4-bit weights are freed
+  (`BlockSize.release_bytes`): its input gradient's copy costs the difference, and what that frees
+  holds the next block's.
 
 A block's saved activations are computed from the shapes, not measured:
 `ACTIVATION_WIDTHS x hidden` bf16 values per token, per block: the tensors autograd saves in one
@@ -73,6 +76,7 @@ class BlockSize:
     weight_bytes: int       # the block's 4-bit weights (as they sit on the device)
     activation_bytes: int   # its saved activations for one step when kept
     copy_bytes: int = 0     # one 8-bit copy of its weights (int4_w4a8), 0 where the qtype has none
+    release_bytes: int = 0  # its 4-bit weights, freed once it holds both copies
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,7 @@ class MemoryPlan:
     buffer_bytes: int = 0
     kept_activation_bytes: int = 0
     copy_bytes: int = 0
+    released_bytes: int = 0  # the 4-bit weights of the blocks holding both copies, freed
     resolution: int = 0
     batch: int = 1
 
@@ -119,7 +124,7 @@ class MemoryPlan:
 
     def planned_bytes(self) -> int:
         return (sum(self.fixed_bytes.values()) + self.resident_weight_bytes + self.buffer_bytes
-                + self.kept_activation_bytes + self.copy_bytes)
+                + self.kept_activation_bytes + self.copy_bytes - self.released_bytes)
 
     def copies(self) -> dict:
         """Block name -> how many 8-bit copies of its weights it holds (1 or 2), for the blocks that hold any."""
@@ -157,6 +162,9 @@ class MemoryPlan:
             both = [name for name, count in self.copies().items() if count == 2]
             lines.append(f"  8-bit weight copies: {len(self.copies())} of {n} blocks' forward, {len(both)} also the "
                          f"input gradient's ({size(self.copy_bytes)}): " + compact(list(self.copies())))
+            if both:
+                lines.append(f"  4-bit weights freed: the {len(both)} blocks that hold both copies "
+                             f"({size(self.released_bytes)})")
         return lines
 
 
@@ -205,7 +213,7 @@ def make_plan(inputs: PlanInputs) -> MemoryPlan:
     """Resident first, in model order, then the streamed blocks of each size spread among their
     size (spread_streamed); streamed through a double buffer; what is left keeps activations of
     resident blocks, then (inputs.copies) holds 8-bit copies of their weights, every forward copy
-    before any input gradient's. Raises PlanError when even the minimum does not fit."""
+    before any input gradient's, a block's 4-bit weights freed once it holds both. Raises PlanError when even the minimum does not fit."""
     blocks = inputs.blocks
     working = 2 * max((b.activation_bytes for b in blocks), default=0)
     fixed = {"non-block weights": inputs.nonblock_bytes, "LoRA + optimizer": inputs.lora_bytes,
@@ -238,12 +246,17 @@ def make_plan(inputs: PlanInputs) -> MemoryPlan:
             kept_bytes += held
             free -= held
     copies = {b.name: 0 for b in blocks}
+    released = 0
     if inputs.copies and len(resident) == len(blocks):
-        for _orientation in ("forward", "input gradient"):
+        for orientation in ("forward", "input gradient"):
             for block in blocks:
+                # the whole copy must fit: it is made before the 4-bit weights it replaces are freed
                 if block.name in resident and 0 < block.copy_bytes <= free:
                     copies[block.name] += 1
                     free -= block.copy_bytes
+                    if orientation == "input gradient":
+                        free += block.release_bytes
+                        released += block.release_bytes
     return MemoryPlan(
         budget_bytes=inputs.budget_bytes,
         blocks=[BlockPlan(b.name, RESIDENT if b.name in resident else STREAMED,
@@ -252,7 +265,7 @@ def make_plan(inputs: PlanInputs) -> MemoryPlan:
         resident_weight_bytes=sum(b.weight_bytes for b in blocks if b.name in resident),
         streamed_weight_bytes=sum(b.weight_bytes for b in blocks if b.name not in resident),
         buffer_bytes=buffer, kept_activation_bytes=kept_bytes,
-        copy_bytes=sum(copies[b.name] * b.copy_bytes for b in blocks),
+        copy_bytes=sum(copies[b.name] * b.copy_bytes for b in blocks), released_bytes=released,
         resolution=inputs.resolution, batch=inputs.batch,
     )
 
@@ -336,7 +349,8 @@ def flux2_inputs(shape: Flux2Shape, budget_bytes: int, resolution: int, batch: i
         copy = sum(copy_bytes(i, o) for i, o in linears) if copies else 0
         for index in range(count):
             name = f"{prefix}.{index}"
-            blocks.append(BlockSize(name, (weight_bytes or {}).get(name, estimate), activation, copy))
+            weight = (weight_bytes or {}).get(name, estimate)
+            blocks.append(BlockSize(name, weight, activation, copy, min(weight, estimate) if copies else 0))
     lora_params = lora_rank * (shape.depth * sum(i + o for i, o in double)
                                + shape.depth_single * sum(i + o for i, o in single))
     if nonblock_bytes is None:

@@ -164,7 +164,8 @@ CATALOGUE: Dict[str, Setting] = _settings(
         resume_may_change=True),
     _kw("hold_8bit_copies", "bool", True, "int4_w4a8 under the memory plan: hold 8-bit copies of resident blocks' "
         "weights in the VRAM the plan leaves once activations are kept, forward copies first (those matmuls skip "
-        "requantizing the 4-bit weight)", resume_may_change=True),
+        "requantizing the 4-bit weight); a block holding both copies frees its 4-bit weights, which the plan counts "
+        "back", resume_may_change=True),
     _kw("launch_plan", "text", None, "the memory plan `run` made for the preset's vram_budget_gib, with the budget "
         "bytes and run shape it was made for, as one line of JSON: the trainer carries it out where it finds the "
         "same, else plans again and says so; unset (no vram_budget_gib): the trainer plans from the VRAM free at "

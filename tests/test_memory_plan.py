@@ -2,6 +2,7 @@
 table by table at full FLUX.2 [dev] shapes and on tiny shapes, with no trainer and no GPU."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -178,6 +179,32 @@ def test_what_kept_activations_leave_holds_8bit_copies_forward_first():
     assert full.copy_bytes == sum(count * sizes[name] for name, count in full.copies().items())
     assert full.planned_bytes() <= full.budget_bytes < full.planned_bytes() + min(sizes.values())
     assert "8-bit weight copies: 44 of 44 blocks' forward" in "\n".join(full.summary())
+
+
+def test_a_block_holding_both_copies_frees_its_4bit_weights_for_the_next_blocks_copies():
+    """Once a block holds both 8-bit copies its 4-bit weights are freed (the matmuls read the copies
+    alone): the plan counts them back, so more blocks hold both than the bytes of the copies alone
+    allow, and never past the budget."""
+    inputs = mp.flux2_inputs(mp.Flux2Shape(depth_single=36), mp.budget_bytes_of(70, 1.0), 512, copies=True)
+    kept_4bit = replace(inputs, blocks=tuple(replace(b, release_bytes=0) for b in inputs.blocks))
+    freed, plain = mp.make_plan(inputs), mp.make_plan(kept_4bit)
+    both = [name for name, count in freed.copies().items() if count == 2]
+    assert len(both) > len([name for name, count in plain.copies().items() if count == 2]) > 0
+    release = {b.name: b.release_bytes for b in inputs.blocks}
+    assert freed.released_bytes == sum(release[name] for name in both) > 0 and plain.released_bytes == 0
+    assert all(0 < release[b.name] <= b.weight_bytes for b in inputs.blocks)
+    assert freed.planned_bytes() <= freed.budget_bytes
+    assert f"4-bit weights freed: the {len(both)} blocks that hold both copies" in "\n".join(freed.summary())
+
+
+def test_an_input_gradient_copy_is_made_only_where_the_whole_copy_fits_before_the_freeing():
+    """The copy is made before the 4-bit weights it replaces are freed: the room it needs is all of it."""
+    block = mp.BlockSize("double_blocks.0", weight_bytes=50, activation_bytes=0, copy_bytes=100, release_bytes=50)
+    inputs = mp.PlanInputs(budget_bytes=50 + 100 + 99, blocks=(block,), nonblock_bytes=0, lora_bytes=0,
+                           checkpoint_bytes=0, copies=True)
+    assert mp.make_plan(inputs).copies() == {"double_blocks.0": 1}
+    fits = mp.make_plan(replace(inputs, budget_bytes=50 + 100 + 100))
+    assert fits.copies() == {"double_blocks.0": 2} and fits.planned_bytes() == 50 + 2 * 100 - 50
 
 
 def test_8bit_copies_never_take_room_from_activations_or_resident_weights():

@@ -48,7 +48,7 @@ FORMAT_VERSION = 1
 
 def _multiply(a2d, qweight, scale, zero, copy, group_size, activations, gemm, chunk_bytes, use_kernel, transposed):
     """a2d @ W^T, or a2d @ W (transposed: the input gradient), the way the layer's kernel says;
-    `copy` is the layer's 8-bit copy of W in this orientation, or None."""
+    `copy` is the layer's 8-bit copy of W in this orientation (codes, column scales), or None."""
     if activations != BF16:
         kernel = Int4Kernel(activations, gemm, chunk_bytes, use_kernel)
         return int4_w4a8.w4a8_matmul(a2d, qweight, scale, zero, group_size, kernel, use_kernel, transposed, copy)
@@ -61,36 +61,46 @@ def _multiply(a2d, qweight, scale, zero, copy, group_size, activations, gemm, ch
 
 @torch.library.custom_op("flux2_24gb::int4_matmul", mutates_args=())
 def int4_matmul(x2d: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
-                copy: Optional[torch.Tensor], input_grad_copy: Optional[torch.Tensor], group_size: int,
+                copy: Optional[torch.Tensor], copy_scale: Optional[torch.Tensor],
+                input_grad_copy: Optional[torch.Tensor], input_grad_scale: Optional[torch.Tensor], group_size: int,
                 activations: str, gemm: str, chunk_bytes: int, use_kernel: bool) -> torch.Tensor:
     """x2d[M, K] @ W^T -> [M, N] in x2d's dtype, W the frozen 4-bit weight [N, K]; `copy` and
-    `input_grad_copy` the layer's 8-bit copies of W (forward, input gradient) or None."""
-    return _multiply(x2d, qweight, scale, zero, copy, group_size, activations, gemm, chunk_bytes, use_kernel, False)
+    `input_grad_copy` the codes of the layer's 8-bit copies of W (forward, input gradient) or None,
+    each with its column scales."""
+    return _multiply(x2d, qweight, scale, zero, held(copy, copy_scale), group_size, activations, gemm, chunk_bytes,
+                     use_kernel, False)
 
 
 @torch.library.custom_op("flux2_24gb::int4_matmul_input_grad", mutates_args=())
 def int4_matmul_input_grad(dy2d: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
-                           copy: Optional[torch.Tensor], group_size: int, activations: str, gemm: str,
-                           chunk_bytes: int, use_kernel: bool) -> torch.Tensor:
+                           copy: Optional[torch.Tensor], copy_scale: Optional[torch.Tensor], group_size: int,
+                           activations: str, gemm: str, chunk_bytes: int, use_kernel: bool) -> torch.Tensor:
     """dy2d[M, N] @ W -> [M, K] in dy2d's dtype: the input gradient of int4_matmul."""
-    return _multiply(dy2d, qweight, scale, zero, copy, group_size, activations, gemm, chunk_bytes, use_kernel, True)
+    return _multiply(dy2d, qweight, scale, zero, held(copy, copy_scale), group_size, activations, gemm, chunk_bytes,
+                     use_kernel, True)
+
+
+def held(codes, column_scale):
+    """An 8-bit copy as the matmuls take it, (codes, column scales), or None where none is held."""
+    return None if codes is None else (codes, column_scale)
 
 
 @int4_matmul.register_fake
-def _(x2d, qweight, *settings):
-    return x2d.new_empty((x2d.shape[0], qweight.shape[0]))
+def _(x2d, qweight, scale, zero, copy, *settings):
+    # the width from the copy where one is held: a layer holding both has freed its 4-bit weight
+    return x2d.new_empty((x2d.shape[0], qweight.shape[0] if copy is None else copy.shape[0]))
 
 
 @int4_matmul_input_grad.register_fake
-def _(dy2d, qweight, *settings):
-    return dy2d.new_empty((dy2d.shape[0], qweight.shape[1] * 2))
+def _(dy2d, qweight, scale, zero, copy, *settings):
+    return dy2d.new_empty((dy2d.shape[0], qweight.shape[1] * 2 if copy is None else copy.shape[0]))
 
 
 def _keep_for_backward(ctx, inputs, output):
     """Nothing but the packed weight (and the input gradient's copy, where held) is kept: no
     dequantized weight is ever stored."""
-    _, qweight, scale, zero, _, input_grad_copy, *settings = inputs
-    ctx.save_for_backward(qweight, scale, zero, input_grad_copy)
+    _, qweight, scale, zero, _, _, input_grad_copy, input_grad_scale, *settings = inputs
+    ctx.save_for_backward(qweight, scale, zero, input_grad_copy, input_grad_scale)
     ctx.settings = settings
 
 
@@ -98,7 +108,7 @@ def _backward(ctx, dy2d):
     dx = None
     if ctx.needs_input_grad[0]:
         dx = int4_matmul_input_grad(dy2d, *ctx.saved_tensors, *ctx.settings)
-    return (dx,) + (None,) * 10
+    return (dx,) + (None,) * 12
 
 
 int4_matmul.register_autograd(_backward, setup_context=_keep_for_backward)
@@ -108,15 +118,18 @@ class Int4LinearFunction(torch.autograd.Function):
     """int4_matmul's autograd without the operator: what runs uncompiled."""
 
     @staticmethod
-    def forward(ctx, x2d, qweight, scale, zero, copy, input_grad_copy, *settings):
-        ctx.save_for_backward(qweight, scale, zero, input_grad_copy)
+    def forward(ctx, x2d, qweight, scale, zero, copy, copy_scale, input_grad_copy, input_grad_scale, *settings):
+        ctx.save_for_backward(qweight, scale, zero, input_grad_copy, input_grad_scale)
         ctx.settings = settings
-        return _multiply(x2d, qweight, scale, zero, copy, *settings, False)
+        return _multiply(x2d, qweight, scale, zero, held(copy, copy_scale), *settings, False)
 
     @staticmethod
     def backward(ctx, dy2d):
-        dx = _multiply(dy2d, *ctx.saved_tensors, *ctx.settings, True) if ctx.needs_input_grad[0] else None
-        return (dx,) + (None,) * 10
+        dx = None
+        if ctx.needs_input_grad[0]:
+            qweight, scale, zero, copy, copy_scale = ctx.saved_tensors
+            dx = _multiply(dy2d, qweight, scale, zero, held(copy, copy_scale), *ctx.settings, True)
+        return (dx,) + (None,) * 12
 
 
 class CopyMatmulFunction(torch.autograd.Function):
@@ -138,7 +151,7 @@ class CopyMatmulFunction(torch.autograd.Function):
         if copy is not None and int4_w4a8.traceable_copy(dy2d, copy, kernel):
             dx = int4_w4a8.traced_copy_matmul(dy2d, copy, column_scale, input_grad=True)
         else:
-            dx = int4_matmul_input_grad(dy2d, qweight, scale, zero, copy, *ctx.settings)
+            dx = int4_matmul_input_grad(dy2d, qweight, scale, zero, copy, column_scale, *ctx.settings)
         return (dx,) + (None,) * 12
 
 
@@ -197,6 +210,7 @@ class Int4Linear(nn.Module):
 
     # ---- the quantized-cache format: a flat dict of tensors + JSON-able meta
     def to_tensors(self, prefix: str = "") -> tuple[dict, dict]:
+        self._needs_4bit_weight("written")
         tensors = {prefix + "qweight": self.qweight, prefix + "scale": self.scale, prefix + "zero": self.zero}
         if self.bias is not None:
             tensors[prefix + "bias"] = self.bias
@@ -232,21 +246,37 @@ class Int4Linear(nn.Module):
 
     @property
     def weight(self) -> torch.Tensor:
-        return dequantize_weight(self.qweight, self.scale, self.zero, self.group_size)
+        return self.dequantize()
 
     def dequantize(self, dtype=None) -> torch.Tensor:
+        self._needs_4bit_weight("dequantized")
         return dequantize_weight(self.qweight, self.scale, self.zero, self.group_size, dtype)
+
+    @property
+    def freed(self) -> bool:
+        """Whether the 4-bit weight was freed (hold_copy, once both 8-bit copies are held)."""
+        return self.qweight.numel() == 0
+
+    def _needs_4bit_weight(self, what: str) -> None:
+        if self.freed:
+            raise RuntimeError(f"this Int4Linear ({self.out_features}x{self.in_features}) cannot be {what}: its 4-bit "
+                               "weight was freed once its two 8-bit copies were held (the memory plan's); they "
+                               f"multiply on {self.forward_copy[0].device} only")
 
     def hold_copy(self, transposed: bool) -> int:
         """Hold the weight's 8-bit copy for the forward (or, transposed, the input gradient), so those
         matmuls skip requantizing the 4-bit weight (toolkit/int4_w4a8.eight_bit_copy); returns the
-        bytes it added."""
+        bytes it added. Once both are held every matmul reads them alone, and the 4-bit weight is
+        freed (half their size again: the memory plan counts it back)."""
         name = "input_grad_copy" if transposed else "forward_copy"
         if getattr(self, name) is not None:
             return 0
         held = int4_w4a8.eight_bit_copy(self.qweight, self.scale, self.zero, self.group_size, self.kernel.activations,
                                         transposed)
         setattr(self, name, held)
+        if self.forward_copy is not None and self.input_grad_copy is not None:
+            for buffer in ("qweight", "scale", "zero"):
+                setattr(self, buffer, getattr(self, buffer).new_empty(0))
         return held[0].numel() * held[0].element_size()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -254,22 +284,25 @@ class Int4Linear(nn.Module):
         use_kernel = kernel_available(x) if kernel.use_kernel is None else kernel.use_kernel
         x2d = x.reshape(-1, x.shape[-1])
         settings = (self.group_size, kernel.activations, kernel.gemm, kernel.chunk_bytes, bool(use_kernel))
-        copy, grad_copy = self._held(self.forward_copy), self._held(self.input_grad_copy)
+        copy, grad_copy = self._held(self.forward_copy, x), self._held(self.input_grad_copy, x)
+        if self.freed and not (copy and grad_copy and use_kernel):
+            self._needs_4bit_weight(f"multiplied on {x.device}")
         compiling = torch.compiler.is_compiling()
         if compiling and copy is not None and int4_w4a8.traceable_copy(x2d, copy[0], kernel):
             y = CopyMatmulFunction.apply(x2d, *copy, *(grad_copy or (None, None)), self.qweight, self.scale,
                                          self.zero, *settings)
         else:
             matmul = int4_matmul if compiling else Int4LinearFunction.apply
-            y = matmul(x2d, self.qweight, self.scale, self.zero, copy[0] if copy else None,
-                       grad_copy[0] if grad_copy else None, *settings)
+            y = matmul(x2d, self.qweight, self.scale, self.zero, *(copy or (None, None)), *(grad_copy or (None, None)),
+                       *settings)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
-    def _held(self, copy):
-        """A held copy where the weight is (a model moved elsewhere multiplies without it), else None."""
-        return copy if copy is not None and copy[0].device == self.qweight.device else None
+    @staticmethod
+    def _held(copy, x):
+        """A held copy where x is (a model moved elsewhere multiplies without it), else None."""
+        return copy if copy is not None and copy[0].device == x.device else None
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -327,8 +360,9 @@ def hold_8bit_weights(model: nn.Module, budget_bytes: int) -> int:
     with 8-bit activations on a GPU (Int4Linear.hold_copy), up to `budget_bytes` in all:
     first every layer's forward copy (the forward and its checkpointed recompute use it), then the
     input gradient's. Those matmuls then skip requantizing the 4-bit weight. Each copy costs twice
-    its 4-bit weight; a full set of both, four times the 4-bit model. A layer of gemm in_register holds
-    no forward copy (its forward reads the 4-bit weight). Returns the bytes held."""
+    its 4-bit weight; a layer holding both frees its 4-bit weight (hold_copy), so a full set of both
+    takes four times the 4-bit model's bytes in place of it. A layer of gemm in_register holds no
+    forward copy (its forward reads the 4-bit weight). Returns the bytes held."""
     linears = eight_bit_linears(model)
     held = 0
     for transposed in (False, True):

@@ -520,10 +520,9 @@ def _weight_buffer(width: int, inner: int, device, fmt: str) -> torch.Tensor:
 
 
 def _sliced_8bit_matmul(a2d, qweight, scale, zero, scales: WeightScales, kernel: Int4Kernel,
-                        group_size: int, transposed: bool, copy=None):
+                        group_size: int, transposed: bool):
     """a2d @ W^T (forward) or a2d @ W (transposed: the input gradient) in a2d's dtype, through
-    8-bit operands: a2d quantized per row once; the weight's 8-bit `copy` of this orientation where
-    the layer holds one (eight_bit_copy), else the 4-bit weight requantized to 8 bits one slice of
+    8-bit operands: a2d quantized per row once, the 4-bit weight requantized to 8 bits one slice of
     output columns at a time into one reused buffer. A weight that fits one slice is multiplied
     whole, into the GEMM's own output (no copy)."""
     fmt = kernel.activations
@@ -533,11 +532,9 @@ def _sliced_8bit_matmul(a2d, qweight, scale, zero, scales: WeightScales, kernel:
         return torch.empty((0, width), device=a2d.device, dtype=a2d.dtype)
     aq, a_scale = quantize_rows(a2d, fmt)
     step = _slice_width(width, inner, kernel.chunk_bytes)
-    whole = copy
-    if whole is None and step >= width:
+    if step >= width:
         whole = requantize_slice(qweight, scale, zero, inverse, _weight_buffer(width, inner, a2d.device, fmt),
                                  fmt, transposed, 0, group_size)
-    if whole is not None:
         return scaled_gemm(aq, a_scale, whole, column_scale, None, fmt, kernel.gemm, transposed, a2d.dtype)
     out = torch.empty((a2d.shape[0], width), device=a2d.device, dtype=a2d.dtype)
     buf = _weight_buffer(step, inner, a2d.device, fmt)
@@ -548,19 +545,32 @@ def _sliced_8bit_matmul(a2d, qweight, scale, zero, scales: WeightScales, kernel:
     return out
 
 
+def held_copy_matmul(a2d, codes, column_scale, kernel: Int4Kernel, transposed: bool) -> torch.Tensor:
+    """a2d @ W^T (or transposed, a2d @ W) in a2d's dtype against the layer's held 8-bit copy of that
+    orientation (eight_bit_copy: its codes and output column scales): the 4-bit weight is not read,
+    so a layer holding both copies needs none (Int4Linear.hold_copy frees it)."""
+    a2d = a2d.contiguous()
+    if a2d.shape[0] == 0:
+        return torch.empty((0, codes.shape[0]), device=a2d.device, dtype=a2d.dtype)
+    aq, a_scale = quantize_rows(a2d, kernel.activations)
+    return scaled_gemm(aq, a_scale, codes, column_scale, None, kernel.activations, kernel.gemm, transposed, a2d.dtype)
+
+
 def w4a8_matmul(a2d, qweight, scale, zero, group_size: int, kernel: Int4Kernel, use_kernel: bool,
                 transposed: bool, copy=None):
     """a2d[M, K] @ W^T -> [M, N] (forward), or a2d[M, N] @ W -> [M, K] (transposed: the input
     gradient), in a2d's dtype through 8-bit operands: the GPU kernels (against `copy`, the layer's
-    8-bit copy of this orientation, where it holds one), or the reference."""
+    8-bit copy of this orientation as (codes, column scales), where it holds one), or the reference."""
     fmt = kernel.activations
+    if copy is not None and use_kernel:
+        return held_copy_matmul(a2d, *copy, kernel, transposed)
     if kernel.gemm == IN_REGISTER and not transposed:
         if use_kernel:
             return in_register_matmul(a2d, qweight, scale, zero, fmt, group_size)
         return reference_fwd_in_register(a2d, qweight, scale, zero, fmt, group_size)
     scales = weight_scales(qweight, scale, zero, group_size, fmt)
     if use_kernel:
-        return _sliced_8bit_matmul(a2d, qweight, scale, zero, scales, kernel, group_size, transposed, copy)
+        return _sliced_8bit_matmul(a2d, qweight, scale, zero, scales, kernel, group_size, transposed)
     reference = reference_bwd if transposed else reference_fwd
     return reference(a2d, qweight, scale, zero, scales, fmt, group_size)
 

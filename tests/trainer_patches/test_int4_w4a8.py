@@ -261,9 +261,9 @@ INTERPRETED = textwrap.dedent(
                 width, inner, inverse, column_scale = w._orientation(q, scales, transposed)
                 codes = w.requantize_slice(q, s, z, inverse, w._weight_buffer(width, inner, "cpu", fmt), fmt,
                                            transposed, 0)
-                copies[transposed], copy_scale = w.eight_bit_copy(q, s, z, 64, fmt, transposed)
-                held_equal &= torch.equal(copies[transposed].view(torch.uint8), codes.view(torch.uint8))
-                held_equal &= torch.equal(copy_scale, column_scale)
+                copies[transposed] = w.eight_bit_copy(q, s, z, 64, fmt, transposed)
+                held_equal &= torch.equal(copies[transposed][0].view(torch.uint8), codes.view(torch.uint8))
+                held_equal &= torch.equal(copies[transposed][1], column_scale)
             y_held = w.w4a8_matmul(x, q, s, z, 64, kernel, True, False, copies[False])
             dx_held = w.w4a8_matmul(dy, q, s, z, 64, kernel, True, True, copies[True])
             res.append([fmt, M, N, K, codes_equal and held_equal, pads_zero, rel(y, y_ref), rel(dx, dx_ref),
@@ -387,7 +387,7 @@ HOLD = textwrap.dedent(
     forward = sum(m.out_features * w.padded(m.in_features) for m in layers)
     first_gradient = layers[0].in_features * w.padded(layers[0].out_features)
     held = il.hold_8bit_weights(model, forward + first_gradient)
-    where = [[c is not None for c in (m.forward_copy, m.input_grad_copy)] for m in layers + [plain]]
+    where = [[c is not None for c in (m.forward_copy, m.input_grad_copy)] + [m.freed] for m in layers + [plain]]
     print(json.dumps({"held": held, "budget": forward + first_gradient, "where": where}))
     """
 )
@@ -395,13 +395,14 @@ HOLD = textwrap.dedent(
 
 def test_hold_8bit_weights_forward_copies_first_within_the_budget(mods, trainer_checkout, tmp_path):
     """Where VRAM allows: every forward copy first (the forward and its recompute use it), then the
-    input gradient's, never past the budget; a layer with bf16 activations holds none."""
+    input gradient's, never past the budget; a layer with bf16 activations holds none; one holding
+    both has freed its 4-bit weight."""
     il, _ = mods
     if not il.HAVE_TRITON:
         pytest.skip("triton does not import here")
     result = interpreted(HOLD, trainer_checkout, tmp_path, timeout=600)
     assert result["held"] == result["budget"]
-    assert result["where"] == [[True, True], [True, False], [True, False], [False, False]]
+    assert result["where"] == [[True, True, True], [True, False, False], [True, False, False], [False, False, False]]
 
 
 PLANNED_COPIES = textwrap.dedent(
@@ -427,7 +428,7 @@ PLANNED_COPIES = textwrap.dedent(
     plan = MemoryPlan(budget_bytes=0, blocks=[BlockPlan(n, "resident", "kept", 0, c) for n, c in zip(names, counts)],
                       copy_bytes=int(sys.argv[3]))
     lines = memory_budget.hold_copies(model, plan)
-    where = {n: [[c is not None for c in (m.forward_copy, m.input_grad_copy)] for m in model.get_submodule(n)]
+    where = {n: [[c is not None for c in (m.forward_copy, m.input_grad_copy)] + [m.freed] for m in model.get_submodule(n)]
              for n in names}
     print(json.dumps({"lines": lines, "where": where}))
     """
@@ -435,15 +436,15 @@ PLANNED_COPIES = textwrap.dedent(
 
 
 def test_the_plans_8bit_copies_are_held_per_block_and_orientation(mods, trainer_checkout, tmp_path):
-    """memory_budget.hold_copies carries out a plan's copies: 2 (forward and input gradient), 1
-    (forward) or none per block, and says how much it held, and where less than planned."""
+    """memory_budget.hold_copies carries out a plan's copies: 2 (forward and input gradient, the 4-bit
+    weight freed), 1 (forward) or none per block, and says how much it held, and where less than planned."""
     il, w = mods
     if not il.HAVE_TRITON:
         pytest.skip("triton does not import here")
     forward, gradient = 128 * w.padded(64), 64 * w.padded(128)  # a byte per weight, the inner width padded
     result = interpreted(PLANNED_COPIES, trainer_checkout, tmp_path, 600, "2,1,0", str(4 * forward + 2 * gradient))
-    assert result["where"] == {"double_blocks.0": [[True, True]] * 2, "double_blocks.1": [[True, False]] * 2,
-                               "single_blocks.0": [[False, False]] * 2}
+    assert result["where"] == {"double_blocks.0": [[True, True, True]] * 2, "double_blocks.1": [[True, False, False]] * 2,
+                               "single_blocks.0": [[False, False, False]] * 2}
     assert result["lines"] == [f"  8-bit weight copies held: {(4 * forward + 2 * gradient) / 1024:.1f} KiB"]
     short = interpreted(PLANNED_COPIES, trainer_checkout, tmp_path, 600, "0,1,0", str(4 * forward))
     assert short["lines"] == [f"  8-bit weight copies held: {2 * forward / 1024:.1f} KiB of the "
@@ -479,6 +480,14 @@ def scaled_mm_in_fp32(a, b, scale_a, scale_b, out_dtype, use_fast_accum=False):
     return ((a.float() @ b.float()) * scale_a * scale_b).to(out_dtype)
 
 
+def rows_on_cpu(x2d, fmt):
+    """quantize_rows' codes and scales without Triton (K a multiple of K_ALIGN)."""
+    from toolkit import int4_w4a8 as w
+
+    codes, scale = w.quantize_rows_reference(x2d, fmt)
+    return codes.to(w.torch_dtype(fmt)), scale
+
+
 def test_fp8_products_accumulate_fast_in_the_forward_only(mods, monkeypatch):
     """Through the operator (a held copy per orientation, so torch._scaled_mm multiplies it whole), the
     forward asks cuBLASLt for fast accumulation and the input gradient does not (fast_accumulation),
@@ -490,10 +499,6 @@ def test_fp8_products_accumulate_fast_in_the_forward_only(mods, monkeypatch):
         asked.append(use_fast_accum)
         return scaled_mm_in_fp32(a, b, scale_a, scale_b, out_dtype)
 
-    def rows_on_cpu(x2d, fmt):  # quantize_rows' codes and scales without Triton (K is a multiple of K_ALIGN)
-        codes, scale = w.quantize_rows_reference(x2d, fmt)
-        return codes.to(w.torch_dtype(fmt)), scale
-
     monkeypatch.setattr(torch, "_scaled_mm", recording)
     monkeypatch.setattr(w, "quantize_rows", rows_on_cpu)
     g = torch.Generator().manual_seed(5)
@@ -502,8 +507,8 @@ def test_fp8_products_accumulate_fast_in_the_forward_only(mods, monkeypatch):
     forward, input_grad = fp8_copies(w, q, s, z)
     scales = w.WeightScales(q, s, z, 64, "fp8")
     kernel = il.Int4Kernel("fp8", "scaled_mm", use_kernel=True)
-    y = w.w4a8_matmul(x, q, s, z, 64, kernel, True, False, forward[0])
-    dx = w.w4a8_matmul(dy, q, s, z, 64, kernel, True, True, input_grad[0])
+    y = w.w4a8_matmul(x, q, s, z, 64, kernel, True, False, forward)
+    dx = w.w4a8_matmul(dy, q, s, z, 64, kernel, True, True, input_grad)
     assert asked == [True, False]
     torch.testing.assert_close(y, w.reference_fwd(x, q, s, z, scales, "fp8"), rtol=1e-2, atol=1e-3)
     torch.testing.assert_close(dx, w.reference_bwd(dy, q, s, z, scales, "fp8"), rtol=1e-2, atol=1e-3)
@@ -594,3 +599,35 @@ def test_a_copy_left_on_another_device_is_not_used(mods):
                               torch.empty(128, device="meta"))
     assert torch.equal(layer_(x), want)
     assert torch.equal(torch.compile(layer_, backend="aot_eager", fullgraph=True)(x), want)
+
+
+def test_a_layer_holding_both_copies_frees_its_4bit_weight_and_multiplies_as_before(mods, monkeypatch):
+    """Once both 8-bit copies are held, the 4-bit weight is freed (hold_copy) and every route still
+    multiplies, uncompiled, compiled and traced, and compiled through the operators (where
+    traceable_copy says no): the same forward and input gradient as the reference, read from the
+    copies alone. What needs the 4-bit weight says it was freed."""
+    il, w = mods
+    monkeypatch.setattr(torch, "_scaled_mm", scaled_mm_in_fp32)
+    monkeypatch.setattr(w, "quantize_rows", rows_on_cpu)
+    monkeypatch.setattr(w, "eight_bit_copy", lambda q, s, z, g, fmt, transposed: fp8_copies(w, q, s, z)[transposed])
+    layer_ = layer(il, 128, 256, seed=7, fmt="fp8")
+    layer_.kernel = il.Int4Kernel("fp8", "scaled_mm", use_kernel=True)
+    q, s, z = layer_.qweight, layer_.scale, layer_.zero
+    scales = w.WeightScales(q, s, z, 64, "fp8")
+    layer_.hold_copy(False)
+    assert not layer_.freed and layer_.qweight is q
+    layer_.hold_copy(True)
+    assert layer_.freed and [t.numel() for t in (layer_.qweight, layer_.scale, layer_.zero)] == [0, 0, 0]
+    for compiled, traced in [(False, False), (True, True), (True, False)]:
+        torch._dynamo.reset()
+        monkeypatch.setattr(w, "traceable_copy", lambda *args, traced=traced: traced)
+        g = torch.Generator().manual_seed(5)
+        x = torch.randn(32, 256, generator=g).bfloat16().requires_grad_()
+        dy = torch.randn(32, 128, generator=g).bfloat16()
+        y = (torch.compile(layer_, backend="aot_eager", fullgraph=True) if compiled else layer_)(x)
+        y.backward(dy)
+        torch.testing.assert_close(y, w.reference_fwd(x.detach(), q, s, z, scales, "fp8"), rtol=1e-2, atol=1e-3)
+        torch.testing.assert_close(x.grad, w.reference_bwd(dy, q, s, z, scales, "fp8"), rtol=1e-2, atol=1e-3)
+    for needs_4bit in (layer_.to_tensors, layer_.dequantize, lambda: layer_(torch.randn(32, 256).bfloat16().to("meta"))):
+        with pytest.raises(RuntimeError, match="4-bit weight was freed once its two 8-bit copies were held"):
+            needs_4bit()
