@@ -566,9 +566,9 @@ def telemetry_figures(output: Path, started: float, skip: int = 2) -> dict:
     for path in output.glob("*/trainer-telemetry.jsonl"):
         rows += [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     start = next((row["time"] for row in rows if row.get("event") == "start"), None)
-    speeds = [row["s_per_it"] for row in rows if row.get("s_per_it") and row.get("step", 0) > skip]
+    speeds = [row["s_per_it"] for row in rows if row.get("s_per_it") and (row.get("step") or 0) > skip]
     peaks = [row["vram_max_allocated_gib"] for row in rows if row.get("vram_max_allocated_gib")]
-    retries = [(row.get("step", 0), row["vram_alloc_retries"]) for row in rows
+    retries = [(row.get("step") or 0, row["vram_alloc_retries"]) for row in rows  # a row while loading: no step
                if row.get("vram_alloc_retries") is not None]
     timed_retries = [count for step, count in retries if step > skip]
     earlier_retries = [count for step, count in retries if step <= skip]

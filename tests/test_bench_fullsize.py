@@ -39,7 +39,8 @@ def test_resolutions_within_the_prepared_images_and_older_assets_pass(tmp_path):
 def test_the_allocator_retries_within_the_timed_steps_are_counted_apart(tmp_path):
     """A launch's telemetry: retries while loading and in the 2 warm-up steps, then within the timed
     steps; the latter are what a streamed step pays (each a device-wide synchronisation)."""
-    rows = [{"time": 100.0, "event": "start"}, {"time": 101.0, "event": "load", "vram_alloc_retries": 4}]
+    rows = [{"time": 100.0, "event": "start"}, {"time": 101.0, "event": "load", "vram_alloc_retries": 4},
+            {"time": 101.5, "step": None, "vram_alloc_retries": 4}]  # a row written before the first step
     rows += [{"time": 102.0 + step, "step": step, "s_per_it": 0.5, "vram_alloc_retries": count}
              for step, count in [(1, 6), (2, 9), (3, 9), (4, 11), (5, 14)]]
     run = tmp_path / "run"
