@@ -266,8 +266,8 @@ class Int4Linear(nn.Module):
     def hold_copy(self, transposed: bool) -> int:
         """Hold the weight's 8-bit copy for the forward (or, transposed, the input gradient), so those
         matmuls skip requantizing the 4-bit weight (toolkit/int4_w4a8.eight_bit_copy); returns the
-        bytes it added. Once both are held every matmul reads them alone, and the 4-bit weight is
-        freed (half their size again: the memory plan counts it back)."""
+        bytes it added. Once both are held every matmul reads them alone, and the 4-bit weight (about
+        half a copy's bytes) is freed; the memory plan counts it back."""
         name = "input_grad_copy" if transposed else "forward_copy"
         if getattr(self, name) is not None:
             return 0

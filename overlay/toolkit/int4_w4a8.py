@@ -26,7 +26,8 @@ NVIDIA, by torch._scaled_mm (cuBLASLt, gemm "scaled_mm"; fast accumulation in th
 fast_accumulation); a weight that fits one slice is multiplied whole, into the GEMM's own output.
 Nothing but the packed weight is kept between calls, unless the layer holds a whole 8-bit copy
 (eight_bit_copy; where VRAM allows: twice the 4-bit weight per orientation; the requantization,
-59 ms of a 0.41 s compiled 512 px step at 44 blocks on an H200 (bench/RESULTS.md), is then skipped).
+59 ms of a 0.41 s compiled 512 px step at 44 blocks on an H200 (bench/RESULTS.md), is then skipped;
+held_copy_matmul). A layer holding both copies reads nothing else, and frees the packed weight.
 In a compiled block, FP8 against a held copy through torch._scaled_mm is plain PyTorch
 (traced_copy_matmul): Inductor fuses the activation quantization into the kernel that makes the
 activation and calls cuBLASLt itself, with none of the operator's host work per call. LoRA adapters
