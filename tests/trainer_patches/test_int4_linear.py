@@ -112,7 +112,7 @@ def test_input_gradient_passes_gradcheck_in_float64(il, ik, path):
     matmul = il.int4_matmul if path == "operator" else il.Int4LinearFunction.apply
 
     def f(inp):
-        return matmul(inp, q, s, z, None, None, 64, "bf16", "chunked", 2**20, False)
+        return matmul(inp, q, s, z, None, None, None, None, 64, "bf16", "chunked", 2**20, False)
 
     assert torch.autograd.gradcheck(f, (x,), eps=1e-6, atol=1e-7)
 
