@@ -213,7 +213,8 @@ def make_plan(inputs: PlanInputs) -> MemoryPlan:
     """Resident first, in model order, then the streamed blocks of each size spread among their
     size (spread_streamed); streamed through a double buffer; what is left keeps activations of
     resident blocks, then (inputs.copies) holds 8-bit copies of their weights, every forward copy
-    before any input gradient's, a block's 4-bit weights freed once it holds both. Raises PlanError when even the minimum does not fit."""
+    before any input gradient's, a block's 4-bit weights freed once it holds both. Raises PlanError
+    when even the minimum does not fit."""
     blocks = inputs.blocks
     working = 2 * max((b.activation_bytes for b in blocks), default=0)
     fixed = {"non-block weights": inputs.nonblock_bytes, "LoRA + optimizer": inputs.lora_bytes,
