@@ -34,7 +34,13 @@ FLUX.2 block (normed and modulated inputs, qkv, normed q/k, attention output, th
 hidden and gated activation, the LoRA inputs), counted from the block's code. A block that keeps
 them holds more than the count: FLUX.2 klein 9B and 4B runs at full width that kept most blocks
 peaked 18-26 % above their plan per kept block (bench/RESULTS.md, "FLUX.2 klein 9B and 4B through
-`launcher run`"), so each kept block is planned at `KEPT_MEASURED` times the count.
+`launcher run`"), so each kept block is planned at `KEPT_MEASURED` times the count. Compiled
+blocks (model_kwargs compile_blocks) hold less: Inductor's partitioner saves fewer tensors and
+recomputes the cheap elementwise ones in the backward. FLUX.2 [dev]'s compiled blocks held 0.72
+times the count at 512 and at 1024 px (bench/RESULTS.md, "Both 8-bit copies"), so a compiled plan
+counts `KEPT_COMPILED`. A compile that fails falls back to the uncompiled blocks, which hold the
+full amount: the plan names the kept blocks that still fit its bytes then (`fallback_kept`), and
+the trainer recomputes the others from that moment on (toolkit/memory_budget.py).
 """
 
 from __future__ import annotations
@@ -58,6 +64,9 @@ DEFAULT_MARGIN_GIB = CATALOGUE["vram_margin_gib"].default
 ACTIVATION_WIDTHS = 24
 # what a block that keeps its activations holds, against the count above (measured, klein at full width)
 KEPT_MEASURED = 1.3
+# the same for compiled blocks: 0.72 measured ([dev], 512 and 1024 px), plus the 18 % that klein's
+# uncompiled blocks held above what [dev]'s suggested, in case its compiled ones do the same
+KEPT_COMPILED = 0.85
 # text tokens FLUX.2 [dev] trains with (the Mistral prompt embedding's length)
 TEXT_TOKENS = 512
 # bytes per trainable LoRA parameter: fp32 weight + fp32 gradient + two 8-bit AdamW states
@@ -91,6 +100,7 @@ class PlanInputs:
     in_flight: int = 2      # streamed blocks on the device at once: 2 overlapped, 1 serialized
     attention_bytes: int = 0  # the math attention's matrices (sdpa_kernels: math), else 0
     copies: bool = False    # spend what is left on 8-bit copies of the weights (BlockSize.copy_bytes)
+    compiled: bool = False  # the blocks run compiled: a kept block holds KEPT_COMPILED, not KEPT_MEASURED
 
 
 @dataclass(frozen=True)
@@ -115,6 +125,8 @@ class MemoryPlan:
     released_bytes: int = 0  # the 4-bit weights of the blocks holding both copies, freed
     resolution: int = 0
     batch: int = 1
+    compiled: bool = False  # planned for compiled blocks (PlanInputs.compiled)
+    fallback_kept: list = field(default_factory=list)  # a compiled plan's kept blocks that fit uncompiled
 
     def streamed(self) -> list[str]:
         return [b.name for b in self.blocks if b.weights == STREAMED]
@@ -151,8 +163,9 @@ class MemoryPlan:
             f"  weights: {n - len(self.streamed())} of {n} blocks resident ({size(self.resident_weight_bytes)}), "
             f"{len(self.streamed())} streamed ({size(self.streamed_weight_bytes)} from host memory, "
             f"double buffer {size(self.buffer_bytes)})",
-            f"  activations: {len(self.kept())} of {n} blocks kept ({size(self.kept_activation_bytes)}), "
-            f"the rest recomputed",
+            f"  activations: {len(self.kept())} of {n} blocks kept ({size(self.kept_activation_bytes)}"
+            + (f" compiled; {len(self.fallback_kept)} if the blocks run uncompiled" if self.compiled else "")
+            + "), the rest recomputed",
         ]
         if self.streamed():
             lines.append("  streamed: " + compact(self.streamed()))
@@ -212,9 +225,10 @@ def spread_streamed(blocks: tuple[BlockSize, ...], resident: set[str]) -> set[st
 def make_plan(inputs: PlanInputs) -> MemoryPlan:
     """Resident first, in model order, then the streamed blocks of each size spread among their
     size (spread_streamed); streamed through a double buffer; what is left keeps activations of
-    resident blocks, then (inputs.copies) holds 8-bit copies of their weights, every forward copy
-    before any input gradient's, a block's 4-bit weights freed once it holds both. Raises PlanError
-    when even the minimum does not fit."""
+    resident blocks (at the compiled blocks' estimate where inputs.compiled, the ones that fit it
+    uncompiled as fallback_kept), then (inputs.copies) holds 8-bit copies of their weights, every
+    forward copy before any input gradient's, a block's 4-bit weights freed once it holds both.
+    Raises PlanError when even the minimum does not fit."""
     blocks = inputs.blocks
     working = 2 * max((b.activation_bytes for b in blocks), default=0)
     fixed = {"non-block weights": inputs.nonblock_bytes, "LoRA + optimizer": inputs.lora_bytes,
@@ -241,11 +255,19 @@ def make_plan(inputs: PlanInputs) -> MemoryPlan:
     free -= buffer + sum(b.weight_bytes for b in blocks if b.name in resident)
     kept, kept_bytes = set(), 0
     for block in blocks:
-        held = int(block.activation_bytes * KEPT_MEASURED)
+        held = int(block.activation_bytes * (KEPT_COMPILED if inputs.compiled else KEPT_MEASURED))
         if block.name in resident and held <= free:
             kept.add(block.name)
             kept_bytes += held
             free -= held
+    # the first kept blocks, in model order: a compile fails at a class's first call, when the later ones have not run
+    fallback, room = [], kept_bytes
+    for block in (b for b in blocks if inputs.compiled and b.name in kept):
+        held = int(block.activation_bytes * KEPT_MEASURED)
+        if held > room:
+            break
+        fallback.append(block.name)
+        room -= held
     copies = {b.name: 0 for b in blocks}
     released = 0
     if inputs.copies and len(resident) == len(blocks):
@@ -267,7 +289,7 @@ def make_plan(inputs: PlanInputs) -> MemoryPlan:
         streamed_weight_bytes=sum(b.weight_bytes for b in blocks if b.name not in resident),
         buffer_bytes=buffer, kept_activation_bytes=kept_bytes,
         copy_bytes=sum(copies[b.name] * b.copy_bytes for b in blocks), released_bytes=released,
-        resolution=inputs.resolution, batch=inputs.batch,
+        resolution=inputs.resolution, batch=inputs.batch, compiled=inputs.compiled, fallback_kept=fallback,
     )
 
 
@@ -335,11 +357,12 @@ def tokens(resolution: int) -> int:
 def flux2_inputs(shape: Flux2Shape, budget_bytes: int, resolution: int, batch: int = 1,
                  lora_rank: int = 32, group_size: int = 64, nonblock_bytes: int | None = None,
                  weight_bytes: dict | None = None, in_flight: int = 2, math_attention: bool = False,
-                 copies: bool = False) -> PlanInputs:
+                 copies: bool = False, compiled: bool = False) -> PlanInputs:
     """Plan inputs from the shapes; `weight_bytes` (name -> bytes, measured on the loaded model)
     and `nonblock_bytes` replace the estimates when given; `math_attention`: only the math
     attention runs (sdpa_kernels: math); `copies`: the qtype multiplies through 8-bit copies of the
-    weights (holds_8bit_copies), which what is left of the budget may hold."""
+    weights (holds_8bit_copies), which what is left of the budget may hold; `compiled`: the blocks run
+    compiled (model_kwargs compile_blocks)."""
     double, single = block_linears(shape)
     seq = batch * tokens(resolution)
     activation = seq * shape.hidden * ACTIVATION_WIDTHS * BF16
@@ -362,7 +385,7 @@ def flux2_inputs(shape: Flux2Shape, budget_bytes: int, resolution: int, batch: i
         checkpoint_bytes=len(blocks) * seq * shape.hidden * BF16,
         resolution=resolution, batch=batch, in_flight=in_flight,
         attention_bytes=MATH_MATRICES * batch * shape.heads * tokens(resolution) ** 2 * FP32 if math_attention else 0,
-        copies=copies,
+        copies=copies, compiled=compiled,
     )
 
 
@@ -382,32 +405,33 @@ def budget_bytes_of(budget_gib: float, margin_gib: float) -> int:
 
 def plan_for_budget(budget_gib: float, resolution: int, batch: int = 1, rank: int = 32, in_flight: int = 2,
                     flux2_params: dict | None = None, margin_gib: float = DEFAULT_MARGIN_GIB,
-                    math_attention: bool = False, copies: bool = False) -> MemoryPlan:
+                    math_attention: bool = False, copies: bool = False, compiled: bool = False) -> MemoryPlan:
     """The plan from the shapes for a budget in GiB (what `run --dry-run` shows); PlanError when the
     budget cannot hold the resident minimum."""
     shape = Flux2Shape.from_params(flux2_params or {})
     return make_plan(flux2_inputs(shape, budget_bytes_of(budget_gib, margin_gib), resolution, batch, rank,
-                                  in_flight=in_flight, math_attention=math_attention, copies=copies))
+                                  in_flight=in_flight, math_attention=math_attention, copies=copies,
+                                  compiled=compiled))
 
 
 # ---------------------------------------------------------------- the plan `run` hands the trainer
 
 
 def plan_ask(shape: Flux2Shape, budget_bytes: int, resolution: int, batch: int, lora_rank: int,
-             in_flight: int, math_attention: bool = False, copies: bool = False) -> dict:
+             in_flight: int, math_attention: bool = False, copies: bool = False, compiled: bool = False) -> dict:
     """Everything a plan from the shapes is made of, besides the planner's own constants: two equal
     asks get the same plan. `run` hands its ask with its plan; the trainer compares its own."""
     return {"budget_bytes": int(budget_bytes), "resolution": int(resolution), "batch": int(batch),
             "lora_rank": int(lora_rank), "in_flight": int(in_flight), "math_attention": bool(math_attention),
-            "copies": bool(copies), "shape": asdict(shape)}
+            "copies": bool(copies), "compiled": bool(compiled), "shape": asdict(shape)}
 
 
 def ask_for_budget(budget_gib: float, resolution: int, batch: int = 1, rank: int = 32, in_flight: int = 2,
                    flux2_params: dict | None = None, margin_gib: float = DEFAULT_MARGIN_GIB,
-                   math_attention: bool = False, copies: bool = False) -> dict:
+                   math_attention: bool = False, copies: bool = False, compiled: bool = False) -> dict:
     """The ask of plan_for_budget with the same arguments."""
     return plan_ask(Flux2Shape.from_params(flux2_params or {}), budget_bytes_of(budget_gib, margin_gib),
-                    resolution, batch, rank, in_flight, math_attention, copies)
+                    resolution, batch, rank, in_flight, math_attention, copies, compiled)
 
 
 def hand_over(ask: dict, plan: MemoryPlan) -> str:
@@ -444,7 +468,7 @@ def ask_differences(planned: dict, found: dict) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m flux2_contract.memory_plan --budget-gib G [--margin-gib M] --resolution R [--batch B]
-    [--rank N] [--in-flight 1|2] [--flux2-params JSON] [--copies]`: print the plan as JSON."""
+    [--rank N] [--in-flight 1|2] [--flux2-params JSON] [--copies] [--compiled]`: print the plan as JSON."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m flux2_contract.memory_plan")
@@ -456,10 +480,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-flight", type=int, choices=(1, 2), default=2)
     parser.add_argument("--flux2-params", default="{}")
     parser.add_argument("--copies", action="store_true", help="int4_w4a8: hold 8-bit weight copies with what is left")
+    parser.add_argument("--compiled", action="store_true", help="the blocks run compiled (compile_blocks: true)")
     args = parser.parse_args(argv)
     try:
         plan = plan_for_budget(args.budget_gib, args.resolution, args.batch, args.rank, args.in_flight,
-                               json.loads(args.flux2_params), args.margin_gib, copies=args.copies)
+                               json.loads(args.flux2_params), args.margin_gib, copies=args.copies,
+                               compiled=args.compiled)
     except PlanError as error:
         print(json.dumps({"error": str(error)}))
         return 2

@@ -161,9 +161,9 @@ def test_the_launcher_asks_with_the_resolved_attention_kernels():
 
     process = {"model": {"model_kwargs": {"vram_budget_gib": 16, "sdpa_kernels": "math"}},
                "datasets": [{"resolution": [1024]}]}
-    assert memory_plan.plan_inputs(process)[-2] is True
+    assert memory_plan.plan_inputs(process)[-3] is True
     process["model"]["model_kwargs"]["sdpa_kernels"] = "experimental"
-    assert memory_plan.plan_inputs(process)[-2] is False
+    assert memory_plan.plan_inputs(process)[-3] is False
 
 
 def test_what_kept_activations_leave_holds_8bit_copies_forward_first():
@@ -232,9 +232,46 @@ def test_the_launcher_asks_for_copies_for_an_8bit_qtype_unless_off_or_in_registe
     def asks(qtype, **kwargs):
         process = {"model": {"qtype": qtype, "model_kwargs": {"vram_budget_gib": 76, **kwargs}},
                    "datasets": [{"resolution": [512]}]}
-        return memory_plan.plan_inputs(process)[-1]
+        return memory_plan.plan_inputs(process)[-2]
 
     assert asks("int4_w4a8", w4a8_gemm="scaled_mm") is True
     assert asks("int4_w4a8", w4a8_gemm="triton", hold_8bit_copies=False) is False
     assert asks("int4_w4a8", w4a8_gemm="in_register") is False
     assert asks("int4_fused") is False and asks("uint4") is False
+
+
+def test_compiled_blocks_keep_more_and_name_the_kept_blocks_that_fit_uncompiled():
+    """A compiled block's kept activations are planned at KEPT_COMPILED; the plan's fallback_kept are
+    the first kept blocks whose uncompiled KEPT_MEASURED fits the same kept bytes (a compile that
+    fails falls back to them); an uncompiled plan has none and its summary says nothing of it."""
+    compiled = mp.plan_for_budget(77.66, 1024, flux2_params={"depth_single_blocks": 36}, margin_gib=0, compiled=True)
+    eager = mp.plan_for_budget(77.66, 1024, flux2_params={"depth_single_blocks": 36}, margin_gib=0)
+    activation = mp.flux2_inputs(mp.Flux2Shape(depth_single=36), 1, 1024).blocks[0].activation_bytes
+    assert len(eager.kept()) < len(compiled.kept()) == len(compiled.blocks)
+    assert compiled.kept_activation_bytes == len(compiled.kept()) * int(activation * mp.KEPT_COMPILED)
+    fallback = compiled.kept_activation_bytes // int(activation * mp.KEPT_MEASURED)
+    assert compiled.fallback_kept == compiled.kept()[:fallback] and 0 < fallback < len(compiled.kept())
+    assert compiled.planned_bytes() <= compiled.budget_bytes
+    assert eager.fallback_kept == [] and not eager.compiled
+    text = "\n".join(compiled.summary())
+    assert f"44 of 44 blocks kept ({mp.size(compiled.kept_activation_bytes)} compiled; {fallback} if the blocks " \
+           "run uncompiled)" in text
+    assert "uncompiled" not in "\n".join(eager.summary())
+
+
+def test_the_ask_names_compiled_blocks_and_the_launcher_reads_the_resolved_setting():
+    from launcher.runs import memory_plan
+
+    asked = (76, 1024, 1, 32, 2, {}, 1.0, False, False)
+    assert mp.ask_for_budget(*asked, True) != mp.ask_for_budget(*asked, False)
+    plan = mp.plan_for_budget(*asked, True)
+    _, back = mp.handed(mp.hand_over(mp.ask_for_budget(*asked, True), plan))
+    assert back.compiled and back.fallback_kept == plan.fallback_kept
+
+    def asks(compile_blocks):
+        process = {"model": {"model_kwargs": {"vram_budget_gib": 76, "compile_blocks": compile_blocks}},
+                   "datasets": [{"resolution": [512]}]}
+        return memory_plan.plan_inputs(process)[-1]
+
+    assert asks(True) is True and asks(False) is False
+    assert asks("auto") is False  # before `run` resolves it (the qtype's choice asks whether blocks stream)

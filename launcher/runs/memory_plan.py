@@ -69,14 +69,15 @@ def resolutions(process: dict) -> list:
 
 def plan_inputs(process: dict, budget_gib: float | None = None) -> tuple:
     """What the trainer's planner is asked for one process of a rendered config, from its preset
-    budget (or `budget_gib`), run shape, attention kernels and qtype: plan_for_budget's arguments."""
+    budget (or `budget_gib`), run shape, attention kernels, qtype and compiled blocks: plan_for_budget's
+    arguments."""
     model = process.get("model") or {}
     kwargs = model.get("model_kwargs") or {}
     return (budget_gib or float(kwargs["vram_budget_gib"]), max(resolutions(process), default=1024),
             (process.get("train") or {}).get("batch_size", 1), (process.get("network") or {}).get("linear", 32),
             2 if kwargs.get("stream_mode") == "overlapped" else 1, kwargs.get("flux2_params") or {},
             float(settings.read(kwargs, "vram_margin_gib")), kwargs.get("sdpa_kernels") == "math",
-            memory_plan.holds_8bit_copies(model.get("qtype"), kwargs))
+            memory_plan.holds_8bit_copies(model.get("qtype"), kwargs), kwargs.get("compile_blocks") is True)
 
 
 def plan_for(process: dict, budget_gib: float | None = None):

@@ -35,6 +35,11 @@ word, and the compile line would say it compiled. A failure while compiling the
 backward is not caught: `python -m launcher selftest` compiles a small FLUX.2 on the GPU, forward
 and backward, and compares it with the uncompiled one; `compile_blocks: auto` in a preset
 compiles only where that check passed.
+
+An uncompiled block that keeps its activations holds more than a compiled one, and the memory plan
+counts what compiled ones hold: `when_uncompiled` tells it (toolkit/memory_budget.py) the first time
+a class falls back, or the bound passes before a class has compiled its forward with grad (the one
+kept blocks run).
 """
 
 from __future__ import annotations
@@ -138,6 +143,9 @@ class CompileClock:
     under_way: Optional[Compile] = None
     ended: list = field(default_factory=list)  # compiles not reported yet
     past_bound: bool = False
+    classes: list = field(default_factory=list)  # the class names compile_blocks compiles
+    with_grad: set = field(default_factory=set)  # the class names that compiled a forward with grad
+    fallbacks: list = field(default_factory=list)  # when_uncompiled's callbacks, not called yet
 
     def start(self, args) -> None:
         frame, trigger = args.compile_id.split("/")[0], args.callback_trigger.name
@@ -169,6 +177,8 @@ class CompileClock:
         done.over.set()
         done.seconds = time.perf_counter() - done.began
         self.seconds[done.name] = self.seconds.get(done.name, 0.0) + done.seconds
+        if done.what == "forward with grad":
+            self.with_grad.add(done.name)
         self.ended.append((done, done.cache()))
 
     def report(self, failed: bool = False) -> None:
@@ -183,6 +193,15 @@ class CompileClock:
             self.past_bound = True
             self.log(f"compile_blocks: {total:.0f} s of compiling, past its bound of {COMPILE_BOUND_S:.0f} s: the "
                      "graphs compiled so far stay in use, calls they do not fit run uncompiled from now on")
+            missing = [name for name in self.classes if name not in self.with_grad]
+            if missing:
+                self.fall_back(f"past the compile bound before {', '.join(missing)} compiled its forward with grad")
+
+    def fall_back(self, why: str) -> None:
+        """Call when_uncompiled's callbacks, once."""
+        callbacks, self.fallbacks = self.fallbacks, []
+        for callback in callbacks:
+            callback(why)
 
     @contextlib.contextmanager
     def call(self, name: str):
@@ -197,6 +216,11 @@ class CompileClock:
 
 
 _clock = CompileClock()
+
+
+def when_uncompiled(callback: Callable[[str], None]) -> None:
+    """Call `callback(why)` once, the first time blocks that were to run compiled run uncompiled."""
+    _clock.fallbacks.append(callback)
 
 
 def _on_compile_start(args) -> None:
@@ -225,6 +249,7 @@ def compiled_forward(eager, name: str, log=print, backend: str = "inductor"):
             forward.failure = root_cause(error)
             log(f"compile_blocks: {name} could not be compiled ({forward.failure}); it runs uncompiled for "
                 "the rest of this run (model_kwargs compile_blocks: false skips the attempt)")
+            _clock.fall_back(f"{name} could not be compiled")
             return eager(self, *args, **kwargs)
         _clock.report()
         return output
@@ -259,6 +284,7 @@ def compile_blocks(transformer: torch.nn.Module, log=print, backend: str = "indu
         callback_handler.register_start_callback(_on_compile_start)
         callback_handler.register_end_callback(_on_compile_end)
     classes = block_classes(transformer)
+    _clock.classes = [cls.__name__ for cls in classes]
     for cls in classes:
         if not hasattr(cls.forward, _COMPILED_MARK):
             cls.forward = compiled_forward(cls.forward, cls.__name__, log, backend)
@@ -267,7 +293,7 @@ def compile_blocks(transformer: torch.nn.Module, log=print, backend: str = "indu
 
 def uncompile(classes) -> None:
     """Put the eager forwards back (the self-test and the tests build models uncompiled again),
-    with a clock that starts from zero."""
+    with a clock that starts from zero and no when_uncompiled callbacks."""
     global _clock
     _clock = CompileClock(log=_clock.log)
     for cls in classes:

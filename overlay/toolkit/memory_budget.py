@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
-from toolkit import block_streaming, trainer_telemetry
+from toolkit import block_compile, block_streaming, trainer_telemetry
 from flux2_contract.qtypes import STREAMABLE
 from flux2_contract.settings import read
-from flux2_contract.memory_plan import (GIB, Flux2Shape, PlanError, ask_differences, flux2_inputs, handed,
+from flux2_contract.memory_plan import (GIB, Flux2Shape, PlanError, ask_differences, compact, flux2_inputs, handed,
                                         holds_8bit_copies, make_plan, plan_ask, size)
 
 def run_shape(process) -> dict:
@@ -88,7 +88,7 @@ def shape_of(params) -> Flux2Shape:
 def plan_for(model_kwargs: dict, params, run: dict, budget: int, weight_bytes=None, nonblock_bytes=None):
     inputs = flux2_inputs(shape_of(params), budget, run["resolution"], run["batch"], run["lora_rank"],
                           weight_bytes=weight_bytes, nonblock_bytes=nonblock_bytes, in_flight=in_flight(model_kwargs),
-                          math_attention=math_attention(model_kwargs), copies=run["copies"])
+                          math_attention=math_attention(model_kwargs), copies=run["copies"], compiled=run["compiled"])
     try:
         return make_plan(inputs)
     except PlanError as error:
@@ -184,7 +184,8 @@ def before_load(base_model, params):
               flush=True)
         return None
     run = getattr(base_model, "memory_plan_run", None) or {"resolution": 1024, "batch": 1, "lora_rank": 32}
-    run = {**run, "copies": holds_8bit_copies(base_model.model_config.qtype, kwargs)}
+    run = {**run, "copies": holds_8bit_copies(base_model.model_config.qtype, kwargs),
+           "compiled": block_compile.requested(kwargs)}
     base_model.memory_plan_budget = (budget, run)
     return carried(handed_or_planned(kwargs, params, run, budget), base_model.model_config.qtype, budget)
 
@@ -208,7 +209,7 @@ def handed_or_planned(kwargs: dict, params, run: dict, budget: int):
     if text is None:
         return plan_for(kwargs, params, run, budget)
     found = plan_ask(shape_of(params), budget, run["resolution"], run["batch"], run["lora_rank"], in_flight(kwargs),
-                     math_attention(kwargs), run["copies"])
+                     math_attention(kwargs), run["copies"], run["compiled"])
     try:
         ask, plan = handed(text)
     except ValueError as error:
@@ -257,4 +258,19 @@ def after_load(base_model, transformer, params, plan):
     for line in plan.summary() + ([f"  stream mode: {mode}"] if plan.streamed() else []) + held:
         print(line, flush=True)
     trainer_telemetry.record_event("memory_plan", memory_plan={**plan.to_json(), "stream_mode": mode})
+    if plan.compiled:
+        block_compile.when_uncompiled(lambda why: recompute_past_fallback(transformer, plan, why))
     return plan
+
+
+def recompute_past_fallback(transformer, plan, why: str) -> None:
+    """The blocks run uncompiled from now on, and an uncompiled block that keeps its activations holds
+    more than the compiled plan counted: the kept blocks past the plan's fallback_kept recompute."""
+    demoted = [name for name in plan.kept() if name not in plan.fallback_kept]
+    for name in demoted:
+        transformer.get_submodule(name).checkpointed = True
+    if demoted:
+        print(f"memory plan: the blocks run uncompiled ({why}) and hold more each: {len(plan.fallback_kept)} of "
+              f"the {len(plan.kept())} kept blocks keep their activations, {compact(demoted)} recompute them "
+              "from now on", flush=True)
+        trainer_telemetry.record_event("memory_plan_fallback", recomputed=demoted, why=why)

@@ -334,3 +334,62 @@ def test_the_selftest_child_compares_compiled_with_uncompiled(trainer_checkout, 
     assert report["compiled"] and report["failures"] == [] and report["device"] == "cpu"
     assert report["max_relative_difference"] == 0.0  # aot_eager: the same kernels
     assert report["eager_ms"] > 0 and report["compiled_ms"] > 0
+
+
+def carried_compiled_plan(toolkit, model, activation=1000):
+    """A memory plan for compiled blocks carried out on the tiny model (memory_budget.after_load, as
+    the trainer does once loaded): every block resident and kept at KEPT_COMPILED, with room for
+    only the first two kept at the uncompiled KEPT_MEASURED."""
+    from types import SimpleNamespace
+
+    from toolkit import memory_budget
+
+    memory_plan = toolkit[3]
+    names = [f"{prefix}.{index}" for prefix in ("double_blocks", "single_blocks") for index in range(2)]
+    stand_in = SimpleNamespace(blocks=[SimpleNamespace(name=name) for name in names])
+    weights, outside = memory_budget.measured(model, stand_in)
+    blocks = tuple(memory_plan.BlockSize(name, weights[name], activation) for name in names)
+    budget = outside + 2 * activation + sum(weights.values()) + 4 * int(activation * memory_plan.KEPT_COMPILED)
+    plan = memory_plan.make_plan(memory_plan.PlanInputs(budget, blocks, outside, 0, 0, compiled=True))
+    assert plan.kept() == names and plan.fallback_kept == names[:2]
+    base_model = SimpleNamespace(model_config=SimpleNamespace(model_kwargs={"memory_plan": "auto"}, qtype="bf16"),
+                                 device_torch=torch.device("cpu"), memory_plan_budget=(budget, {}))
+    assert memory_budget.after_load(base_model, model, None, plan) is plan
+    return names
+
+
+@pytest.mark.patch("memory-plan")
+@pytest.mark.parametrize("cause", ["compile fails", "bound passed", "compiles"])
+def test_kept_blocks_past_the_plans_fallback_recompute_once_the_blocks_run_uncompiled(flux2_src, toolkit, monkeypatch,
+                                                                                     capsys, cause):
+    """A plan for compiled blocks keeps more of them than fit uncompiled: where a class cannot compile,
+    or the compile bound passes before the single blocks' class compiled its forward with grad (the
+    one kept blocks run), the kept blocks past the plan's fallback_kept recompute from then on, with a
+    line; the step's result is the same. Where the blocks compile, every kept block stays kept."""
+    block_compile = toolkit[0]
+    model, network, batch, target = tiny_flux2(flux2_src, toolkit, depth=2, single=2)
+    want = one_step(model, network, batch, target)
+    names = carried_compiled_plan(toolkit, model)
+    capsys.readouterr()
+
+    def no_compiler_here(graph, example_inputs):
+        raise RuntimeError("no C compiler found")
+
+    if cause == "bound passed":
+        monkeypatch.setattr(block_compile, "COMPILE_BOUND_S", 0.0)  # passed as the double blocks' first compile ends
+    block_compile.compile_blocks(model, log=lambda line: None,
+                                 backend=no_compiler_here if cause == "compile fails" else "aot_eager")
+    for _ in range(2):
+        got = one_step(model, network, batch, target)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    out = capsys.readouterr().out
+    checkpointed = [model.get_submodule(name).checkpointed for name in names]
+    if cause == "compiles":
+        assert checkpointed == [False] * 4 and "memory plan" not in out
+        return
+    assert checkpointed == [False, False, True, True]
+    why = ("DoubleStreamBlock could not be compiled" if cause == "compile fails" else
+           "past the compile bound before SingleStreamBlock compiled its forward with grad")
+    assert out.count("memory plan: the blocks run uncompiled") == 1, out
+    assert (f"memory plan: the blocks run uncompiled ({why}) and hold more each: 2 of the 4 kept blocks keep their "
+            "activations, single_blocks.0-1 recompute them from now on") in out

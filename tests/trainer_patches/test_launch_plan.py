@@ -16,7 +16,7 @@ GIB = 2**30
 FLUX2_PARAMS = {"hidden_size": 64, "num_heads": 2, "depth": 2, "depth_single_blocks": 2, "mlp_ratio": 3.0,
                 "context_in_dim": 32, "in_channels": 16}
 PARAMS = SimpleNamespace(**FLUX2_PARAMS)
-RUN = {"resolution": 256, "batch": 1, "lora_rank": 8, "copies": False}
+RUN = {"resolution": 256, "batch": 1, "lora_rank": 8, "copies": False, "compiled": False}
 
 
 @pytest.fixture
