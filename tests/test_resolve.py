@@ -45,7 +45,7 @@ def test_a_launch_reads_the_selftest_once_and_plans_once(places, tmp_path, capsy
     assert len(reads) == 1, f"selftest.json read {len(reads)} times in one launch"
     # twice, each ask once: may a plan stream before the qtype is chosen, then the plan of int4_w4a8,
     # whose 8-bit weight copies (none here: the plan streams) are part of its ask
-    assert [(args[0], args[-1]) for args in asks] == [(16.0, False), (16.0, True)], asks
+    assert [(args[0], args[-2]) for args in asks] == [(16.0, False), (16.0, True)], asks
     # the plan goes to the trainer with the config, with the budget bytes and run shape it was made for
     ask, handed = planner.handed(model["model_kwargs"]["launch_plan"])
     assert ask["budget_bytes"] == 15 * 2**30 and (ask["resolution"], ask["batch"], ask["in_flight"]) == (512, 1, 1)

@@ -273,4 +273,3 @@ def recompute_past_fallback(transformer, plan, why: str) -> None:
         print(f"memory plan: the blocks run uncompiled ({why}) and hold more each: {len(plan.fallback_kept)} of "
               f"the {len(plan.kept())} kept blocks keep their activations, {compact(demoted)} recompute them "
               "from now on", flush=True)
-        trainer_telemetry.record_event("memory_plan_fallback", recomputed=demoted, why=why)
