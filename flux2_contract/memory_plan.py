@@ -37,10 +37,11 @@ peaked 18-26 % above their plan per kept block (bench/RESULTS.md, "FLUX.2 klein 
 `launcher run`"), so each kept block is planned at `KEPT_MEASURED` times the count. Compiled
 blocks (model_kwargs compile_blocks) hold less: Inductor's partitioner saves fewer tensors and
 recomputes the cheap elementwise ones in the backward. FLUX.2 [dev]'s compiled blocks held 0.72
-times the count at 512 and at 1024 px (bench/RESULTS.md, "Both 8-bit copies"), so a compiled plan
-counts `KEPT_COMPILED`. A compile that fails falls back to the uncompiled blocks, which hold the
-full amount: the plan names the kept blocks that still fit its bytes then (`fallback_kept`), and
-the trainer recomputes the others from that moment on (toolkit/memory_budget.py).
+times the count at 512 and at 1024 px (bench/RESULTS.md, "The compiled blocks' activation
+estimate"), so a compiled plan counts `KEPT_COMPILED`. A compile that fails falls back to the
+uncompiled blocks, which hold the full amount: the plan names the kept blocks that still fit its
+bytes then (`fallback_kept`), and the trainer recomputes the others from that moment on
+(toolkit/memory_budget.py).
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ DEFAULT_MARGIN_GIB = CATALOGUE["vram_margin_gib"].default
 ACTIVATION_WIDTHS = 24
 # what a block that keeps its activations holds, against the count above (measured, klein at full width)
 KEPT_MEASURED = 1.3
-# the same for compiled blocks: 0.72 measured ([dev], 512 and 1024 px), plus the 18 % that klein's
-# uncompiled blocks held above what [dev]'s suggested, in case its compiled ones do the same
+# the same for compiled blocks: 0.72 measured ([dev], 512 and 1024 px), with 18 % to spare: the least that
+# klein's uncompiled blocks held above the count (klein's compiled ones are not measured)
 KEPT_COMPILED = 0.85
 # text tokens FLUX.2 [dev] trains with (the Mistral prompt embedding's length)
 TEXT_TOKENS = 512

@@ -9,7 +9,9 @@ Before the transformer loads, the plan from its shapes decides where each block 
 (LoadPlacement): `run`'s plan where the budget bytes and run shape found here are the ones it
 planned for, else a plan made here (saying why). Once loaded, the plan is made again from the bytes
 of each loaded block only where they differ from the ones it assumed (saying so). That plan is
-printed, carried out and recorded.
+printed, carried out and recorded. A plan for compiled blocks counts what their kept activations
+hold compiled; once blocks run uncompiled (toolkit/block_compile.py when_uncompiled), the kept
+blocks past its fallback_kept recompute.
 """
 
 from __future__ import annotations
