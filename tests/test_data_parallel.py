@@ -245,6 +245,25 @@ def test_a_rank_frozen_inside_the_collective_the_others_wait_in_is_named(frozen)
     assert rank_watch.stalled(frozen_computing, sampling, 1000.0, 30)[0] == frozen
 
 
+@pytest.mark.parametrize("frozen_at", [101.0, 103.5])
+def test_a_rank_frozen_while_it_waits_is_named_not_taken_for_a_hung_collective(frozen_at):
+    """Rank 1 waits from 100 and freezes at `frozen_at`, its last heartbeat: before rank 0 entered
+    (102), or after. Its file still says it waits, and from 120 on longer than the limit, while its
+    heartbeat is not yet that old: the watch waits for the heartbeat and names rank 1, never a
+    hung collective."""
+    def states(now):
+        return {0: {"pid": 10, "entered": 8, "waiting_since": 102.0, "beat": now - 0.5},
+                1: {"pid": 11, "entered": 8, "waiting_since": 100.0, "beat": frozen_at}}
+
+    telemetry = {0: (7, False), 1: (7, False)}
+    for now in (120.5, 121.0, frozen_at + 20.0):
+        assert rank_watch.stalled(states(now), telemetry, now, 20) is None, now
+    now = max(122.5, frozen_at + 20.5)
+    rank, line = rank_watch.stalled(states(now), telemetry, now, 20)
+    assert rank == 1 and line.startswith("rank 1 (pid 11) stalled: rank 0 has waited"), line
+    assert "has not run for" in line
+
+
 def test_every_rank_waiting_alive_in_one_collective_is_a_hung_collective():
     states = {0: {"pid": 10, "entered": 8, "waiting_since": 100.0, "beat": 995.0},
               1: {"pid": 11, "entered": 8, "waiting_since": 101.0, "beat": 996.0}}

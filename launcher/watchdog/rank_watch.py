@@ -5,13 +5,14 @@ collective timeout (10 or 30 minutes) and torchrun would then name that rank, no
 
 Each rank keeps `rank-state.rank<R>.json` in the run folder (overlay toolkit/data_parallel.py):
 its pid, how many collectives it has entered, since when it waits in the last, and a heartbeat
-its own thread renews every few seconds. When a live rank has waited past `rank_stall_s` (the
-preset's `launcher: watchdog:` block) for a collective, the stalled rank is one whose heartbeat is
-that old (a process that does not run, wherever it froze: inside the collective too, where its file
-says it waits like the others), else one that has not entered the collective (not waiting, or stuck
-in an earlier one); when every rank waits alive in the same collective, the collective itself
-hangs. The watch says which in one line, with the rank's last step from its trainer telemetry,
-and kills it, so torchrun stops the others. The main rank sampling images (its telemetry's open
+its own thread renews every few seconds. A rank's wait counts up to its last heartbeat: a rank
+frozen inside the collective stops waiting there, though its file still says it waits. When a rank
+has waited past `rank_stall_s` (the preset's `launcher: watchdog:` block) for a collective, the
+stalled rank is one whose heartbeat is that old (a process that does not run, wherever it froze),
+else one that has not entered the collective (not waiting, or stuck in an earlier one); when every
+rank has waited that long alive in the same collective, the collective itself hangs. The watch
+says which in one line, with the rank's last step from its trainer telemetry, and kills it, so
+torchrun stops the others. The main rank sampling images (its telemetry's open
 `sample_start`) keeps the others waiting by design and is not a stall.
 """
 
@@ -47,30 +48,41 @@ def _age(state: dict | None, key: str, now: float) -> float | None:
     return now - value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _waited_alive(state: dict, now: float) -> float | None:
+    """How long a rank has waited in its collective while its heartbeat went on: up to its last
+    beat, or up to now where its file has no beat (an older overlay)."""
+    since_beat = max(_age(state, "beat", now) or 0.0, 0.0)
+    return _age(state, "waiting_since", now - since_beat)
+
+
 def stalled(states: dict[int, dict | None], telemetry: dict[int, tuple[int | None, bool]], now: float,
             limit: float) -> tuple[int, str] | None:
-    """(rank, the line naming it) once a live rank has waited `limit` seconds in a collective.
+    """(rank, the line naming it) once a rank has waited `limit` seconds alive in a collective.
 
     The culprit is, in this order: a rank whose heartbeat is older than `limit` (its process does
     not run: stopped, or hung in a call that holds the interpreter; wherever it froze, inside the
     collective included), then a rank that has not entered the collective and is not sampling.
-    When every rank waits alive in the same collective, the collective itself hangs: the line says
-    so and names the rank that is stopped so that torchrun stops the others."""
+    When every rank has waited `limit` seconds alive in the same collective, the collective itself
+    hangs: the line says so and names the rank that is stopped so that torchrun stops the others.
+    A rank that froze while waiting stops counting its wait at its last heartbeat, so its own wait
+    never makes the others look hung before its heartbeat is old enough to name it."""
     frozen = [rank for rank in sorted(states) if (_age(states[rank], "beat", now) or 0.0) > limit]
     waits = {rank: (age, states[rank].get("entered") or 0) for rank in states
-             if rank not in frozen and (age := _age(states[rank], "waiting_since", now)) is not None}
+             if rank not in frozen and (age := _waited_alive(states[rank], now)) is not None}
     if not waits:
         return None
     front = max(entered for _, entered in waits.values())  # the collective the furthest ranks wait in
     waiter = max((rank for rank, (_, entered) in waits.items() if entered == front), key=lambda rank: waits[rank][0])
-    waited = waits[waiter][0]
-    if waited < limit:
+    if waits[waiter][0] < limit:
         return None
+    waited = _age(states[waiter], "waiting_since", now)
     late = [rank for rank in sorted(states) if rank not in frozen and (
         rank not in waits and not telemetry.get(rank, (None, False))[1] or rank in waits and waits[rank][1] < front)]
     if not frozen and not late:
         if len(waits) < len(states):
             return None  # the main rank samples: the others wait by design
+        if min(age for age, _ in waits.values()) < limit:
+            return None  # a rank stopped waiting alive: its heartbeat will be old enough to name it
         pid = (states.get(waiter) or {}).get("pid")
         return waiter, (f"ranks {', '.join(map(str, sorted(waits)))} have waited {waited:.0f} s in the same gradient "
                         f"all-reduce, each of them running (limit rank_stall_s {limit:.0f} s): the collective itself "
