@@ -81,12 +81,18 @@ def test_load_phases_and_rss_sampled_while_loading(telemetry, tmp_path, monkeypa
     path = tmp_path / "t.jsonl"
     telemetry.configure({"telemetry_file": str(path), "telemetry_interval_s": 0.05})
     host_memory = importlib.import_module("toolkit.host_memory")
+    began = time.monotonic()
     phase = telemetry.start_phase("transformer")
     ballast = bytearray(b"\x01") * (64 << 20)  # 64 MiB written, so resident
     held = host_memory.current_rss_bytes()
     time.sleep(0.4)
+    deadline = time.monotonic() + 30  # a busy machine may hold the sampler back; three rows come all the same
+    while (not path.is_file() or sum(row.get("event") == "load" for row in rows(path)) < 3) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
     del ballast
     phase.end(source="cache", device="cuda:0")
+    lasted = time.monotonic() - began
     telemetry.record_event("start", step=0)
     written = len(rows(path))
     time.sleep(0.3)
@@ -98,7 +104,7 @@ def test_load_phases_and_rss_sampled_while_loading(telemetry, tmp_path, monkeypa
     assert all(row["step"] is None and row["host_rss_gib"] > 0 for row in loads)
     (done,) = [row for row in found if row.get("event") == "phase"]
     assert done["phase"]["name"] == "transformer" and done["phase"]["source"] == "cache"
-    assert 0.3 < done["phase"]["seconds"] < 5
+    assert 0.4 <= done["phase"]["seconds"] <= lasted + 0.01
     # the peak is the process's high-water mark: at least the resident set while the ballast was
     # held (rows round to 1 MiB). A fixed gap to the RSS after it is not: once failed at 41 MiB of 64
     assert done["host_peak_rss_gib"] >= held / 2**30 - 0.001, "the ballast's resident set is not in the peak"
@@ -111,8 +117,10 @@ def test_interval_zero_samples_loading_once_a_second_not_continuously(telemetry,
 
     path = tmp_path / "t.jsonl"
     telemetry.configure({"telemetry_file": str(path), "telemetry_interval_s": 0})
+    began = time.monotonic()
     telemetry.start_phase("transformer").end(source="streamed", device="cpu")
     time.sleep(0.5)
     telemetry.record_event("start", step=0)
+    seconds = time.monotonic() - began  # half a second, more on a busy machine: a row per whole second
     loads = [row for row in rows(path) if row.get("event") == "load"]
-    assert loads == [], f"{len(loads)} load rows in half a second at interval 0"
+    assert len(loads) <= int(seconds), f"{len(loads)} load rows in {seconds:.2f} s at interval 0"
