@@ -53,7 +53,7 @@
 # SUFFIX=_x: each launch's label (done file, results, run folder) ends in _x; labels named after the
 # stage still name the launches without it (the same launches again, after a change to the checkout).
 # Results: $OUT/<label>.json (bench/fullsize.py launch), $OUT/<label>.log, $OUT/selftest.json.
-# TE_MLP=N: `prepare` narrows the text encoder's MLP to N (bench/fullsize.py --te-mlp; 1024: ~7 instead
+# TE_MLP=N: `prepare` narrows the text encoder's MLP to N (bench/fullsize.py --te-mlp; 1024: 7.6 instead
 # of 44 GiB, written in seconds instead of ~100): the text phase runs faster, the steps do not change, so
 # for stages that time steps (held, stream, 512, 1024), not for `first` (a new user's first launch).
 # SKIP_SELFTEST=1: `prepare` does not run `launcher selftest` (launches that name their qtype and
