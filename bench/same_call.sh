@@ -54,7 +54,7 @@
 # stage still name the launches without it (the same launches again, after a change to the checkout).
 # Results: $OUT/<label>.json (bench/fullsize.py launch), $OUT/<label>.log, $OUT/selftest.json.
 # TE_MLP=N: `prepare` narrows the text encoder's MLP to N (bench/fullsize.py --te-mlp; 1024: 7.6 instead
-# of 44 GiB, written in seconds instead of ~100): the text phase runs faster, the steps do not change, so
+# of 44 GiB, so about a sixth of its ~100 s build): the text phase runs faster, the steps do not change, so
 # for stages that time steps (held, stream, 512, 1024), not for `first` (a new user's first launch).
 # SKIP_SELFTEST=1: `prepare` does not run `launcher selftest` (launches that name their qtype and
 # set compile_blocks and the memory plan do not read it; `qtype: auto` and `auto` settings do).
